@@ -1,0 +1,122 @@
+"""Command-line glue: check the overrides before Hydra starts, run the job, print the summary.
+
+Hydra reports a bad override with a multi-line message and exit status 1; the harness promises one
+line naming the key and the value, and exit status 2. So `preflight` composes the configuration
+itself first (each value of a sweep in turn) and validates it; only then does Hydra take over.
+"""
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+
+from hydra import compose, initialize_config_dir
+from hydra.core.hydra_config import HydraConfig
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.override_parser.types import OverrideType
+from omegaconf import DictConfig, OmegaConf
+
+from harness.config import CONF_DIR, flatten, one_line, to_run_config
+from harness.errors import HarnessError
+
+log = logging.getLogger(__name__)
+
+EXIT_BAD_INPUT = 2
+# Hydra flags that take a value, and flags after which there is nothing to check.
+_FLAGS_WITH_VALUE = {"--config-path", "-cp", "--config-name", "-cn", "--config-dir", "-cd", "--experimental-rerun"}
+_INFO_FLAGS = {"--help", "-h", "--hydra-help", "--info", "-i", "--shell-completion", "-sc", "--version", "--cfg", "-c", "--resolve", "-p", "--package"}
+_PREFIX = {OverrideType.ADD: "+", OverrideType.FORCE_ADD: "++", OverrideType.DEL: "~", OverrideType.CHANGE: ""}
+
+
+def fail(message: str) -> None:
+    print(f"hostbound: error: {message}", file=sys.stderr)
+    raise SystemExit(EXIT_BAD_INPUT)
+
+
+def _split_argv(argv: list[str]) -> tuple[list[str], str, bool]:
+    """(overrides, config name, whether to check at all) from a Hydra command line."""
+    overrides: list[str] = []
+    config_name = "config"
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        name = arg.split("=", 1)[0]
+        if name in _INFO_FLAGS:
+            return [], config_name, False
+        if name in _FLAGS_WITH_VALUE:
+            if name in {"--config-name", "-cn"}:
+                config_name = arg.split("=", 1)[1] if "=" in arg else argv[i + 1] if i + 1 < len(argv) else config_name
+            if name in {"--config-path", "-cp", "--config-dir", "-cd", "--experimental-rerun"}:
+                return [], config_name, False  # another config tree: Hydra's own checks apply
+            i += 1 if "=" in arg else 2
+            continue
+        if not arg.startswith("-"):
+            overrides.append(arg)
+        i += 1
+    return overrides, config_name, True
+
+
+def override_variants(overrides: list[str]) -> list[list[str]]:
+    """Single-valued override lists that together cover every value of every sweep."""
+    parsed = OverridesParser.create().parse_overrides(overrides)
+    base: list[str] = []
+    sweeps: list[tuple[int, str, list[str]]] = []
+    for position, override in enumerate(parsed):
+        if override.is_sweep_override() and not override.is_hydra_override():
+            key = _PREFIX[override.type] + override.get_key_element()
+            try:
+                values = list(override.sweep_string_iterator())
+            except Exception:  # interval sweeps (for optimisers) have no finite value list
+                values = []
+            base.append(f"{key}={values[0]}" if values else "")
+            sweeps.append((position, key, values))
+        elif override.is_hydra_override():
+            base.append("")  # hydra.* settings are Hydra's to check
+        else:
+            base.append(override.input_line)
+    variants = [base]
+    for position, key, values in sweeps:
+        for value in values[1:]:
+            variant = list(base)
+            variant[position] = f"{key}={value}"
+            variants.append(variant)
+    return [[o for o in v if o] for v in variants]
+
+
+def preflight(argv: list[str]) -> None:
+    """Compose and validate every configuration the command line asks for; exit 2 on the first bad one."""
+    overrides, config_name, check = _split_argv(argv)
+    if not check:
+        return
+    try:
+        variants = override_variants(overrides)
+    except Exception as exc:
+        fail(f"cannot parse overrides {' '.join(overrides)!r}: {one_line(exc)}")
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        for variant in variants:
+            try:
+                cfg = compose(config_name=config_name, overrides=variant)
+                to_run_config(cfg)
+            except HarnessError as exc:
+                fail(str(exc))
+            except Exception as exc:
+                fail(one_line(exc))
+
+
+def run_from_hydra(cfg: DictConfig) -> float:
+    """The body of the @hydra.main task: validate, run, print; returns throughput (for optimisers)."""
+    from harness.outputs import format_summary
+    from harness.run import execute
+
+    try:
+        run = to_run_config(cfg)
+        run_dir = Path(HydraConfig.get().runtime.output_dir)
+        params = flatten(OmegaConf.to_container(cfg, resolve=True))
+        outcome = execute(run, run_dir, params)
+    except HarnessError as exc:
+        log.error("%s", exc)
+        fail(str(exc))
+    if run.output.print_summary:
+        names = {"hardware": run.hardware.name, "workload": run.workload.name, "strategy": run.strategy.name}
+        print(format_summary(outcome.summary, names, run_dir))
+    return float(outcome.summary["throughput_tok_s"])

@@ -1,0 +1,260 @@
+"""Typed configuration: the dataclass schemas behind conf/, registered in Hydra's ConfigStore.
+
+Composition (Hydra) checks key names and types against these schemas; `to_run_config` then builds
+the dataclasses, whose `__post_init__` checks values and raises `ConfigError` naming the full key and
+the value. Building a config has no side effects.
+"""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar, List, Optional
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import DictConfig, OmegaConf
+
+from harness.errors import ConfigError
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+CONF_DIR = REPO_ROOT / "conf"
+WORKLOADS_DIR = REPO_ROOT / "workloads"
+
+
+# How the host issues ops: one thread (eager), two (async launch queue), three (pipeline). Built
+# with the functional API because `async` is a keyword and OmegaConf matches enum members by name.
+Dispatch = enum.Enum("Dispatch", {"eager": "eager", "async": "async", "pipeline": "pipeline"})
+
+
+class Phase(enum.Enum):
+    decode = "decode"
+    prefill = "prefill"
+
+
+class OpKind(enum.Enum):
+    """Which unit bounds an op's compute: cube (matmul), vector (element-wise), comm (collective)."""
+
+    cube = "cube"
+    vector = "vector"
+    comm = "comm"
+
+
+def _check(obj: Any, condition: bool, field_name: str, requirement: str) -> None:
+    if not condition:
+        value = getattr(obj, field_name)
+        raise ConfigError(f"{obj._key}.{field_name}={value!r}: {requirement}")
+
+
+def _positive(obj: Any, *field_names: str) -> None:
+    for name in field_names:
+        _check(obj, getattr(obj, name) > 0, name, "must be > 0")
+
+
+def _non_negative(obj: Any, *field_names: str) -> None:
+    for name in field_names:
+        _check(obj, getattr(obj, name) >= 0, name, "must be >= 0")
+
+
+@dataclass
+class HostConfig:
+    """The host CPU as the runtime sees it, and what each host stage of one op costs (µs)."""
+
+    _key: ClassVar[str] = "hardware.host"
+    threads: int = 8  # CPU cores available to the dispatching process (a pool shared by host lanes)
+    framework_us: float = 10.0  # framework dispatch of one op (Python/C++ front end)
+    infer_shape_us: float = 5.0  # InferShape: output shapes and attributes
+    tiling_us: float = 10.0  # Tiling / Resize: tiling data, workspace and output sizes
+    alloc_us: float = 4.0  # device memory allocation (pool hit) for outputs and workspace
+    launch_us: float = 12.0  # kernel launch call (one AscendCL / CUDA runtime call)
+    free_us: float = 4.0  # returning inputs/workspace to the pool
+    sync_us: float = 12.0  # a blocking synchronisation call (stream/event sync) once its wait is over
+    jitter_cv: float = 0.0  # coefficient of variation of host stage durations (lognormal, seeded)
+
+    def __post_init__(self) -> None:
+        _positive(self, "threads")
+        _non_negative(
+            self, "framework_us", "infer_shape_us", "tiling_us", "alloc_us", "launch_us", "free_us", "sync_us", "jitter_cv"
+        )
+
+
+@dataclass
+class DeviceConfig:
+    """The accelerator: AI cores, peaks, HBM, and the fixed cost every kernel pays."""
+
+    _key: ClassVar[str] = "hardware.device"
+    ai_cores: int = 24
+    cube_tflops: float = 353.9
+    vector_tflops: float = 22.0
+    hbm_gb: float = 64.0
+    hbm_gbps: float = 1600.0
+    matmul_fixed_us: float = 5.0
+    vector_fixed_us: float = 2.0
+    comm_fixed_us: float = 10.0
+    block_quantum_us: float = 10.0  # time base of "one core's capacity" in the block-split rule
+    streams: int = 1  # compute streams used by the strategy (more come with the multi-stream policy)
+
+    def __post_init__(self) -> None:
+        _positive(self, "ai_cores", "cube_tflops", "vector_tflops", "hbm_gb", "hbm_gbps", "block_quantum_us", "streams")
+        _non_negative(self, "matmul_fixed_us", "vector_fixed_us", "comm_fixed_us")
+
+
+@dataclass
+class LinkConfig:
+    """Host link (PCIe) and the scale-up link between devices."""
+
+    _key: ClassVar[str] = "hardware.link"
+    pcie_gbps: float = 32.0
+    pcie_latency_us: float = 2.0
+    scaleup_gbps: float = 196.0
+    scaleup_latency_us: float = 0.5
+
+    def __post_init__(self) -> None:
+        _positive(self, "pcie_gbps", "scaleup_gbps")
+        _non_negative(self, "pcie_latency_us", "scaleup_latency_us")
+
+
+@dataclass
+class HardwareConfig:
+    _key: ClassVar[str] = "hardware"
+    name: str = "custom"
+    host: HostConfig = field(default_factory=HostConfig)
+    device: DeviceConfig = field(default_factory=DeviceConfig)
+    link: LinkConfig = field(default_factory=LinkConfig)
+
+
+@dataclass
+class OpSpec:
+    """One op of an explicit op list (`workload.ops`), for hand-made or trace-like workloads."""
+
+    _key: ClassVar[str] = "workload.ops[]"
+    name: str = "op"
+    kind: OpKind = OpKind.vector
+    flops: float = 0.0
+    bytes: float = 0.0
+    device_us: Optional[float] = None  # fixed device time; replaces the roofline when given
+    dynamic: bool = False  # shape changes between steps
+    value_dependent: bool = False  # InferShape needs a value of the previous op's output (D2H + sync)
+    compute_dependent: bool = False  # output shape known only after it ran (drain, D2H + sync)
+
+    def __post_init__(self) -> None:
+        _non_negative(self, "flops", "bytes")
+        if self.device_us is not None:
+            _non_negative(self, "device_us")
+
+
+@dataclass
+class WorkloadConfig:
+    _key: ClassVar[str] = "workload"
+    name: str = "custom"
+    card: Optional[str] = "llama2_7b"  # model card in workloads/ (file name without .yaml); null: use ops
+    phase: Phase = Phase.decode
+    batch_size: int = 1
+    context_len: int = 1024  # prompt length (prefill) / tokens already in the KV cache (decode)
+    steps: int = 32  # simulated steps (decode iterations, or prefill batches)
+    warmup_steps: int = 0  # first steps left out of the measured window
+    ops: List[OpSpec] = field(default_factory=list)  # explicit op list, used when card is not set
+
+    def __post_init__(self) -> None:
+        _positive(self, "batch_size", "context_len", "steps")
+        _non_negative(self, "warmup_steps")
+        _check(self, self.warmup_steps < self.steps, "warmup_steps", f"must be < workload.steps={self.steps}")
+        if self.card is None:
+            _check(self, len(self.ops) > 0, "ops", "empty op list: set workload.card or give workload.ops")
+        elif not (WORKLOADS_DIR / f"{self.card}.yaml").is_file():
+            known = sorted(p.stem for p in WORKLOADS_DIR.glob("*.yaml"))
+            _check(self, False, "card", f"no such model card in workloads/ (known: {', '.join(known)})")
+
+
+@dataclass
+class StrategyConfig:
+    _key: ClassVar[str] = "strategy"
+    name: str = "custom"
+    dispatch: Dispatch = Dispatch.eager
+    queue_capacity: int = 64  # bounded queue between host threads (async / pipeline), in ops
+
+    def __post_init__(self) -> None:
+        _positive(self, "queue_capacity")
+
+
+@dataclass
+class TrackingConfig:
+    _key: ClassVar[str] = "tracking"
+    enabled: bool = True
+    uri: Optional[str] = None  # default: sqlite file outputs/mlflow.db under the launch directory
+    experiment: str = "hostbound"
+
+
+@dataclass
+class OutputConfig:
+    _key: ClassVar[str] = "output"
+    trace_steps: int = 2  # steps of the measured window written to trace.json (0: no trace)
+    print_summary: bool = True
+
+    def __post_init__(self) -> None:
+        _non_negative(self, "trace_steps")
+
+
+@dataclass
+class RunConfig:
+    """The whole run: what `python -m harness` composes."""
+
+    hardware: HardwareConfig = field(default_factory=HardwareConfig)
+    workload: WorkloadConfig = field(default_factory=WorkloadConfig)
+    strategy: StrategyConfig = field(default_factory=StrategyConfig)
+    seed: int = 0
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
+    output: OutputConfig = field(default_factory=OutputConfig)
+
+
+def register_configs() -> None:
+    """Register the schema so conf/config.yaml's defaults list starts from `run_schema`."""
+    cs = ConfigStore.instance()
+    cs.store(name="run_schema", node=RunConfig)
+
+
+def to_run_config(cfg: DictConfig) -> RunConfig:
+    """Turn a composed config into dataclasses, running every value check (raises ConfigError)."""
+    plain = OmegaConf.to_container(cfg, resolve=True)
+    if isinstance(plain, dict):
+        plain.pop("hydra", None)
+    schema = OmegaConf.structured(RunConfig)
+    try:
+        merged = OmegaConf.merge(schema, plain)
+        run = OmegaConf.to_object(merged)
+    except ConfigError:
+        raise
+    except Exception as exc:  # OmegaConf validation: unknown key or wrong type
+        raise ConfigError(one_line(exc)) from exc
+    assert isinstance(run, RunConfig)
+    return run
+
+
+def one_line(exc: BaseException) -> str:
+    """Squeeze an OmegaConf/Hydra error (and its causes) into one line that keeps key and value."""
+    parts: list[str] = []
+    seen = set()
+    current: Optional[BaseException] = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        for line in str(current).splitlines():
+            line = line.strip()
+            if not line or line.startswith(("object_type=", "Set the environment", "reference_type=")):
+                continue
+            if line not in parts:
+                parts.append(line)
+        current = current.__cause__ or current.__context__
+    return "; ".join(parts) if parts else type(exc).__name__
+
+
+def flatten(cfg: Any, prefix: str = "") -> dict[str, Any]:
+    """Flatten a nested dict/list config into dotted keys (lists of scalars stay one value)."""
+    out: dict[str, Any] = {}
+    if isinstance(cfg, dict):
+        for key, value in cfg.items():
+            out.update(flatten(value, f"{prefix}{key}."))
+    elif isinstance(cfg, list) and any(isinstance(v, (dict, list)) for v in cfg):
+        for i, value in enumerate(cfg):
+            out.update(flatten(value, f"{prefix}{i}."))
+    else:
+        out[prefix[:-1]] = cfg
+    return out

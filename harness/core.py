@@ -1,0 +1,270 @@
+"""The discrete-event engine: the only Numba-jitted code of the harness.
+
+Semantics (the plain-Python oracle in tests/oracle.py implements the same, and must agree exactly):
+
+* A task becomes *ready* when its lane predecessor (the previous task id on its lane) and all its
+  dependencies have ended. Its ready time is the latest of their end times.
+* A ready task starts at once if it needs no pool, or if its pool has the units free and no earlier
+  task is waiting on that pool (strict FIFO per pool, in the order tasks became ready); otherwise it
+  waits, and starts when releases leave enough units for it at the head of the queue.
+* Events are ordered by (time, kind, task id) with task ends before task readiness at the same time,
+  so units released at t are available to tasks ready at t, and results are bit-for-bit deterministic.
+* For each task the engine records the *decider*: the predecessor whose end made it ready (the last
+  one processed), or, if it had to wait for units, the task whose release let it start. Following
+  deciders back from the last task to end gives the critical path, with no gaps.
+
+The wrapper `simulate` validates and allocates; the `_`-prefixed kernels only loop and return a
+status code, never raise.
+"""
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from harness.errors import HarnessError
+from harness.graph import TaskGraph, csr_from_edges
+
+STATUS_OK = 0
+STATUS_DEADLOCK = 1
+
+
+@njit(cache=True)
+def _heap_push(heap_t, heap_k, size, t, k):
+    i = size
+    while i > 0:
+        parent = (i - 1) >> 1
+        pt = heap_t[parent]
+        if pt < t or (pt == t and heap_k[parent] < k):
+            break
+        heap_t[i] = pt
+        heap_k[i] = heap_k[parent]
+        i = parent
+    heap_t[i] = t
+    heap_k[i] = k
+    return size + 1
+
+
+@njit(cache=True)
+def _heap_pop(heap_t, heap_k, size):
+    """Remove the root; the caller has read heap_t[0], heap_k[0] before. Returns the new size."""
+    size -= 1
+    t = heap_t[size]
+    k = heap_k[size]
+    i = 0
+    while True:
+        child = 2 * i + 1
+        if child >= size:
+            break
+        right = child + 1
+        if right < size and (
+            heap_t[right] < heap_t[child] or (heap_t[right] == heap_t[child] and heap_k[right] < heap_k[child])
+        ):
+            child = right
+        ct = heap_t[child]
+        if t < ct or (t == ct and k < heap_k[child]):
+            break
+        heap_t[i] = ct
+        heap_k[i] = heap_k[child]
+        i = child
+    heap_t[i] = t
+    heap_k[i] = k
+    return size
+
+
+@njit(cache=True)
+def _simulate(tasks, lane_prev, lane_next, dep_ptr, succ_ptr, succ_idx, pool_capacity, start, end, decider):
+    n = tasks.shape[0]
+    n_pools = pool_capacity.shape[0]
+    # Event keys: a task's end is key i, its readiness n + i; ends sort first at equal times.
+    indeg = np.empty(n, np.int64)
+    free_units = pool_capacity.copy()
+    wait_head = np.full(n_pools, -1, np.int64)
+    wait_tail = np.full(n_pools, -1, np.int64)
+    wait_next = np.full(n, -1, np.int64)
+    max_fanout = 0
+    for i in range(n):
+        if succ_ptr[i + 1] - succ_ptr[i] > max_fanout:
+            max_fanout = succ_ptr[i + 1] - succ_ptr[i]
+    # At most one READY event per task is pending at the start.
+    capacity = 1024
+    n_initial = 0
+    for i in range(n):
+        if dep_ptr[i + 1] == dep_ptr[i] and lane_prev[i] < 0:
+            n_initial += 1
+    while capacity < n_initial + 2 + max_fanout:
+        capacity *= 2
+    n_waiting = 0
+    heap_t = np.empty(capacity, np.float64)
+    heap_k = np.empty(capacity, np.int64)
+    size = 0
+    for i in range(n):
+        decider[i] = -1
+        indeg[i] = dep_ptr[i + 1] - dep_ptr[i]
+        if lane_prev[i] >= 0:
+            indeg[i] += 1
+        if indeg[i] == 0:
+            size = _heap_push(heap_t, heap_k, size, 0.0, n + i)
+    ended = 0
+    while size > 0:
+        # One iteration pushes at most 1 end, the waiters it starts, a lane successor and its
+        # dependents: grow before, so the pushes below never overflow.
+        if size + 2 + n_waiting + max_fanout >= capacity:
+            capacity *= 2
+            new_t = np.empty(capacity, np.float64)
+            new_k = np.empty(capacity, np.int64)
+            new_t[:size] = heap_t[:size]
+            new_k[:size] = heap_k[:size]
+            heap_t = new_t
+            heap_k = new_k
+        t = heap_t[0]
+        k = heap_k[0]
+        size = _heap_pop(heap_t, heap_k, size)
+        if k >= n:
+            i = k - n
+            pool = tasks[i]["pool"]
+            if pool < 0 or (wait_head[pool] < 0 and free_units[pool] >= tasks[i]["units"]):
+                if pool >= 0:
+                    free_units[pool] -= tasks[i]["units"]
+                start[i] = t
+                size = _heap_push(heap_t, heap_k, size, t + tasks[i]["duration_us"], i)
+            else:
+                if wait_tail[pool] < 0:
+                    wait_head[pool] = i
+                else:
+                    wait_next[wait_tail[pool]] = i
+                wait_tail[pool] = i
+                n_waiting += 1
+            continue
+        i = k
+        end[i] = t
+        ended += 1
+        pool = tasks[i]["pool"]
+        if pool >= 0:
+            free_units[pool] += tasks[i]["units"]
+            while wait_head[pool] >= 0 and free_units[pool] >= tasks[wait_head[pool]]["units"]:
+                j = wait_head[pool]
+                wait_head[pool] = wait_next[j]
+                if wait_head[pool] < 0:
+                    wait_tail[pool] = -1
+                free_units[pool] -= tasks[j]["units"]
+                n_waiting -= 1
+                start[j] = t
+                decider[j] = i
+                size = _heap_push(heap_t, heap_k, size, t + tasks[j]["duration_us"], j)
+        nxt = lane_next[i]
+        if nxt >= 0:
+            indeg[nxt] -= 1
+            if indeg[nxt] == 0:
+                decider[nxt] = i
+                size = _heap_push(heap_t, heap_k, size, t, n + nxt)
+        for e in range(succ_ptr[i], succ_ptr[i + 1]):
+            s = succ_idx[e]
+            indeg[s] -= 1
+            if indeg[s] == 0:
+                decider[s] = i
+                size = _heap_push(heap_t, heap_k, size, t, n + s)
+    if ended != n:
+        return STATUS_DEADLOCK
+    return STATUS_OK
+
+
+@njit(cache=True)
+def _critical_path(end, decider):
+    """Task ids of the critical path, last task first: follow deciders back from the last end."""
+    n = end.shape[0]
+    last = 0
+    for i in range(1, n):
+        if end[i] >= end[last]:
+            last = i
+    path = np.empty(n, np.int64)
+    length = 0
+    i = last
+    while i >= 0:
+        path[length] = i
+        length += 1
+        i = decider[i]
+    return path[:length]
+
+
+def lane_links(lanes: np.ndarray, n_lanes: int) -> tuple[np.ndarray, np.ndarray]:
+    """Previous and next task id on the same lane (-1 at the ends), lanes being FIFO in id order."""
+    n = lanes.shape[0]
+    order = np.argsort(lanes, kind="stable")
+    sorted_lanes = lanes[order]
+    same = sorted_lanes[1:] == sorted_lanes[:-1]
+    prev = np.full(n, -1, dtype=np.int64)
+    nxt = np.full(n, -1, dtype=np.int64)
+    prev[order[1:][same]] = order[:-1][same]
+    nxt[order[:-1][same]] = order[1:][same]
+    return prev, nxt
+
+
+class SimulationResult:
+    """Start, end and decider per task, plus the graph they belong to."""
+
+    def __init__(self, graph: TaskGraph, start_us: np.ndarray, end_us: np.ndarray, decider: np.ndarray):
+        self.graph = graph
+        self.start_us = start_us
+        self.end_us = end_us
+        self.decider = decider
+
+    @property
+    def makespan_us(self) -> float:
+        return float(self.end_us.max()) if self.end_us.size else 0.0
+
+    def critical_path(self) -> np.ndarray:
+        return _critical_path(self.end_us, self.decider)
+
+
+def validate_graph(graph: TaskGraph) -> None:
+    tasks = graph.tasks
+    n = tasks.shape[0]
+    if n == 0:
+        raise HarnessError("task graph is empty: nothing to simulate")
+    if graph.dep_ptr.shape[0] != n + 1:
+        raise HarnessError(f"dep_ptr has {graph.dep_ptr.shape[0]} entries, expected {n + 1}")
+    owner = np.repeat(np.arange(n), np.diff(graph.dep_ptr))
+    if np.any(graph.dep_idx >= owner) or np.any(graph.dep_idx < 0):
+        raise HarnessError("every dependency must point to a lower task id (the graph must be topologically numbered)")
+    if tasks["lane"].min() < 0 or tasks["lane"].max() >= len(graph.lane_names):
+        raise HarnessError("task lane out of range")
+    pools = tasks["pool"]
+    uses_pool = pools >= 0
+    if np.any(pools >= len(graph.pool_capacity)):
+        raise HarnessError("task pool out of range")
+    if np.any(tasks["units"][uses_pool] > graph.pool_capacity[pools[uses_pool]]):
+        bad = int(np.argmax(uses_pool & (tasks["units"] > graph.pool_capacity[np.maximum(pools, 0)])))
+        raise HarnessError(
+            f"task {bad} needs {int(tasks['units'][bad])} units of pool {graph.pool_names[pools[bad]]!r}, "
+            f"which has {int(graph.pool_capacity[pools[bad]])}"
+        )
+    if np.any(tasks["duration_us"] < 0) or not np.all(np.isfinite(tasks["duration_us"])):
+        raise HarnessError("task durations must be finite and >= 0")
+
+
+def simulate(graph: TaskGraph) -> SimulationResult:
+    """Validate the graph, run the event loop, return start/end/decider per task."""
+    validate_graph(graph)
+    n = graph.n_tasks
+    owner = np.repeat(np.arange(n, dtype=np.int64), np.diff(graph.dep_ptr))
+    # Grouping the edges by predecessor gives each task's successor list.
+    succ_ptr, succ_idx = csr_from_edges(n, owner, graph.dep_idx)
+    lane_prev, lane_next = lane_links(graph.tasks["lane"], len(graph.lane_names))
+    start = np.zeros(n, dtype=np.float64)
+    end = np.zeros(n, dtype=np.float64)
+    decider = np.empty(n, dtype=np.int64)
+    status = _simulate(
+        graph.tasks,
+        lane_prev,
+        lane_next,
+        graph.dep_ptr.astype(np.int64, copy=False),
+        succ_ptr,
+        succ_idx,
+        graph.pool_capacity.astype(np.int64, copy=False),
+        start,
+        end,
+        decider,
+    )
+    if status != STATUS_OK:
+        raise HarnessError(f"simulation did not complete (status {status}): some task never became ready")
+    return SimulationResult(graph, start, end, decider)

@@ -1,0 +1,9 @@
+"""Error types: one base for everything the harness reports to a user without a traceback."""
+
+
+class HarnessError(Exception):
+    """A problem the harness explains in one line (bad input, an impossible graph)."""
+
+
+class ConfigError(HarnessError, ValueError):
+    """A configuration value is invalid; the message names the key and the value."""

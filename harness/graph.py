@@ -1,0 +1,75 @@
+"""The task graph: the record layout the engine consumes and the lowering produces.
+
+A task is one piece of work on one *lane* (a FIFO: a host thread, a device stream, a copy engine).
+Within a lane, tasks run in increasing task id. A task may also need *units* from a *pool* (host CPU
+cores, AI cores) and may depend on other tasks finishing first. Dependencies always point to lower ids,
+so a valid graph can never deadlock on its edges.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+# Critical-path categories (the `breakdown_<category>` keys of summary.json), in that order.
+CATEGORIES = (
+    "framework",
+    "infer_shape",
+    "tiling",
+    "alloc",
+    "launch",
+    "copy",
+    "sync",
+    "compute",
+    "comm",
+    "graph",
+)
+CATEGORY = {name: code for code, name in enumerate(CATEGORIES)}
+
+# Lane kinds: what a lane stands for (decides which metrics look at it).
+LANE_HOST, LANE_DEVICE, LANE_COPY = 0, 1, 2
+
+NO_POOL = -1
+
+# One record per task; the kernel reads lane, pool, units and duration_us, the rest is for metrics.
+TASK_DTYPE = np.dtype(
+    [
+        ("lane", np.int32),
+        ("pool", np.int32),
+        ("units", np.int32),
+        ("category", np.int8),
+        ("step", np.int32),
+        ("op", np.int32),
+        ("duration_us", np.float64),
+    ]
+)
+
+
+@dataclass
+class TaskGraph:
+    """Tasks plus dependency edges (CSR over predecessors) plus the lanes and pools they use."""
+
+    tasks: np.ndarray  # TASK_DTYPE, shape (n,)
+    dep_ptr: np.ndarray  # int64, shape (n + 1,): predecessors of task i are dep_idx[dep_ptr[i]:dep_ptr[i+1]]
+    dep_idx: np.ndarray  # int64
+    lane_names: list[str]
+    lane_kinds: np.ndarray  # int8 per lane: LANE_HOST / LANE_DEVICE / LANE_COPY
+    pool_names: list[str]
+    pool_capacity: np.ndarray  # int64 per pool
+    op_names: list[str] = field(default_factory=list)
+
+    @property
+    def n_tasks(self) -> int:
+        return int(self.tasks.shape[0])
+
+
+def csr_from_edges(n: int, src: np.ndarray, dst: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Group edges src -> dst by dst: returns (ptr, idx) with the predecessors of each task, sorted."""
+    src = np.asarray(src, dtype=np.int64)
+    dst = np.asarray(dst, dtype=np.int64)
+    order = np.lexsort((src, dst))
+    idx = src[order]
+    counts = np.bincount(dst, minlength=n) if dst.size else np.zeros(n, dtype=np.int64)
+    ptr = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(counts, out=ptr[1:])
+    return ptr, idx

@@ -1,0 +1,149 @@
+"""Metrics: pure functions of the engine's result → the summary.json numbers and the per-step table.
+
+The measured window runs from the end of the last warm-up step to the end of the run. "Device busy"
+is the union of device-stream task intervals in the window (the device is idle only when no stream
+runs anything); the bubble ratio is its complement. The breakdown splits the critical path, clipped
+to the window, by task category; it sums to 1 because the path has no gaps.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from harness.config import Phase
+from harness.core import SimulationResult
+from harness.graph import CATEGORIES, CATEGORY, LANE_DEVICE, LANE_HOST
+from harness.workload import Workload
+
+US_PER_MS = 1e3
+HOST_CATEGORIES = ("framework", "infer_shape", "tiling", "alloc", "launch", "sync", "graph")
+
+
+class BusyTime:
+    """Cumulative busy time of a set of intervals: busy(a, b) = time covered by any interval in [a, b]."""
+
+    def __init__(self, starts: np.ndarray, ends: np.ndarray):
+        order = np.argsort(starts, kind="stable")
+        s, e = starts[order], ends[order]
+        if s.size:
+            reach = np.maximum.accumulate(e)
+            new_group = np.ones(s.size, dtype=bool)
+            new_group[1:] = s[1:] > reach[:-1]
+            group_start = s[new_group]
+            group_end = np.maximum.reduceat(e, np.flatnonzero(new_group))
+        else:
+            group_start = group_end = np.zeros(0)
+        self.starts = group_start
+        self.ends = group_end
+        self.before = np.concatenate([[0.0], np.cumsum(group_end - group_start)])
+
+    def covered_until(self, t: np.ndarray) -> np.ndarray:
+        """Busy time in [-inf, t] for each t."""
+        t = np.asarray(t, dtype=np.float64)
+        k = np.searchsorted(self.starts, t, side="right")  # intervals starting at or before t
+        last = np.maximum(k - 1, 0)
+        partial = np.where(k > 0, np.clip(t - self.starts[last], 0.0, self.ends[last] - self.starts[last]), 0.0)
+        return self.before[last] * (k > 0) + partial
+
+    def between(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        return self.covered_until(b) - self.covered_until(a)
+
+
+def step_bounds(result: SimulationResult) -> tuple[np.ndarray, np.ndarray]:
+    """(start_us, end_us) of each step: a step ends when its last task ends and starts when the previous ended."""
+    steps = result.graph.tasks["step"]
+    first = np.flatnonzero(np.r_[True, steps[1:] != steps[:-1]])
+    end = np.maximum.reduceat(result.end_us, first)
+    start = np.r_[0.0, end[:-1]]
+    return start, end
+
+
+def compute_metrics(result: SimulationResult, workload: Workload) -> tuple[dict, pd.DataFrame]:
+    """The summary (flat dict) and one row per step."""
+    graph = result.graph
+    tasks = graph.tasks
+    start_us, end_us = result.start_us, result.end_us
+    step_start, step_end = step_bounds(result)
+    warm = workload.warmup_steps
+    w0 = float(step_end[warm - 1]) if warm > 0 else 0.0
+    w1 = float(step_end.max())
+    window_us = w1 - w0
+    measured = slice(warm, None)
+    latency_ms = (step_end - step_start) / US_PER_MS
+
+    lane_kind = graph.lane_kinds[tasks["lane"]]
+    on_device = lane_kind == LANE_DEVICE
+    device_busy = BusyTime(start_us[on_device], end_us[on_device])
+    device_busy_us = float(device_busy.between(w0, w1))
+
+    host_lanes = np.flatnonzero(graph.lane_kinds == LANE_HOST)
+    lane_busy = {}
+    for lane in host_lanes:
+        mine = tasks["lane"] == lane
+        lane_busy[graph.lane_names[lane]] = BusyTime(start_us[mine], end_us[mine])
+    host_busy_us = {name: float(b.between(w0, w1)) for name, b in lane_busy.items()}
+
+    path = result.critical_path()
+    clipped = np.clip(np.minimum(end_us[path], w1) - np.maximum(start_us[path], w0), 0.0, None)
+    per_category = np.bincount(tasks["category"][path], weights=clipped, minlength=len(CATEGORIES))
+    path_us = float(per_category.sum())
+    breakdown = per_category / path_us if path_us > 0 else per_category
+    host_share = float(sum(breakdown[CATEGORY[c]] for c in HOST_CATEGORIES))
+
+    steps_measured = workload.steps - warm
+    tokens_per_step = workload.tokens_out_per_step if workload.phase == Phase.decode else workload.tokens_per_step
+    bubble = 1.0 - device_busy_us / window_us if window_us > 0 else 0.0
+    launches = int(np.count_nonzero(tasks["category"] == CATEGORY["launch"]))
+    summary: dict = {
+        "throughput_tok_s": tokens_per_step * steps_measured / (window_us / 1e6) if window_us > 0 else 0.0,
+        "step_ms_mean": float(latency_ms[measured].mean()),
+        "step_ms_p50": float(np.percentile(latency_ms[measured], 50)),
+        "step_ms_p99": float(np.percentile(latency_ms[measured], 99)),
+    }
+    if workload.phase == Phase.prefill:
+        summary["ttft_ms"] = float(latency_ms[measured].mean())  # each prefill step yields its batch's first token
+    summary.update(
+        {
+            "bubble_ratio": bubble,
+            "device_busy": 1.0 - bubble,
+            "host_busy_max": max(host_busy_us.values()) / window_us if window_us > 0 else 0.0,
+            "host_cpu_load": sum(host_busy_us.values()) / window_us if window_us > 0 else 0.0,
+            "bound": "host" if host_share > 0.5 else "device",
+            "bound_reason": _bound_reason(host_share, breakdown, bubble),
+            "ops_per_step": workload.n_ops,
+            "launches_per_step": launches / workload.steps,
+            "tasks_simulated": graph.n_tasks,
+            "window_ms": window_us / US_PER_MS,
+            "steps_measured": steps_measured,
+        }
+    )
+    summary.update({f"breakdown_{name}": float(breakdown[i]) for i, name in enumerate(CATEGORIES)})
+
+    steps_table = pd.DataFrame(
+        {
+            "step": np.arange(workload.steps),
+            "measured": np.arange(workload.steps) >= warm,
+            "start_ms": step_start / US_PER_MS,
+            "end_ms": step_end / US_PER_MS,
+            "latency_ms": latency_ms,
+            "kv_len": workload.kv_len,
+            "tokens": np.full(workload.steps, tokens_per_step),
+            "device_busy_ms": device_busy.between(step_start, step_end) / US_PER_MS,
+        }
+    )
+    steps_table["bubble_ratio"] = 1.0 - steps_table["device_busy_ms"] / steps_table["latency_ms"]
+    for name, busy in lane_busy.items():
+        steps_table[f"{name}_busy_ms"] = busy.between(step_start, step_end) / US_PER_MS
+    steps_table["launches"] = np.bincount(
+        tasks["step"][tasks["category"] == CATEGORY["launch"]], minlength=workload.steps
+    )
+    return summary, steps_table
+
+
+def _bound_reason(host_share: float, breakdown: np.ndarray, bubble: float) -> str:
+    host_side = host_share > 0.5
+    names = HOST_CATEGORIES if host_side else tuple(c for c in CATEGORIES if c not in HOST_CATEGORIES)
+    top = sorted(names, key=lambda c: -breakdown[CATEGORY[c]])[:3]
+    parts = ", ".join(f"{c} {breakdown[CATEGORY[c]]:.0%}" for c in top if breakdown[CATEGORY[c]] > 0)
+    side, share = ("host", host_share) if host_side else ("device", 1.0 - host_share)
+    return f"{side} work is {share:.0%} of the critical path ({parts}); device idle {bubble:.0%} of the window"

@@ -1,0 +1,106 @@
+"""Files of a run directory: summary.json, steps.parquet, trace.json, and the terminal summary.
+
+Every file is written to a temporary name and renamed, so a failing run never leaves a half-written
+file in place of a good one.
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from harness.graph import CATEGORIES, LANE_COPY, LANE_DEVICE
+from harness.metrics import step_bounds
+
+if TYPE_CHECKING:
+    from harness.run import RunResult
+
+SUMMARY_FILE = "summary.json"
+STEPS_FILE = "steps.parquet"
+TRACE_FILE = "trace.json"
+
+
+def _atomic_write(path: Path, write) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    write(tmp)
+    os.replace(tmp, path)
+
+
+def write_json(path: Path, data: Any) -> None:
+    _atomic_write(path, lambda tmp: tmp.write_text(json.dumps(data, indent=2) + "\n"))
+
+
+def write_outputs(run_dir: Path, outcome: "RunResult", names: dict, trace_steps: int) -> None:
+    run_dir.mkdir(parents=True, exist_ok=True)
+    write_json(run_dir / SUMMARY_FILE, {**names, **outcome.summary})
+    _atomic_write(run_dir / STEPS_FILE, lambda tmp: outcome.steps.to_parquet(tmp, index=False))
+    if trace_steps > 0:
+        write_json(run_dir / TRACE_FILE, chrome_trace(outcome, trace_steps))
+
+
+def chrome_trace(outcome: "RunResult", trace_steps: int) -> dict:
+    """Chrome trace-event JSON (opens in Perfetto) of the first `trace_steps` measured steps."""
+    result = outcome.result
+    graph = result.graph
+    tasks = graph.tasks
+    first = outcome.workload.warmup_steps
+    chosen = np.flatnonzero((tasks["step"] >= first) & (tasks["step"] < first + trace_steps))
+    pid_of_kind = {0: 1, LANE_DEVICE: 2, LANE_COPY: 3}
+    events: list[dict] = [
+        {"ph": "M", "name": "process_name", "pid": 1, "args": {"name": "host"}},
+        {"ph": "M", "name": "process_name", "pid": 2, "args": {"name": "device"}},
+        {"ph": "M", "name": "process_name", "pid": 3, "args": {"name": "copy engines"}},
+    ]
+    for lane, name in enumerate(graph.lane_names):
+        events.append(
+            {"ph": "M", "name": "thread_name", "pid": pid_of_kind[int(graph.lane_kinds[lane])], "tid": lane, "args": {"name": name}}
+        )
+    op_names = graph.op_names
+    for i in chosen:
+        task = tasks[i]
+        op = int(task["op"])
+        category = CATEGORIES[task["category"]]
+        label = op_names[op] if op >= 0 else "step"
+        events.append(
+            {
+                "ph": "X",
+                "name": f"{label} {category}" if category != "compute" else label,
+                "cat": category,
+                "pid": pid_of_kind[int(graph.lane_kinds[task["lane"]])],
+                "tid": int(task["lane"]),
+                "ts": float(result.start_us[i]),
+                "dur": float(result.end_us[i] - result.start_us[i]),
+                "args": {"task": int(i), "step": int(task["step"]), "decided_by": int(result.decider[i])},
+            }
+        )
+    step_start, step_end = step_bounds(result)
+    for s in range(first, min(first + trace_steps, len(step_end))):
+        events.append({"ph": "i", "s": "g", "name": f"step {s} end", "pid": 1, "tid": 0, "ts": float(step_end[s])})
+    return {"traceEvents": events, "displayTimeUnit": "ms"}
+
+
+def format_summary(summary: dict, names: dict, run_dir: Path) -> str:
+    """A few lines for the terminal: what ran, the headline numbers, where the files are."""
+    breakdown = sorted(
+        ((k.removeprefix("breakdown_"), v) for k, v in summary.items() if k.startswith("breakdown_") and v > 0.005),
+        key=lambda kv: -kv[1],
+    )
+    lines = [
+        f"hostbound: {names['workload']} on {names['hardware']} with {names['strategy']}",
+        f"  throughput   {summary['throughput_tok_s']:.1f} tok/s",
+        f"  step         mean {summary['step_ms_mean']:.3f} ms, p50 {summary['step_ms_p50']:.3f} ms, p99 {summary['step_ms_p99']:.3f} ms",
+    ]
+    if "ttft_ms" in summary:
+        lines.append(f"  TTFT         {summary['ttft_ms']:.3f} ms")
+    lines += [
+        f"  device busy  {summary['device_busy']:.1%}   bubble {summary['bubble_ratio']:.1%}   host busy (max thread) {summary['host_busy_max']:.1%}",
+        f"  bound        {summary['bound']}: {summary['bound_reason']}",
+        "  critical path " + ", ".join(f"{k} {v:.1%}" for k, v in breakdown),
+        f"  {summary['ops_per_step']} ops/step, {summary['launches_per_step']:.0f} launches/step, "
+        f"{summary['tasks_simulated']} tasks in {summary['sim_wall_s']:.2f} s",
+        f"  outputs      {run_dir}",
+    ]
+    return "\n".join(lines)
