@@ -111,7 +111,7 @@ def run_from_hydra(cfg: DictConfig) -> float:
     try:
         run = to_run_config(cfg)
         run_dir = Path(HydraConfig.get().runtime.output_dir)
-        params = flatten(OmegaConf.to_container(cfg, resolve=True))
+        params = flatten(OmegaConf.to_container(cfg, resolve=True, enum_to_str=True))
         outcome = execute(run, run_dir, params)
     except HarnessError as exc:
         log.error("%s", exc)

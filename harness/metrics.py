@@ -40,6 +40,8 @@ class BusyTime:
     def covered_until(self, t: np.ndarray) -> np.ndarray:
         """Busy time in [-inf, t] for each t."""
         t = np.asarray(t, dtype=np.float64)
+        if self.starts.size == 0:
+            return np.zeros_like(t)
         k = np.searchsorted(self.starts, t, side="right")  # intervals starting at or before t
         last = np.maximum(k - 1, 0)
         partial = np.where(k > 0, np.clip(t - self.starts[last], 0.0, self.ends[last] - self.starts[last]), 0.0)

@@ -1,0 +1,82 @@
+"""`python -m harness` as a user runs it: files, exit codes, one-line errors, MLflow."""
+from __future__ import annotations
+
+import json
+import sqlite3
+
+import pandas as pd
+import pytest
+
+from conftest import run_cli
+from harness.graph import CATEGORIES
+
+CONTRACT_KEYS = {
+    "throughput_tok_s", "step_ms_mean", "step_ms_p50", "step_ms_p99", "bubble_ratio", "device_busy", "host_busy_max",
+    "bound", "bound_reason", "ops_per_step", "launches_per_step", "tasks_simulated", "sim_wall_s",
+} | {f"breakdown_{c}" for c in CATEGORIES}
+
+
+def test_default_run_writes_the_contract_files(tmp_path, repo_root):
+    run_dir = tmp_path / "run"
+    proc = run_cli("tracking.enabled=false", f"hydra.run.dir={run_dir}", "workload.steps=8", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert CONTRACT_KEYS <= summary.keys()
+    assert summary["bound"] == "host" and summary["workload"] == "llama2_7b_decode"
+    steps = pd.read_parquet(run_dir / "steps.parquet")
+    assert len(steps) == 8 and {"latency_ms", "device_busy_ms", "bubble_ratio"} <= set(steps.columns)
+    trace = json.loads((run_dir / "trace.json").read_text())
+    names = {e["args"]["name"] for e in trace["traceEvents"] if e.get("name") == "thread_name"}
+    assert {"host.main", "device.stream0"} <= names
+    assert any(e.get("ph") == "X" and e["cat"] == "compute" for e in trace["traceEvents"])
+    assert "throughput" in proc.stdout and "bound" in proc.stdout
+    assert (run_dir / ".hydra" / "config.yaml").is_file()
+    assert not (tmp_path / "outputs" / "mlflow.db").exists()  # tracking off: no store
+
+
+def test_prefill_run_reports_ttft(tmp_path):
+    run_dir = tmp_path / "run"
+    proc = run_cli("strategy=eager", "workload=llama2_7b_prefill", "tracking.enabled=false", f"hydra.run.dir={run_dir}", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["ttft_ms"] > 0 and summary["bound"] == "device"
+
+
+@pytest.mark.parametrize(
+    "override,named",
+    [("workload.batch_size=0", "workload.batch_size=0"), ("hardware.device.hbm_gbps=-1", "hardware.device.hbm_gbps=-1"), ("nokey=3", "nokey")],
+)
+def test_bad_input_exits_2_with_one_line(tmp_path, override, named):
+    proc = run_cli(override, "tracking.enabled=false", cwd=tmp_path)
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and named in lines[0]
+    assert "Traceback" not in proc.stderr
+    assert not (tmp_path / "outputs").exists()  # nothing started, nothing written
+
+
+def test_mlflow_run_is_logged_to_the_given_store(tmp_path):
+    db = tmp_path / "store.db"
+    run_dir = tmp_path / "run"
+    proc = run_cli(
+        f"tracking.uri=sqlite:///{db}", f"hydra.run.dir={run_dir}", "strategy=async", "workload.steps=4", cwd=tmp_path
+    )
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads((run_dir / "summary.json").read_text())
+    with sqlite3.connect(db) as con:
+        (run_id,) = con.execute("select run_uuid from runs").fetchone()
+        metrics = dict(con.execute("select key, value from latest_metrics where run_uuid=?", (run_id,)).fetchall())
+        params = dict(con.execute("select key, value from params where run_uuid=?", (run_id,)).fetchall())
+        tags = dict(con.execute("select key, value from tags where run_uuid=?", (run_id,)).fetchall())
+        step_points = con.execute("select count(*) from metrics where run_uuid=? and key='step_ms'", (run_id,)).fetchone()[0]
+    assert metrics["throughput_tok_s"] == pytest.approx(summary["throughput_tok_s"])
+    assert metrics["bubble_ratio"] == pytest.approx(summary["bubble_ratio"])
+    assert params["strategy.dispatch"] == "async" and params["hardware.host.launch_us"] == "12.0"
+    assert tags["strategy"] == "async" and tags["workload"] == "llama2_7b_decode" and tags["hardware"] == "atlas_a2"
+    assert step_points == 4
+    # Artifacts: the run directory's files, including Hydra's record of the config.
+    import mlflow
+
+    mlflow.set_tracking_uri(f"sqlite:///{db}")
+    listed = {a.path for a in mlflow.MlflowClient().list_artifacts(run_id)}
+    assert {"summary.json", "steps.parquet", "trace.json", ".hydra"} <= listed

@@ -1,0 +1,102 @@
+"""Every preset composes; bad values fail with a message naming the key and the value."""
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from conftest import compose_run
+from harness.cli import override_variants, preflight
+from harness.config import CONF_DIR, Dispatch, Phase, flatten
+from harness.errors import ConfigError
+
+GROUPS = {group: sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml")) for group in ("hardware", "workload", "strategy")}
+
+
+def test_every_group_has_the_issue_presets():
+    assert "atlas_a2" in GROUPS["hardware"]
+    assert {"llama2_7b_decode", "llama2_7b_prefill"} <= set(GROUPS["workload"])
+    assert {"eager", "async", "pipeline"} <= set(GROUPS["strategy"])
+
+
+@pytest.mark.parametrize("hardware,workload,strategy", list(itertools.product(*GROUPS.values())))
+def test_every_preset_combination_composes(hardware, workload, strategy):
+    run = compose_run(f"hardware={hardware}", f"workload={workload}", f"strategy={strategy}")
+    assert run.hardware.name == hardware
+    assert run.workload.name == workload
+    assert run.strategy.name == strategy
+
+
+def test_defaults():
+    run = compose_run()
+    assert (run.hardware.name, run.workload.name, run.strategy.name) == ("atlas_a2", "llama2_7b_decode", "eager")
+    assert run.workload.phase == Phase.decode and run.strategy.dispatch == Dispatch.eager
+    assert run.tracking.enabled and run.tracking.uri is None
+
+
+@pytest.mark.parametrize(
+    "override,named",
+    [
+        ("workload.batch_size=0", "workload.batch_size=0"),
+        ("workload.steps=-3", "workload.steps=-3"),
+        ("hardware.device.hbm_gbps=-1", "hardware.device.hbm_gbps=-1"),
+        ("hardware.device.ai_cores=0", "hardware.device.ai_cores=0"),
+        ("hardware.link.pcie_gbps=0", "hardware.link.pcie_gbps=0"),
+        ("hardware.host.launch_us=-5", "hardware.host.launch_us=-5"),
+        ("hardware.host.threads=0", "hardware.host.threads=0"),
+        ("strategy.queue_capacity=0", "strategy.queue_capacity=0"),
+        ("workload.card=null", "workload.ops=[]"),  # no card and no ops: the empty op list is named
+        ("workload.card=gpt5", "workload.card='gpt5'"),
+        ("workload.warmup_steps=64", "workload.warmup_steps=64"),
+    ],
+)
+def test_invalid_values_name_key_and_value(override, named):
+    with pytest.raises(ConfigError) as err:
+        compose_run(override)
+    message = str(err.value)
+    assert message.startswith(named)
+    assert "\n" not in message
+
+
+@pytest.mark.parametrize(
+    "override,fragments",
+    [
+        ("workload.batch_size=abc", ["workload.batch_size", "abc"]),
+        ("hardware.device.cores=4", ["hardware.device.cores"]),
+        ("strategy.dispatch=turbo", ["strategy.dispatch", "turbo"]),
+        ("workload=nope", ["workload", "nope"]),
+    ],
+)
+def test_preflight_turns_hydra_errors_into_one_line_exit_2(override, fragments, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        preflight([override])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1
+    for fragment in fragments:
+        assert fragment in err
+
+
+def test_preflight_checks_every_value_of_a_sweep(capsys):
+    with pytest.raises(SystemExit):
+        preflight(["-m", "strategy=eager,async", "workload.batch_size=1,0"])
+    assert "workload.batch_size=0" in capsys.readouterr().err
+    preflight(["-m", "strategy=eager,async", "workload.batch_size=1,8"])  # all valid: returns
+
+
+def test_override_variants_cover_each_sweep_value():
+    variants = override_variants(["strategy=eager,async", "seed=3", "workload.batch_size=range(1,4)", "hydra.run.dir=x"])
+    flat = {o for v in variants for o in v}
+    assert {"strategy=eager", "strategy=async", "seed=3", "workload.batch_size=1", "workload.batch_size=3"} <= flat
+    assert all("hydra.run.dir=x" not in v for v in variants)
+
+
+def test_explicit_op_list_by_override():
+    run = compose_run("workload.card=null", "workload.ops=[{name:a,kind:cube,flops:1e9},{name:b,device_us:3.0}]")
+    assert [op.name for op in run.workload.ops] == ["a", "b"]
+    assert run.workload.ops[1].device_us == 3.0
+
+
+def test_flatten_keeps_dotted_keys():
+    flat = flatten({"a": {"b": 1, "c": [1, 2]}, "d": [{"e": 1}]})
+    assert flat == {"a.b": 1, "a.c": [1, 2], "d.0.e": 1}

@@ -1,0 +1,68 @@
+"""Metrics: busy-time arithmetic, window accounting, and the breakdown over the critical path."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from conftest import compose_run
+from harness.graph import CATEGORIES, LANE_DEVICE
+from harness.metrics import BusyTime
+from harness.run import simulate_run
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.tuples(st.integers(0, 50), st.integers(0, 10)), min_size=0, max_size=30),
+    st.integers(0, 60),
+    st.integers(0, 60),
+)
+def test_busy_time_matches_brute_force(intervals, a, b):
+    a, b = min(a, b), max(a, b)
+    starts = np.array([s for s, _ in intervals], dtype=float)
+    ends = np.array([s + d for s, d in intervals], dtype=float)
+    covered = np.zeros(120, dtype=bool)  # unit grid: integer intervals are exact
+    for s, e in zip(starts.astype(int), ends.astype(int)):
+        covered[s:e] = True
+    expected = covered[a:b].sum()
+    assert BusyTime(starts, ends).between(np.array(a, float), np.array(b, float)) == pytest.approx(expected)
+
+
+@pytest.mark.parametrize("strategy", ["eager", "async", "pipeline"])
+@pytest.mark.parametrize("workload", ["llama2_7b_decode", "llama2_7b_prefill"])
+def test_accounting_identities(workload, strategy):
+    outcome = simulate_run(compose_run(f"workload={workload}", f"strategy={strategy}", "workload.steps=3"))
+    s, steps = outcome.summary, outcome.steps
+    # Busy + idle = window, per run and per step; step latencies tile the window.
+    assert s["device_busy"] + s["bubble_ratio"] == pytest.approx(1.0)
+    assert steps["latency_ms"].sum() == pytest.approx(s["window_ms"])
+    assert (steps["device_busy_ms"] <= steps["latency_ms"] + 1e-9).all()
+    assert steps["device_busy_ms"].sum() == pytest.approx(s["device_busy"] * s["window_ms"])
+    # The breakdown covers the whole critical path.
+    assert sum(s[f"breakdown_{c}"] for c in CATEGORIES) == pytest.approx(1.0)
+    path = outcome.result.critical_path()
+    durations = outcome.result.end_us[path] - outcome.result.start_us[path]
+    assert durations.sum() == pytest.approx(outcome.result.makespan_us)
+    # Device busy can never exceed the sum of device task durations (streams may overlap, not add).
+    graph = outcome.result.graph
+    on_device = graph.lane_kinds[graph.tasks["lane"]] == LANE_DEVICE
+    device_sum = (outcome.result.end_us - outcome.result.start_us)[on_device].sum()
+    assert s["device_busy"] * s["window_ms"] * 1e3 <= device_sum + 1e-6
+
+
+def test_warmup_steps_are_left_out_of_the_window():
+    full = simulate_run(compose_run("workload.steps=6")).summary
+    warm = simulate_run(compose_run("workload.steps=6", "workload.warmup_steps=2"))
+    assert warm.summary["steps_measured"] == 4
+    assert warm.summary["window_ms"] == pytest.approx(warm.steps["latency_ms"][2:].sum())
+    assert warm.summary["window_ms"] < full["window_ms"]
+
+
+def test_throughput_counts_tokens_per_phase():
+    decode = simulate_run(compose_run("workload.batch_size=4", "workload.steps=3")).summary
+    assert decode["throughput_tok_s"] == pytest.approx(4 * 3 / (decode["window_ms"] / 1e3))
+    prefill = simulate_run(compose_run("workload=llama2_7b_prefill", "workload.steps=2", "workload.context_len=512")).summary
+    assert prefill["throughput_tok_s"] == pytest.approx(512 * 2 / (prefill["window_ms"] / 1e3))
+    assert prefill["ttft_ms"] == pytest.approx(prefill["step_ms_mean"])
+    assert "ttft_ms" not in decode
