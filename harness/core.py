@@ -22,7 +22,7 @@ import numpy as np
 from numba import njit
 
 from harness.errors import HarnessError
-from harness.graph import TaskGraph, csr_from_edges
+from harness.graph import TaskGraph
 
 STATUS_OK = 0
 STATUS_DEADLOCK = 1
@@ -186,17 +186,37 @@ def _critical_path(end, decider):
     return path[:length]
 
 
-def lane_links(lanes: np.ndarray, n_lanes: int) -> tuple[np.ndarray, np.ndarray]:
-    """Previous and next task id on the same lane (-1 at the ends), lanes being FIFO in id order."""
+@njit(cache=True)
+def _links(lanes, n_lanes, dep_ptr, dep_idx):
+    """Lane neighbours (lanes are FIFO in id order) and successor lists (CSR), in O(n + edges)."""
     n = lanes.shape[0]
-    order = np.argsort(lanes, kind="stable")
-    sorted_lanes = lanes[order]
-    same = sorted_lanes[1:] == sorted_lanes[:-1]
-    prev = np.full(n, -1, dtype=np.int64)
-    nxt = np.full(n, -1, dtype=np.int64)
-    prev[order[1:][same]] = order[:-1][same]
-    nxt[order[:-1][same]] = order[1:][same]
-    return prev, nxt
+    lane_prev = np.full(n, -1, np.int64)
+    lane_next = np.full(n, -1, np.int64)
+    last = np.full(n_lanes, -1, np.int64)
+    for i in range(n):
+        p = last[lanes[i]]
+        if p >= 0:
+            lane_prev[i] = p
+            lane_next[p] = i
+        last[lanes[i]] = i
+    succ_ptr = np.zeros(n + 1, np.int64)
+    for e in range(dep_idx.shape[0]):
+        succ_ptr[dep_idx[e] + 1] += 1
+    for i in range(n):
+        succ_ptr[i + 1] += succ_ptr[i]
+    fill = succ_ptr[:-1].copy()
+    succ_idx = np.empty(dep_idx.shape[0], np.int64)
+    for i in range(n):  # successors come out in increasing id order
+        for e in range(dep_ptr[i], dep_ptr[i + 1]):
+            p = dep_idx[e]
+            succ_idx[fill[p]] = i
+            fill[p] += 1
+    return lane_prev, lane_next, succ_ptr, succ_idx
+
+
+def links(graph: TaskGraph) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(lane_prev, lane_next, succ_ptr, succ_idx) of a graph, as the kernel needs them."""
+    return _links(graph.tasks["lane"], len(graph.lane_names), graph.dep_ptr.astype(np.int64, copy=False), graph.dep_idx.astype(np.int64, copy=False))
 
 
 class SimulationResult:
@@ -246,10 +266,7 @@ def simulate(graph: TaskGraph) -> SimulationResult:
     """Validate the graph, run the event loop, return start/end/decider per task."""
     validate_graph(graph)
     n = graph.n_tasks
-    owner = np.repeat(np.arange(n, dtype=np.int64), np.diff(graph.dep_ptr))
-    # Grouping the edges by predecessor gives each task's successor list.
-    succ_ptr, succ_idx = csr_from_edges(n, owner, graph.dep_idx)
-    lane_prev, lane_next = lane_links(graph.tasks["lane"], len(graph.lane_names))
+    lane_prev, lane_next, succ_ptr, succ_idx = links(graph)
     start = np.zeros(n, dtype=np.float64)
     end = np.zeros(n, dtype=np.float64)
     decider = np.empty(n, dtype=np.int64)
