@@ -31,6 +31,13 @@ class Phase(enum.Enum):
     prefill = "prefill"
 
 
+class Quant(enum.Enum):
+    """Weight/activation precision of the linear layers: bf16, or int8 weights and activations (W8A8)."""
+
+    bf16 = "bf16"
+    w8a8 = "w8a8"
+
+
 class OpKind(enum.Enum):
     """Which unit bounds an op's compute: cube (matmul), vector (element-wise), comm (collective)."""
 
@@ -105,12 +112,15 @@ class LinkConfig:
     _key: ClassVar[str] = "hardware.link"
     pcie_gbps: float = 32.0
     pcie_latency_us: float = 2.0
-    scaleup_gbps: float = 196.0
+    scaleup_gbps: float = 196.0  # between devices of one node
     scaleup_latency_us: float = 0.5
+    devices_per_node: int = 8
+    internode_gbps: float = 25.0  # between nodes (collectives spanning nodes run at this speed)
+    internode_latency_us: float = 1.5
 
     def __post_init__(self) -> None:
-        _positive(self, "pcie_gbps", "scaleup_gbps")
-        _non_negative(self, "pcie_latency_us", "scaleup_latency_us")
+        _positive(self, "pcie_gbps", "scaleup_gbps", "devices_per_node", "internode_gbps")
+        _non_negative(self, "pcie_latency_us", "scaleup_latency_us", "internode_latency_us")
 
 
 @dataclass
@@ -132,7 +142,10 @@ class OpSpec:
     flops: float = 0.0
     bytes: float = 0.0
     device_us: Optional[float] = None  # fixed device time; replaces the roofline when given
+    stream: int = -1  # device stream: 0 compute, 1 communication; -1: by kind
+    after: List[int] = field(default_factory=list)  # earlier ops (indices) it waits for; empty: the previous op
     dynamic: bool = False  # shape changes between steps
+    cpu_eligible: bool = False  # may run on the host CPU (heterogeneous execution)
     value_dependent: bool = False  # InferShape needs a value of the previous op's output (D2H + sync)
     compute_dependent: bool = False  # output shape known only after it ran (drain, D2H + sync)
 
@@ -146,8 +159,13 @@ class OpSpec:
 class WorkloadConfig:
     _key: ClassVar[str] = "workload"
     name: str = "custom"
-    card: Optional[str] = "llama2_7b"  # model card in workloads/ (file name without .yaml); null: use ops
+    card: Optional[str] = "llama2_7b"  # model card in workloads/ (file name without .yaml); null: use ops/path
+    path: Optional[str] = None  # op-list CSV (a trace workload); used when card is null
     phase: Phase = Phase.decode
+    quant: Quant = Quant.bf16
+    tp: int = 1  # tensor-parallel degree (attention heads, MLP columns)
+    dp: int = 1  # data-parallel attention groups; devices = tp × dp
+    ep: int = 0  # expert-parallel degree for MoE layers; 0: all devices
     batch_size: int = 1
     context_len: int = 1024  # prompt length (prefill) / tokens already in the KV cache (decode)
     steps: int = 32  # simulated steps (decode iterations, or prefill batches)
@@ -155,14 +173,21 @@ class WorkloadConfig:
     ops: List[OpSpec] = field(default_factory=list)  # explicit op list, used when card is not set
 
     def __post_init__(self) -> None:
-        _positive(self, "batch_size", "context_len", "steps")
-        _non_negative(self, "warmup_steps")
+        _positive(self, "batch_size", "context_len", "steps", "tp", "dp")
+        _non_negative(self, "warmup_steps", "ep")
         _check(self, self.warmup_steps < self.steps, "warmup_steps", f"must be < workload.steps={self.steps}")
-        if self.card is None:
-            _check(self, len(self.ops) > 0, "ops", "empty op list: set workload.card or give workload.ops")
+        _check(self, self.ep <= self.devices, "ep", f"must be <= the devices (tp × dp = {self.devices})")
+        if self.card is None and self.path is None:
+            _check(self, len(self.ops) > 0, "ops", "empty op list: set workload.card, workload.path or workload.ops")
+        elif self.card is None:
+            _check(self, Path(self.path).is_file(), "path", "no such file")
         elif not (WORKLOADS_DIR / f"{self.card}.yaml").is_file():
             known = sorted(p.stem for p in WORKLOADS_DIR.glob("*.yaml"))
             _check(self, False, "card", f"no such model card in workloads/ (known: {', '.join(known)})")
+
+    @property
+    def devices(self) -> int:
+        return self.tp * self.dp
 
 
 @dataclass

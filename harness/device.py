@@ -1,16 +1,21 @@
 """Device cost model: how long an op runs on the accelerator and how many AI cores it holds.
 
-Time = fixed kernel cost + roofline max(FLOPs / peak of the cores it holds, bytes / HBM bandwidth).
-AI cores held = the block-split rule of seed 002, on the op's own unit (cube or vector):
+Compute ops: time = fixed kernel cost + roofline max(FLOPs / peak of the cores it holds, bytes / HBM
+bandwidth). AI cores held = the block-split rule of seed 002, on the op's own unit (cube or vector):
 FLOPs < 10 % of one core's capacity → 1 block; > 50 % → min(cores, FLOPs / (0.3 × capacity));
 otherwise 4 blocks. "Capacity" is what one core computes in `block_quantum_us`.
+
+Collectives: fixed cost + the textbook cost on the link the group needs: the scale-up link (HCCS,
+NVLink) when the group fits in one node, the inter-node network otherwise. With p ranks and S bytes
+per rank: ring all-reduce 2(p−1) hops of S/p; all-gather (p−1) hops of S; all-to-all sends
+S(p−1)/p over a full mesh in one round.
 """
 from __future__ import annotations
 
 import numpy as np
 
-from harness.config import DeviceConfig, LinkConfig
-from harness.workload import Workload
+from harness.config import DeviceConfig, HardwareConfig, LinkConfig
+from harness.workload import COMM_ALL_GATHER, COMM_ALL_REDUCE, COMM_ALL_TO_ALL, Workload
 
 KIND_CUBE, KIND_VECTOR, KIND_COMM = 0, 1, 2
 
@@ -41,18 +46,36 @@ def fixed_cost_us(kind: np.ndarray, device: DeviceConfig) -> np.ndarray:
     )
 
 
-def device_times(workload: Workload, device: DeviceConfig) -> tuple[np.ndarray, np.ndarray]:
-    """(duration_us, ai_cores) per step and op, each of shape (steps, n_ops)."""
-    kv = workload.kv_len[:, None].astype(np.float64)
-    flops = workload.flops[None, :] + workload.flops_per_kv[None, :] * kv
-    nbytes = workload.bytes[None, :] + workload.bytes_per_kv[None, :] * kv
+def collective_us(comm: np.ndarray, ranks: np.ndarray, nbytes: np.ndarray, link: LinkConfig) -> np.ndarray:
+    """Transfer time of collectives (without the fixed kernel cost), broadcasting over steps."""
+    p = ranks.astype(np.float64)
+    in_node = ranks <= link.devices_per_node
+    bytes_per_us = np.where(in_node, link.scaleup_gbps, link.internode_gbps) * 1e9 / US_PER_S
+    hop_us = np.where(in_node, link.scaleup_latency_us, link.internode_latency_us)
+    safe_p = np.maximum(p, 1.0)
+    all_reduce = 2 * (p - 1) * (hop_us + nbytes / safe_p / bytes_per_us)
+    all_gather = (p - 1) * (hop_us + nbytes / bytes_per_us)
+    all_to_all = hop_us + nbytes * (p - 1) / safe_p / bytes_per_us
+    return np.select(
+        [comm == COMM_ALL_REDUCE, comm == COMM_ALL_GATHER, comm == COMM_ALL_TO_ALL],
+        [all_reduce, all_gather, all_to_all],
+        default=0.0,
+    )
+
+
+def device_times(workload: Workload, hardware: HardwareConfig) -> tuple[np.ndarray, np.ndarray]:
+    """(duration_us, ai_cores) per step and op, each of shape (steps, n_ops). Collectives hold no AI cores."""
+    device = hardware.device
+    flops, nbytes = workload.flops, workload.bytes
     kind = np.broadcast_to(workload.kind[None, :], flops.shape)
     cores = block_dim(flops, kind, device)
     compute_us = flops / (unit_peak_flop_per_us(kind, device) * cores / device.ai_cores)
     memory_us = nbytes / (device.hbm_gbps * 1e9 / US_PER_S)
-    roofline_us = fixed_cost_us(kind, device) + np.maximum(compute_us, memory_us)
-    given = ~np.isnan(workload.device_us)
-    duration = np.where(given[None, :], workload.device_us[None, :], roofline_us)
+    transfer_us = collective_us(workload.comm[None, :], workload.comm_ranks[None, :], nbytes, hardware.link)
+    is_comm = kind == KIND_COMM
+    model_us = fixed_cost_us(kind, device) + np.where(is_comm, transfer_us, np.maximum(compute_us, memory_us))
+    duration = np.where(np.isnan(workload.device_us), model_us, workload.device_us)
+    cores = np.where(is_comm, 0, cores).astype(np.int32)
     return duration, cores
 
 

@@ -8,7 +8,8 @@ The dispatch mode decides which host lane (thread) runs each stage:
             bounded launch queue to a second thread, so alloc and free stay on one thread (seed 000).
 * pipeline: InferShape | Tiling (Resize) | alloc + launch + free on three threads with bounded queues.
 
-The device task of an op runs on the compute stream once the op is launched. Per step: the host
+The device task of an op runs on its stream (compute, or communication for collectives) once the op
+is launched and the ops it reads from have finished (an event when they ran on another stream). Per step: the host
 issues an H2D copy of the input tokens before the first op, and the sampled tokens come back by D2H
 and a blocking sync before the next step can start (decode steps depend on each other). A
 value-dependent op's InferShape waits for the previous op's output (device end + D2H + sync); a
@@ -27,7 +28,7 @@ import numpy as np
 from harness.config import Dispatch, HardwareConfig, StrategyConfig
 from harness.device import copy_time_us, device_times
 from harness.graph import CATEGORY, LANE_COPY, LANE_DEVICE, LANE_HOST, NO_POOL, TASK_DTYPE, TaskGraph, csr_from_edges
-from harness.workload import FLAG_COMPUTE_DEPENDENT, FLAG_VALUE_DEPENDENT, TOKEN_ID_BYTES, Workload
+from harness.workload import FLAG_COMPUTE_DEPENDENT, FLAG_VALUE_DEPENDENT, STREAM_COMM, STREAM_COMPUTE, TOKEN_ID_BYTES, Workload
 
 HOST_STAGES = ("framework", "infer_shape", "tiling", "alloc", "launch", "free")
 # Host costs by index: the stages, then the blocking sync (hardware.host.<name>_us each).
@@ -85,9 +86,11 @@ def lower(
     """Build the task graph of the whole run."""
     host_lanes, stage_lane = HOST_LAYOUT[strategy.dispatch]
     n_host = len(host_lanes)
-    stream, h2d, d2h = n_host, n_host + 1, n_host + 2
-    lane_names = [*host_lanes, "device.stream0", "copy.h2d", "copy.d2h"]
-    lane_kinds = np.array([LANE_HOST] * n_host + [LANE_DEVICE, LANE_COPY, LANE_COPY], dtype=np.int8)
+    # Device streams follow the host lanes (compute, communication), then the two copy engines.
+    stream_lane = {STREAM_COMPUTE: n_host, STREAM_COMM: n_host + 1}
+    h2d, d2h = n_host + 2, n_host + 3
+    lane_names = [*host_lanes, "device.stream0", "device.comm", "copy.h2d", "copy.d2h"]
+    lane_kinds = np.array([LANE_HOST] * n_host + [LANE_DEVICE, LANE_DEVICE, LANE_COPY, LANE_COPY], dtype=np.int8)
     host = hardware.host
     host_cost_us = np.array([getattr(host, f"{name}_us") for name in HOST_COSTS], dtype=np.float64)
     launch_stage = HOST_STAGES.index("launch")
@@ -96,12 +99,13 @@ def lower(
     # queue_items[(a, b)] = (producer's first task on lane a, consumer's first task on lane b) per op.
     queue_items: dict[tuple[int, int], tuple[list[int], list[int]]] = {}
     issue_h2d = tpl.add(0, "launch", -1, _FROM_HOST, launch_stage)
-    h2d_copy = tpl.add(h2d, "copy", -1, _FIXED, copy_time_us(workload.tokens_per_step * 2 * TOKEN_ID_BYTES, hardware.link))
+    h2d_copy = tpl.add(h2d, "copy", -1, _FIXED, 0.0)  # per-step duration set below
     tpl.edge(issue_h2d, h2d_copy)
-    device_task = -1
+    device_task = np.full(workload.n_ops, -1, dtype=np.int64)
     for j in range(workload.n_ops):
-        if workload.flags[j] & FLAG_VALUE_DEPENDENT and device_task >= 0:
-            _read_back(tpl, device_task, d2h, j, copy_time_us(VALUE_READ_BYTES, hardware.link))
+        producers = [int(device_task[d]) for d in workload.after[j]]
+        if workload.flags[j] & FLAG_VALUE_DEPENDENT and producers:
+            _read_back(tpl, producers, d2h, j, copy_time_us(VALUE_READ_BYTES, hardware.link))
         first_on_lane: dict[int, int] = {}
         previous = -1
         for k, stage in enumerate(HOST_STAGES):
@@ -112,19 +116,22 @@ def lower(
                 if previous >= 0:
                     tpl.edge(previous, task)
                     producer_lane = tpl.lane[previous]
-                    producers, consumers = queue_items.setdefault((producer_lane, lane), ([], []))
-                    producers.append(first_on_lane[producer_lane])
-                    consumers.append(task)
+                    items = queue_items.setdefault((producer_lane, lane), ([], []))
+                    items[0].append(first_on_lane[producer_lane])
+                    items[1].append(task)
             if k == launch_stage:
-                device_task = tpl.add(stream, "compute", j, _FROM_DEVICE, j)
-                tpl.edge(task, device_task)
-                if j == 0:
-                    tpl.edge(h2d_copy, device_task)
+                on_comm = workload.stream[j] == STREAM_COMM
+                device_task[j] = tpl.add(stream_lane[int(workload.stream[j])], "comm" if on_comm else "compute", j, _FROM_DEVICE, j)
+                tpl.edge(task, int(device_task[j]))
+                for producer in producers:  # events between streams (redundant on one stream, harmless)
+                    tpl.edge(producer, int(device_task[j]))
+                if not producers:
+                    tpl.edge(h2d_copy, int(device_task[j]))
             previous = task
         if workload.flags[j] & FLAG_COMPUTE_DEPENDENT:
-            _read_back(tpl, device_task, d2h, j, copy_time_us(SHAPE_READ_BYTES, hardware.link))
+            _read_back(tpl, [int(device_task[j])], d2h, j, copy_time_us(SHAPE_READ_BYTES, hardware.link))
     # The sampled tokens return to the host; the next step's inputs are built from them.
-    _read_back(tpl, device_task, d2h, -1, copy_time_us(workload.tokens_out_per_step * TOKEN_ID_BYTES, hardware.link))
+    token_back = _read_back(tpl, [int(device_task[-1])], d2h, -1, 0.0)
 
     steps = workload.steps
     m = len(tpl.lane)
@@ -144,16 +151,18 @@ def lower(
     host_us = host_cost_us[value[is_host].astype(np.int64)]
     duration[:, is_host] = host_us * _jitter(rng, host.jitter_cv, (steps, int(is_host.sum())))
     device_ops = value[is_device].astype(np.int64)
-    device_us, device_cores = device_times(workload, hardware.device)
+    device_us, device_cores = device_times(workload, hardware)
     duration[:, is_device] = device_us[:, device_ops]
+    duration[:, h2d_copy] = [copy_time_us(t * 2 * TOKEN_ID_BYTES, hardware.link) for t in workload.tokens]
+    duration[:, token_back] = [copy_time_us(t * TOKEN_ID_BYTES, hardware.link) for t in workload.tokens_out]
     tasks["duration_us"] = duration.ravel()
 
     pool = np.full((steps, m), NO_POOL, dtype=np.int32)
     units = np.zeros((steps, m), dtype=np.int32)
     pool[:, is_host] = POOL_HOST
     units[:, is_host] = 1
-    pool[:, is_device] = POOL_AI_CORES
     units[:, is_device] = device_cores[:, device_ops]
+    pool[:, is_device] = np.where(units[:, is_device] > 0, POOL_AI_CORES, NO_POOL)  # collectives hold no AI core
     tasks["pool"] = pool.ravel()
     tasks["units"] = units.ravel()
 
@@ -179,12 +188,14 @@ def lower(
     )
 
 
-def _read_back(tpl: _StepTemplate, device_task: int, d2h_lane: int, op: int, copy_us: float) -> None:
-    """D2H copy after `device_task`, then a blocking sync on the first host lane."""
+def _read_back(tpl: _StepTemplate, device_tasks: list[int], d2h_lane: int, op: int, copy_us: float) -> int:
+    """D2H copy after `device_tasks`, then a blocking sync on the first host lane; returns the copy."""
     copy = tpl.add(d2h_lane, "copy", op, _FIXED, copy_us)
-    tpl.edge(device_task, copy)
+    for task in device_tasks:
+        tpl.edge(task, copy)
     sync = tpl.add(0, "sync", op, _FROM_HOST, SYNC_COST)
     tpl.edge(copy, sync)
+    return copy
 
 
 def _jitter(rng: np.random.Generator, cv: float, shape: tuple[int, int]) -> np.ndarray:

@@ -93,11 +93,11 @@ def compute_metrics(result: SimulationResult, workload: Workload) -> tuple[dict,
     host_share = float(sum(breakdown[CATEGORY[c]] for c in HOST_CATEGORIES))
 
     steps_measured = workload.steps - warm
-    tokens_per_step = workload.tokens_out_per_step if workload.phase == Phase.decode else workload.tokens_per_step
+    tokens_per_step = workload.tokens_out if workload.phase == Phase.decode else workload.tokens
     bubble = 1.0 - device_busy_us / window_us if window_us > 0 else 0.0
     launches = int(np.count_nonzero(tasks["category"] == CATEGORY["launch"]))
     summary: dict = {
-        "throughput_tok_s": tokens_per_step * steps_measured / (window_us / 1e6) if window_us > 0 else 0.0,
+        "throughput_tok_s": float(tokens_per_step[measured].sum()) / (window_us / 1e6) if window_us > 0 else 0.0,
         "step_ms_mean": float(latency_ms[measured].mean()),
         "step_ms_p50": float(np.percentile(latency_ms[measured], 50)),
         "step_ms_p99": float(np.percentile(latency_ms[measured], 99)),
@@ -129,7 +129,8 @@ def compute_metrics(result: SimulationResult, workload: Workload) -> tuple[dict,
             "end_ms": step_end / US_PER_MS,
             "latency_ms": latency_ms,
             "kv_len": workload.kv_len,
-            "tokens": np.full(workload.steps, tokens_per_step),
+            "batch": workload.batch,
+            "tokens": tokens_per_step,
             "device_busy_ms": device_busy.between(step_start, step_end) / US_PER_MS,
         }
     )

@@ -17,7 +17,7 @@ from harness.core import SimulationResult, simulate
 from harness.lowering import lower
 from harness.metrics import compute_metrics
 from harness.outputs import write_outputs
-from harness.workload import Workload, build_workload
+from harness.workload import Workload, build_workload, check_memory
 
 log = logging.getLogger(__name__)
 
@@ -34,10 +34,14 @@ def simulate_run(run: RunConfig) -> RunResult:
     """Build the workload, lower it under the strategy, run the engine, compute the metrics."""
     began = time.perf_counter()
     rng = np.random.default_rng(run.seed)
-    workload = build_workload(run.workload)
+    workload = build_workload(run.workload, devices_per_node=run.hardware.link.devices_per_node)
+    check_memory(workload, run.hardware.device.hbm_gb)
     graph = lower(workload, run.hardware, run.strategy, rng)
     result = simulate(graph)
     summary, steps = compute_metrics(result, workload)
+    if workload.memory.total_gb > 0:  # cards know their memory; explicit op lists do not
+        summary["peak_mem_gb"] = workload.memory.total_gb
+    summary["devices"] = run.workload.devices
     summary["sim_wall_s"] = time.perf_counter() - began
     log.info("simulated %d tasks in %.3f s", graph.n_tasks, summary["sim_wall_s"])
     return RunResult(summary=summary, steps=steps, result=result, workload=workload)

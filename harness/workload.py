@@ -1,50 +1,68 @@
-"""Workload builder: a model card (or an explicit op list) plus phase and batch → the ops of one step.
+"""Workload builder: a model card, an explicit op list or a trace CSV → the ops of every step.
 
 A card in workloads/ holds the architecture numbers of the official config.json and the sequence of
-ops a framework issues per step (`pre_ops`, `layer_ops` × layers, `post_ops`). Each op name maps to a
-cost formula here: FLOPs and bytes from the shapes. Attention in decode has a part that grows with
-the KV length; it is kept as per-KV-token coefficients so every step gets its own cost.
+ops a serving framework issues per step: `pre_ops`, then `layer_groups` (each `count` layers running
+the same `ops`), then `post_ops`. Each op name maps to a cost formula in `OP_FORMULAS`: FLOPs, bytes
+moved and resident parameters of the simulated rank, from the shapes and the parallel layout. A
+formula returns None for an op that is not issued in this configuration (an all-reduce at TP 1, a
+quantisation op in bf16, a shared expert in a model without one).
+
+The harness simulates one representative rank of `tp × dp` devices: attention heads and MLP columns
+are split `tp` ways, each DP group holds its own `batch_size` sequences, MoE experts are split over
+`ep` ranks with tokens routed evenly, and collectives run on a communication stream.
+
+Everything that changes between steps (KV length, hence attention cost and shape) is an array over
+steps, so every step gets its own cost and its own shape key.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Callable
+from dataclasses import dataclass, field
+from typing import Callable, Optional
 
 import numpy as np
 from omegaconf import OmegaConf
 
-from harness.config import WORKLOADS_DIR, OpKind, Phase, WorkloadConfig
+from harness.config import WORKLOADS_DIR, OpKind, Phase, Quant, WorkloadConfig
 from harness.errors import ConfigError
 
 KIND_CODE = {OpKind.cube: 0, OpKind.vector: 1, OpKind.comm: 2}
+STREAM_COMPUTE, STREAM_COMM = 0, 1
 
 # Op flags (bit set per op).
 FLAG_DYNAMIC = 1
 FLAG_VALUE_DEPENDENT = 2
 FLAG_COMPUTE_DEPENDENT = 4
+FLAG_CPU_ELIGIBLE = 8
+
+# Collectives (how the device model prices a comm op).
+COMM_NONE, COMM_ALL_REDUCE, COMM_ALL_GATHER, COMM_ALL_TO_ALL = 0, 1, 2, 3
 
 TOKEN_ID_BYTES = 4  # int32 token ids (and positions) copied per token
+BYTES_PER_GB = 1e9
 
 
 @dataclass
 class Workload:
-    """The ops of one step (same list every step) and what changes between steps."""
+    """Ops of a step (same list every step) and their per-step costs, for one simulated rank."""
 
     name: str
     phase: Phase
     op_names: list[str]
-    kind: np.ndarray  # int8: 0 cube, 1 vector, 2 comm
-    flops: np.ndarray  # float64, per op, part independent of the KV length
-    bytes: np.ndarray  # float64
-    flops_per_kv: np.ndarray  # float64, added per KV-cache token (decode attention)
-    bytes_per_kv: np.ndarray  # float64
-    device_us: np.ndarray  # float64, fixed device time; NaN = use the roofline
-    flags: np.ndarray  # uint8 bit set
-    kv_len: np.ndarray  # int64 per step: KV-cache tokens attention reads
-    tokens_per_step: int  # tokens processed per step (batch for decode, batch × prompt for prefill)
-    tokens_out_per_step: int  # tokens generated per step (sampled and copied back to the host)
-    batch_size: int
+    kind: np.ndarray  # int8 per op: 0 cube, 1 vector, 2 comm
+    stream: np.ndarray  # int8 per op: 0 compute, 1 communication
+    flags: np.ndarray  # uint8 per op
+    after: list[list[int]]  # per op: earlier ops of the step it waits for (data dependencies)
+    comm: np.ndarray  # int8 per op: collective type (COMM_*)
+    comm_ranks: np.ndarray  # int32 per op: ranks taking part
+    flops: np.ndarray  # float64 (steps, ops)
+    bytes: np.ndarray  # float64 (steps, ops); for a collective: the bytes each rank contributes
+    device_us: np.ndarray  # float64 (steps, ops): fixed device time, NaN = from the cost model
+    shape_key: np.ndarray  # int64 (steps, ops): changes exactly when the op's shapes change
+    batch: np.ndarray  # int64 per step: sequences in the simulated rank's batch
+    kv_len: np.ndarray  # int64 per step: KV-cache length each sequence attends over
+    tokens: np.ndarray  # int64 per step: tokens through the layers (batch in decode, batch × prompt in prefill)
     warmup_steps: int
+    memory: "MemoryPlan"
 
     @property
     def n_ops(self) -> int:
@@ -52,169 +70,581 @@ class Workload:
 
     @property
     def steps(self) -> int:
-        return int(self.kv_len.shape[0])
+        return int(self.batch.shape[0])
+
+    @property
+    def tokens_out(self) -> np.ndarray:
+        """Tokens generated per step (each sequence samples one)."""
+        return self.batch
 
 
 @dataclass
-class _Shapes:
-    tokens: int  # tokens through the layer this step
-    batch: int
-    context: int  # prompt length (prefill)
-    hidden: int
-    heads: int
-    kv_heads: int
-    head_dim: int
-    ffn: int
-    vocab: int
-    width: int  # bytes per element
+class MemoryPlan:
+    """What the simulated rank keeps in HBM (GB)."""
+
+    weights_gb: float = 0.0
+    kv_cache_gb: float = 0.0
+    workspace_gb: float = 0.0
+
+    @property
+    def total_gb(self) -> float:
+        return self.weights_gb + self.kv_cache_gb + self.workspace_gb
+
+
+@dataclass
+class Cost:
+    """What one op costs on the simulated rank; arrays are per step."""
+
+    kind: OpKind
+    flops: object = 0.0
+    bytes: object = 0.0
+    params: float = 0.0  # parameters resident on this rank
+    full_params: float = 0.0  # parameters of this op in the unsplit model (for the parameter count)
+    weight_bytes: float = 0.0
+    dynamic: bool = False
+    value_dependent: bool = False
+    comm: int = COMM_NONE
+    ranks: int = 1
+    shape: tuple = ()  # what the op's shapes depend on, besides tokens
+
+
+@dataclass
+class Shapes:
+    """Sizes of the simulated rank for one workload; `tokens`, `batch`, `kv` are arrays over steps."""
+
+    card: dict
+    tokens: np.ndarray
+    batch: np.ndarray
+    kv: np.ndarray  # KV-cache length per sequence
+    context: int
     decode: bool
+    tp: int
+    dp: int
+    ep: int
+    quant: bool
+    devices_per_node: int = 8
+    extra: dict = field(default_factory=dict)
+
+    def __getattr__(self, name: str):  # card numbers by name: s.hidden_size, s.vocab_size, ...
+        card = self.__dict__.get("card", {})
+        if name in card:
+            return card[name]
+        raise AttributeError(name)
+
+    @property
+    def act(self) -> int:
+        """Bytes per activation element (int8 into quantised matmuls is counted at the matmul)."""
+        return self.card["dtype_bytes"]
+
+    @property
+    def weight(self) -> int:
+        return 1 if self.quant else self.card["dtype_bytes"]
+
+    @property
+    def heads(self) -> float:
+        return self.num_attention_heads / self.tp
+
+    @property
+    def kv_heads(self) -> float:
+        # KV heads are replicated when there are fewer of them than TP ranks.
+        return max(1.0, self.num_key_value_heads / self.tp)
+
+    @property
+    def head_dim(self) -> int:
+        return self.card.get("head_dim") or self.hidden_size // self.num_attention_heads
+
+    @property
+    def v_head_dim(self) -> int:
+        return self.card.get("v_head_dim") or self.head_dim
+
+    @property
+    def devices(self) -> int:
+        return self.tp * self.dp
 
 
-# An op formula returns (kind, flops, bytes, flops_per_kv, bytes_per_kv, dynamic).
-OpCost = tuple[OpKind, float, float, float, float, bool]
+# ---------------------------------------------------------------- op formulas
 
 
-def _matmul(s: _Shapes, n_in: int, n_out: int, tokens: int | None = None) -> OpCost:
+def _linear(s: Shapes, n_in: float, n_out: float, split: float = 1, tokens=None, quantised: bool = True, bias: bool = False) -> Cost:
+    """A (possibly sharded) linear layer: weights n_in × n_out split `split` ways."""
     t = s.tokens if tokens is None else tokens
-    return (OpKind.cube, 2.0 * t * n_in * n_out, float(n_in * n_out + t * (n_in + n_out)) * s.width, 0.0, 0.0, False)
+    full = n_in * n_out + (n_out if bias else 0)
+    params = full / split
+    width = s.weight if quantised else s.act
+    act_width = 1 if (quantised and s.quant) else s.act
+    return Cost(
+        OpKind.cube,
+        flops=2.0 * t * (n_in * n_out / split),
+        bytes=params * width + t * (n_in + n_out) / split * act_width,
+        params=params,
+        full_params=full,
+        weight_bytes=params * width,
+        shape=(n_in, n_out, split),
+    )
 
 
-def _rms_norm(s: _Shapes) -> OpCost:
-    return (OpKind.vector, 4.0 * s.tokens * s.hidden, float(2 * s.tokens * s.hidden + s.hidden) * s.width, 0.0, 0.0, False)
-
-
-def _attention(s: _Shapes) -> OpCost:
-    q_and_out = 2.0 * s.tokens * s.heads * s.head_dim * s.width
-    if s.decode:
-        # Each new token reads K and V of every cached token: 2 matmul-like passes of 2 FLOPs per MAC.
-        return (
-            OpKind.cube,
-            0.0,
-            q_and_out,
-            4.0 * s.batch * s.heads * s.head_dim,
-            2.0 * s.batch * s.kv_heads * s.head_dim * s.width,
-            True,
-        )
-    causal_flops = 2.0 * s.batch * s.heads * s.head_dim * s.context * s.context  # half of 4·L² per head
-    kv_bytes = 2.0 * s.tokens * s.kv_heads * s.head_dim * s.width
-    return (OpKind.cube, causal_flops, q_and_out + kv_bytes, 0.0, 0.0, False)
-
-
-OP_FORMULAS: dict[str, Callable[[_Shapes], OpCost]] = {
-    "embedding": lambda s: (OpKind.vector, 0.0, float(2 * s.tokens * s.hidden * s.width + s.tokens * TOKEN_ID_BYTES), 0.0, 0.0, False),
-    "input_norm": _rms_norm,
-    "post_norm": _rms_norm,
-    "final_norm": _rms_norm,
-    "q_proj": lambda s: _matmul(s, s.hidden, s.heads * s.head_dim),
-    "k_proj": lambda s: _matmul(s, s.hidden, s.kv_heads * s.head_dim),
-    "v_proj": lambda s: _matmul(s, s.hidden, s.kv_heads * s.head_dim),
-    "o_proj": lambda s: _matmul(s, s.heads * s.head_dim, s.hidden),
-    "gate_proj": lambda s: _matmul(s, s.hidden, s.ffn),
-    "up_proj": lambda s: _matmul(s, s.hidden, s.ffn),
-    "down_proj": lambda s: _matmul(s, s.ffn, s.hidden),
-    "rope": lambda s: (
+def _vector(s: Shapes, elements, flops_per_element: float, passes: float, params: float = 0.0, dynamic: bool = False) -> Cost:
+    """An element-wise op over `elements` per step, reading/writing `passes` tensors of that size."""
+    return Cost(
         OpKind.vector,
-        6.0 * s.tokens * (s.heads + s.kv_heads) * s.head_dim,
-        2.0 * s.tokens * (s.heads + s.kv_heads) * s.head_dim * s.width,
-        0.0,
-        0.0,
-        False,
+        flops=flops_per_element * elements,
+        bytes=passes * elements * s.act + params * s.act,
+        params=params,
+        full_params=params,
+        weight_bytes=params * s.act,
+        dynamic=dynamic,
+    )
+
+
+def _norm(dim_attr: str, fused_add: bool = False):
+    def formula(s: Shapes) -> Cost:
+        dim = getattr(s, dim_attr)
+        return _vector(s, s.tokens * dim, 5.0 if fused_add else 4.0, 4.0 if fused_add else 2.0, params=dim)
+
+    return formula
+
+
+def _collective(s: Shapes, comm: int, ranks: int, nbytes) -> Optional[Cost]:
+    if ranks <= 1:
+        return None
+    return Cost(OpKind.comm, bytes=nbytes, comm=comm, ranks=ranks)
+
+
+def _attention(s: Shapes) -> Cost:
+    """GQA/MHA attention of this rank's heads. Decode reads the whole KV cache of every sequence."""
+    d, dv = s.head_dim, s.v_head_dim
+    if s.decode:
+        kv_tokens = s.batch * s.kv
+        return Cost(
+            OpKind.cube,
+            flops=2.0 * s.heads * (d + dv) * kv_tokens,
+            bytes=kv_tokens * s.kv_heads * (d + dv) * s.act + s.tokens * s.heads * (d + dv) * s.act,
+            dynamic=True,
+        )
+    causal = s.batch * s.context * s.context / 2.0
+    return Cost(
+        OpKind.cube,
+        flops=2.0 * s.heads * (d + dv) * causal,
+        bytes=s.tokens * (s.heads * (d + dv) + s.kv_heads * (d + dv)) * s.act,
+    )
+
+
+def _mla_attention(s: Shapes) -> Cost:
+    """MLA with absorbed weights (decode path of vllm-ascend): every head attends over the shared latent."""
+    latent = s.kv_lora_rank + s.qk_rope_head_dim
+    per_token_flops = 2.0 * s.heads * (latent + s.kv_lora_rank)
+    if s.decode:
+        kv_tokens = s.batch * s.kv
+        return Cost(
+            OpKind.cube,
+            flops=per_token_flops * kv_tokens,
+            bytes=kv_tokens * latent * s.act + s.tokens * s.heads * (latent + s.kv_lora_rank) * s.act,
+            dynamic=True,
+        )
+    causal = s.batch * s.context * s.context / 2.0
+    return Cost(OpKind.cube, flops=per_token_flops * causal, bytes=s.tokens * (s.heads * (latent + s.kv_lora_rank) + latent) * s.act)
+
+
+def _moe(s: Shapes) -> dict:
+    """Routing numbers of the simulated rank: tokens it sends, tokens its experts receive, experts hit."""
+    experts_local = s.n_routed_experts / s.ep
+    tokens_moe = np.ceil(s.tokens / s.tp)  # a DP group's tokens are split among its TP ranks before dispatch
+    received = tokens_moe * s.num_experts_per_tok * s.devices / s.ep
+    # Expected distinct local experts hit by `received` uniform picks: their weights are read once.
+    active = experts_local * (1.0 - (1.0 - 1.0 / experts_local) ** received)
+    return {"local": experts_local, "sent": tokens_moe, "received": received, "active": active}
+
+
+def _grouped(s: Shapes, n_in: float, n_out: float) -> Cost:
+    m = _moe(s)
+    width = s.weight
+    act_width = 1 if s.quant else s.act
+    params = m["local"] * n_in * n_out
+    return Cost(
+        OpKind.cube,
+        flops=2.0 * m["received"] * n_in * n_out,
+        bytes=m["active"] * n_in * n_out * width + m["received"] * (n_in + n_out) * act_width,
+        params=params,
+        full_params=s.n_routed_experts * n_in * n_out,
+        weight_bytes=params * width,
+        dynamic=True,  # tokens per expert change every step
+        shape=(n_in, n_out),
+    )
+
+
+def _dispatch(s: Shapes) -> Optional[Cost]:
+    m = _moe(s)
+    cost = _collective(s, COMM_ALL_TO_ALL, s.ep, m["sent"] * s.num_experts_per_tok * s.hidden_size * (1 if s.quant else s.act))
+    if cost is not None:
+        cost.value_dependent = True  # the per-expert token counts set the split sizes (host reads them)
+        cost.dynamic = True
+    return cost
+
+
+def _combine(s: Shapes) -> Optional[Cost]:
+    m = _moe(s)
+    cost = _collective(s, COMM_ALL_TO_ALL, s.ep, m["sent"] * s.num_experts_per_tok * s.hidden_size * s.act)
+    if cost is not None:
+        cost.dynamic = True
+    return cost
+
+
+def _shared(s: Shapes) -> float:
+    return (s.card.get("n_shared_experts") or 0) * s.moe_intermediate_size
+
+
+def _if(condition: Callable[[Shapes], bool], formula: Callable[[Shapes], Optional[Cost]]):
+    return lambda s: formula(s) if condition(s) else None
+
+
+def _mlp_width(s: Shapes) -> int:
+    return s.intermediate_size
+
+
+OP_FORMULAS: dict[str, Callable[[Shapes], Optional[Cost]]] = {
+    # embeddings and heads (vocab-parallel over TP)
+    "embedding": lambda s: Cost(
+        OpKind.vector,
+        bytes=2.0 * s.tokens * s.hidden_size * s.act + s.tokens * TOKEN_ID_BYTES,
+        params=s.vocab_size * s.hidden_size / s.tp,
+        full_params=s.vocab_size * s.hidden_size,
+        weight_bytes=s.vocab_size * s.hidden_size / s.tp * s.act,
     ),
-    "kv_cache_write": lambda s: (OpKind.vector, 0.0, 4.0 * s.tokens * s.kv_heads * s.head_dim * s.width, 0.0, 0.0, False),
+    "lm_head": lambda s: _linear(
+        s, s.hidden_size, s.vocab_size, split=s.tp, tokens=s.batch, quantised=False
+    ) if not s.card.get("tie_word_embeddings") else _tied_head(s),
+    "sampling": lambda s: _vector(s, s.batch * s.vocab_size, 1.0, 1.0),
+    # norms and residuals
+    "input_norm": _norm("hidden_size"),
+    "post_norm": _norm("hidden_size"),
+    "final_norm": _norm("hidden_size"),
+    "add_rms_norm": _norm("hidden_size", fused_add=True),
+    "residual_add": lambda s: _vector(s, s.tokens * s.hidden_size, 1.0, 3.0),
+    "qk_norm": lambda s: _vector(s, s.tokens * (s.heads + s.kv_heads) * s.head_dim, 4.0, 2.0, params=2 * s.head_dim),
+    "dynamic_quant": _if(lambda s: s.quant, lambda s: _vector(s, s.tokens * s.hidden_size, 3.0, 1.5)),
+    # GQA / MHA attention
+    "q_proj": lambda s: _linear(s, s.hidden_size, s.num_attention_heads * s.head_dim, s.tp, bias=bool(s.card.get("attention_bias"))),
+    "k_proj": lambda s: _linear(s, s.hidden_size, s.num_key_value_heads * s.head_dim, s.tp, bias=bool(s.card.get("attention_bias"))),
+    "v_proj": lambda s: _linear(s, s.hidden_size, s.num_key_value_heads * s.head_dim, s.tp, bias=bool(s.card.get("attention_bias"))),
+    "qkv_proj": lambda s: _linear(
+        s, s.hidden_size, (s.num_attention_heads + 2 * s.num_key_value_heads) * s.head_dim, s.tp, bias=bool(s.card.get("attention_bias"))
+    ),
+    "o_proj": lambda s: _linear(s, s.num_attention_heads * s.v_head_dim, s.hidden_size, s.tp),
+    "rope": lambda s: _vector(s, s.tokens * (s.heads + s.kv_heads) * s.head_dim, 6.0, 2.0),
+    "kv_cache_write": lambda s: _vector(s, s.tokens * s.kv_heads * (s.head_dim + s.v_head_dim), 0.0, 2.0),
     "attention": _attention,
-    "residual_add": lambda s: (OpKind.vector, float(s.tokens * s.hidden), 3.0 * s.tokens * s.hidden * s.width, 0.0, 0.0, False),
-    "act_mul": lambda s: (OpKind.vector, 5.0 * s.tokens * s.ffn, 3.0 * s.tokens * s.ffn * s.width, 0.0, 0.0, False),
-    # Logits are computed for the last token of each sequence only (as serving engines do).
-    "lm_head": lambda s: _matmul(s, s.hidden, s.vocab, tokens=s.batch),
-    "sampling": lambda s: (OpKind.vector, float(s.batch * s.vocab), float(s.batch * s.vocab * s.width), 0.0, 0.0, False),
+    # MLA (DeepSeek-V3), absorbed form as vllm-ascend issues it in decode
+    "qkv_a_proj": lambda s: _linear(s, s.hidden_size, s.q_lora_rank + s.kv_lora_rank + s.qk_rope_head_dim),
+    "q_a_norm": lambda s: _vector(s, s.tokens * s.q_lora_rank, 4.0, 2.0, params=s.q_lora_rank),
+    "q_b_proj": lambda s: _linear(s, s.q_lora_rank, s.num_attention_heads * (s.qk_nope_head_dim + s.qk_rope_head_dim), s.tp),
+    "q_absorb_bmm": lambda s: _linear(s, s.qk_nope_head_dim * s.num_attention_heads, s.kv_lora_rank, s.tp, quantised=False),
+    "mla_rope": lambda s: _vector(s, s.tokens * (s.heads + 1) * s.qk_rope_head_dim, 6.0, 2.0),
+    "kv_norm_rope_cache": lambda s: _vector(
+        s, s.tokens * (s.kv_lora_rank + s.qk_rope_head_dim), 10.0, 3.0, params=s.kv_lora_rank
+    ),
+    "mla_attention": _mla_attention,
+    "v_absorb_bmm": lambda s: _linear(s, s.kv_lora_rank * s.num_attention_heads, s.v_head_dim, s.tp, quantised=False),
+    "tp_all_reduce": lambda s: _collective(s, COMM_ALL_REDUCE, s.tp, s.tokens * s.hidden_size * s.act),
+    # dense MLP
+    "gate_proj": lambda s: _linear(s, s.hidden_size, _mlp_width(s), s.tp),
+    "up_proj": lambda s: _linear(s, s.hidden_size, _mlp_width(s), s.tp),
+    "gate_up_proj": lambda s: _linear(s, s.hidden_size, 2 * _mlp_width(s), s.tp),
+    "act_mul": lambda s: _vector(s, s.tokens * _mlp_width(s) / s.tp, 5.0, 3.0),
+    "down_proj": lambda s: _linear(s, _mlp_width(s), s.hidden_size, s.tp),
+    # MoE (routed experts split over EP ranks; shared experts split over TP)
+    "moe_gate": lambda s: _linear(s, s.hidden_size, s.n_routed_experts, quantised=False),
+    "moe_topk": lambda s: _vector(s, s.tokens * s.n_routed_experts, 4.0, 1.0),
+    "moe_dispatch": _dispatch,
+    "grouped_gate_up": lambda s: _grouped(s, s.hidden_size, 2 * s.moe_intermediate_size),
+    "moe_act": lambda s: _vector(s, _moe(s)["received"] * s.moe_intermediate_size, 5.0, 3.0, dynamic=True),
+    "grouped_down": lambda s: _grouped(s, s.moe_intermediate_size, s.hidden_size),
+    "moe_combine": _combine,
+    "shared_gate_up": _if(lambda s: _shared(s) > 0, lambda s: _linear(s, s.hidden_size, 2 * _shared(s), s.tp)),
+    "shared_act": _if(lambda s: _shared(s) > 0, lambda s: _vector(s, s.tokens * _shared(s) / s.tp, 5.0, 3.0)),
+    "shared_down": _if(lambda s: _shared(s) > 0, lambda s: _linear(s, _shared(s), s.hidden_size, s.tp)),
 }
 
-CARD_INT_KEYS = (
-    "hidden_size",
-    "num_hidden_layers",
-    "num_attention_heads",
-    "num_key_value_heads",
-    "head_dim",
-    "intermediate_size",
-    "vocab_size",
-    "dtype_bytes",
-)
+
+def _tied_head(s: Shapes) -> Cost:
+    cost = _linear(s, s.hidden_size, s.vocab_size, split=s.tp, tokens=s.batch, quantised=False)
+    cost.params = cost.full_params = 0.0  # the embedding's weights, counted there
+    cost.weight_bytes = 0.0
+    return cost
+
+
+CARD_INT_KEYS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "intermediate_size", "vocab_size", "dtype_bytes")
+
+
+# ---------------------------------------------------------------- cards
 
 
 def load_card(name: str) -> dict:
+    """Read and check a model card; normalise `layer_ops` into one layer group."""
     path = WORKLOADS_DIR / f"{name}.yaml"
     if not path.is_file():
         raise ConfigError(f"workload.card={name!r}: no such model card in workloads/")
     card = OmegaConf.to_container(OmegaConf.load(path), resolve=True)
     assert isinstance(card, dict)
+    where = f"workloads/{name}.yaml"
     for key in CARD_INT_KEYS:
         value = card.get(key)
         if not isinstance(value, int) or value <= 0:
-            raise ConfigError(f"workloads/{name}.yaml {key}={value!r}: must be a positive integer")
-    for key in ("pre_ops", "layer_ops", "post_ops"):
-        for op in card.get(key) or []:
+            raise ConfigError(f"{where} {key}={value!r}: must be a positive integer")
+    if "layer_ops" in card:
+        card["layer_groups"] = [{"count": card["num_hidden_layers"], "ops": card.pop("layer_ops")}]
+    groups = card.get("layer_groups") or []
+    if sum(g.get("count", 0) for g in groups) != card["num_hidden_layers"]:
+        raise ConfigError(f"{where} layer_groups: counts add up to {sum(g.get('count', 0) for g in groups)}, not num_hidden_layers={card['num_hidden_layers']}")
+    for key, ops in [("pre_ops", card.get("pre_ops") or []), ("post_ops", card.get("post_ops") or [])] + [
+        (f"layer_groups[{i}].ops", g.get("ops") or []) for i, g in enumerate(groups)
+    ]:
+        if key.startswith("layer_groups") and not ops:
+            raise ConfigError(f"{where} {key}=[]: empty op list")
+        names = []
+        for entry in ops:
+            op, after = _entry(entry)
             if op not in OP_FORMULAS:
-                raise ConfigError(f"workloads/{name}.yaml {key} op {op!r}: unknown op (known: {', '.join(sorted(OP_FORMULAS))})")
-    if not card.get("layer_ops"):
-        raise ConfigError(f"workloads/{name}.yaml layer_ops=[]: empty op list")
+                raise ConfigError(f"{where} {key} op {op!r}: unknown op (known: {', '.join(sorted(OP_FORMULAS))})")
+            if after is not None and after not in names:
+                raise ConfigError(f"{where} {key} op {op!r} after={after!r}: not an earlier op of the same list")
+            names.append(op)
     return card
 
 
-def build_workload(cfg: WorkloadConfig) -> Workload:
-    """Ops of one step with their costs, and the KV length of every step."""
-    decode = cfg.phase == Phase.decode
-    tokens = cfg.batch_size if decode else cfg.batch_size * cfg.context_len
-    steps = np.arange(cfg.steps, dtype=np.int64)
-    # Decode step s attends over the prompt plus the s tokens generated before it (and itself).
-    kv_len = cfg.context_len + steps + 1 if decode else np.full(cfg.steps, cfg.context_len, dtype=np.int64)
+def _entry(entry) -> tuple[str, Optional[str]]:
+    """A card op entry: a name, or {op: name, after: earlier op name}."""
+    if isinstance(entry, dict):
+        return entry["op"], entry.get("after")
+    return entry, None
+
+
+def card_parameter_count(card: dict) -> float:
+    """Parameters of the unsplit model as the card's ops hold them (checks the cards against published totals)."""
+    shapes = _shapes(card, Phase.decode, context_len=1, batch=np.ones(1), tp=1, dp=1, ep=1, quant=False, devices_per_node=8)
+    total = 0.0
+    for group, count in _op_sequence_groups(card):
+        for entry in group:
+            cost = OP_FORMULAS[_entry(entry)[0]](shapes)
+            if cost is not None:
+                total += cost.full_params * count
+    return total
+
+
+def _op_sequence_groups(card: dict) -> list[tuple[list, int]]:
+    return [(card.get("pre_ops") or [], 1)] + [(g["ops"], g["count"]) for g in card["layer_groups"]] + [(card.get("post_ops") or [], 1)]
+
+
+def _shapes(card: dict, phase: Phase, context_len: int, batch: np.ndarray, tp: int, dp: int, ep: int, quant: bool, devices_per_node: int) -> Shapes:
+    decode = phase == Phase.decode
+    steps = np.arange(batch.shape[0])
+    kv = context_len + steps + 1 if decode else np.full(batch.shape[0], context_len)
+    tokens = batch if decode else batch * context_len
+    is_moe = bool(card.get("n_routed_experts"))
+    return Shapes(
+        card=card,
+        tokens=tokens.astype(np.float64),
+        batch=batch.astype(np.float64),
+        kv=kv.astype(np.float64),
+        context=context_len,
+        decode=decode,
+        tp=tp,
+        dp=dp,
+        ep=(ep or tp * dp) if is_moe else 1,
+        quant=quant,
+        devices_per_node=devices_per_node,
+    )
+
+
+# ---------------------------------------------------------------- building
+
+
+def build_workload(cfg: WorkloadConfig, devices_per_node: int = 8) -> Workload:
+    """Ops of every step with their costs, for the simulated rank."""
+    batch = np.full(cfg.steps, cfg.batch_size, dtype=np.int64)
     if cfg.card is not None:
-        names, costs = _ops_from_card(load_card(cfg.card), cfg, tokens, decode)
-        fixed_us = np.full(len(names), np.nan)
-        value_dep = compute_dep = np.zeros(len(names), dtype=bool)
-    else:
-        names = [op.name for op in cfg.ops]
-        costs = [(op.kind, op.flops, op.bytes, 0.0, 0.0, op.dynamic) for op in cfg.ops]
-        fixed_us = np.array([np.nan if op.device_us is None else op.device_us for op in cfg.ops], dtype=np.float64)
-        value_dep = np.array([op.value_dependent for op in cfg.ops], dtype=bool)
-        compute_dep = np.array([op.compute_dependent for op in cfg.ops], dtype=bool)
-    dynamic = np.array([c[5] for c in costs], dtype=bool)
-    flags = (dynamic * FLAG_DYNAMIC | value_dep * FLAG_VALUE_DEPENDENT | compute_dep * FLAG_COMPUTE_DEPENDENT).astype(np.uint8)
+        return _from_card(load_card(cfg.card), cfg, batch, devices_per_node)
+    if cfg.path is not None:
+        from harness.trace_io import read_ops_csv
+
+        return read_ops_csv(cfg.path, cfg)
+    return from_static_ops(cfg, [
+        dict(name=op.name, kind=op.kind, flops=op.flops, bytes=op.bytes, device_us=op.device_us, stream=op.stream,
+             after=list(op.after), dynamic=op.dynamic, value_dependent=op.value_dependent,
+             compute_dependent=op.compute_dependent, cpu_eligible=op.cpu_eligible)
+        for op in cfg.ops
+    ])
+
+
+def _from_card(card: dict, cfg: WorkloadConfig, batch: np.ndarray, devices_per_node: int) -> Workload:
+    s = _shapes(card, cfg.phase, cfg.context_len, batch, cfg.tp, cfg.dp, cfg.ep, cfg.quant == Quant.w8a8, devices_per_node)
+    steps = batch.shape[0]
+    names: list[str] = []
+    templates: list[int] = []  # index into `costs` per op
+    after: list[list[int]] = []
+    costs: list[Cost] = []
+    template_of: dict[tuple[int, str], int] = {}
+    weights = 0.0
+    layer = 0
+    for group_index, (entries, count) in enumerate(_op_sequence_groups(card)):
+        in_layers = 0 < group_index <= len(card["layer_groups"])
+        for repeat in range(count):
+            issued: dict[str, int] = {}  # op name → index of its latest issue in this layer
+            previous = len(names) - 1
+            for entry in entries:
+                op, after_name = _entry(entry)
+                key = (group_index, op)
+                if key not in template_of:
+                    template_of[key] = len(costs)
+                    costs.append(OP_FORMULAS[op](s))
+                cost = costs[template_of[key]]
+                if cost is None:
+                    continue
+                weights += cost.weight_bytes
+                names.append(f"layers.{layer}.{op}" if in_layers else op)
+                templates.append(template_of[key])
+                if after_name is not None:
+                    after.append([issued[after_name]] if after_name in issued else [])
+                else:
+                    after.append([previous] if previous >= 0 else [])
+                issued[op] = previous = len(names) - 1
+            if in_layers:
+                layer += 1
+    n = len(names)
+    template_ids = np.array(templates, dtype=np.int64)
+    per_template = [
+        (np.broadcast_to(np.asarray(c.flops, dtype=np.float64), (steps,)), np.broadcast_to(np.asarray(c.bytes, dtype=np.float64), (steps,)))
+        if c is not None else (np.zeros(steps), np.zeros(steps))
+        for c in costs
+    ]
+    flops_t = np.stack([f for f, _ in per_template], axis=1) if costs else np.zeros((steps, 0))
+    bytes_t = np.stack([b for _, b in per_template], axis=1) if costs else np.zeros((steps, 0))
+    used = [c if c is not None else Cost(OpKind.vector) for c in costs]
+    kind_t = np.array([KIND_CODE[c.kind] for c in used], dtype=np.int8)
+    dynamic_t = np.array([c.dynamic for c in used], dtype=bool)
+    flags_t = (
+        dynamic_t * FLAG_DYNAMIC
+        | np.array([c.value_dependent for c in used], dtype=bool) * FLAG_VALUE_DEPENDENT
+    ).astype(np.uint8)
+    shape_key_t = _shape_keys(np.arange(len(costs)), s.tokens, s.kv, s.batch, dynamic_t)
+    kv_per_token = _kv_bytes_per_token(card, s)
+    memory = MemoryPlan(
+        weights_gb=weights / BYTES_PER_GB,
+        kv_cache_gb=kv_per_token * float(batch.max()) * (cfg.context_len + (cfg.steps if s.decode else 0)) / BYTES_PER_GB,
+        workspace_gb=2.0 * float((bytes_t - np.array([c.weight_bytes for c in used])[None, :]).max(initial=0.0)) / BYTES_PER_GB,
+    )
     return Workload(
         name=cfg.name,
         phase=cfg.phase,
         op_names=names,
-        kind=np.array([KIND_CODE[c[0]] for c in costs], dtype=np.int8),
-        flops=np.array([c[1] for c in costs], dtype=np.float64),
-        bytes=np.array([c[2] for c in costs], dtype=np.float64),
-        flops_per_kv=np.array([c[3] for c in costs], dtype=np.float64),
-        bytes_per_kv=np.array([c[4] for c in costs], dtype=np.float64),
-        device_us=fixed_us,
-        flags=flags,
-        kv_len=kv_len.astype(np.int64),
-        tokens_per_step=tokens,
-        tokens_out_per_step=cfg.batch_size,
-        batch_size=cfg.batch_size,
+        kind=kind_t[template_ids],
+        stream=np.where(kind_t[template_ids] == KIND_CODE[OpKind.comm], STREAM_COMM, STREAM_COMPUTE).astype(np.int8),
+        flags=flags_t[template_ids],
+        after=after,
+        comm=np.array([used[t].comm for t in templates], dtype=np.int8),
+        comm_ranks=np.array([used[t].ranks for t in templates], dtype=np.int32),
+        flops=flops_t[:, template_ids],
+        bytes=bytes_t[:, template_ids],
+        device_us=np.full((steps, n), np.nan),
+        shape_key=shape_key_t[:, template_ids],
+        batch=batch,
+        kv_len=s.kv.astype(np.int64),
+        tokens=s.tokens.astype(np.int64),
         warmup_steps=cfg.warmup_steps,
+        memory=memory,
     )
 
 
-def _ops_from_card(card: dict, cfg: WorkloadConfig, tokens: int, decode: bool) -> tuple[list[str], list[OpCost]]:
-    shapes = _Shapes(
-        tokens=tokens,
-        batch=cfg.batch_size,
-        context=cfg.context_len,
-        hidden=card["hidden_size"],
-        heads=card["num_attention_heads"],
-        kv_heads=card["num_key_value_heads"],
-        head_dim=card["head_dim"],
-        ffn=card["intermediate_size"],
-        vocab=card["vocab_size"],
-        width=card["dtype_bytes"],
-        decode=decode,
+def _kv_bytes_per_token(card: dict, s: Shapes) -> float:
+    """KV-cache bytes one token occupies on the simulated rank, over all layers."""
+    if card.get("kv_lora_rank"):
+        per_layer = (card["kv_lora_rank"] + card["qk_rope_head_dim"]) * s.act  # MLA latent, replicated over TP
+    else:
+        per_layer = s.kv_heads * (s.head_dim + s.v_head_dim) * s.act
+    return per_layer * card["num_hidden_layers"]
+
+
+def _shape_keys(template_ids: np.ndarray, tokens: np.ndarray, kv: np.ndarray, batch: np.ndarray, dynamic: np.ndarray) -> np.ndarray:
+    """(steps, templates) int64 keys: equal exactly when an op's input shapes are equal."""
+    mult = np.int64(1_000_003)
+    with np.errstate(over="ignore"):
+        key = (template_ids.astype(np.int64)[None, :] + 1) * mult
+        key = (key ^ tokens.astype(np.int64)[:, None]) * mult
+        key = (key ^ batch.astype(np.int64)[:, None]) * mult
+        key = key ^ np.where(dynamic[None, :], kv.astype(np.int64)[:, None], -1)
+    return key
+
+
+def from_static_ops(cfg: WorkloadConfig, rows: list[dict], per_step: Optional[dict] = None) -> Workload:
+    """A workload from explicit ops (the same every step unless `per_step` gives (steps, ops) arrays)."""
+    steps = cfg.steps
+    n = len(rows)
+    kind = np.array([KIND_CODE[r["kind"]] for r in rows], dtype=np.int8)
+    stream = np.array(
+        [r["stream"] if r.get("stream", -1) >= 0 else (STREAM_COMM if KIND_CODE[r["kind"]] == 2 else STREAM_COMPUTE) for r in rows],
+        dtype=np.int8,
     )
-    names: list[str] = list(card.get("pre_ops") or [])
-    for layer in range(card["num_hidden_layers"]):
-        names += [f"layers.{layer}.{op}" for op in card["layer_ops"]]
-    names += list(card.get("post_ops") or [])
-    costs = [OP_FORMULAS[name.rsplit(".", 1)[-1]](shapes) for name in names]
-    return names, costs
+    flags = np.array(
+        [
+            r.get("dynamic", False) * FLAG_DYNAMIC
+            | r.get("value_dependent", False) * FLAG_VALUE_DEPENDENT
+            | r.get("compute_dependent", False) * FLAG_COMPUTE_DEPENDENT
+            | r.get("cpu_eligible", False) * FLAG_CPU_ELIGIBLE
+            for r in rows
+        ],
+        dtype=np.uint8,
+    )
+    after = [list(r.get("after") or ([j - 1] if j > 0 else [])) for j, r in enumerate(rows)]
+    for j, deps in enumerate(after):
+        for d in deps:
+            if not 0 <= d < j:
+                raise ConfigError(f"workload.ops[{j}].after={deps}: must name earlier ops (indices 0..{j - 1})")
+    per_step = per_step or {}
+    flops = per_step.get("flops", np.tile(np.array([r.get("flops", 0.0) for r in rows], dtype=np.float64), (steps, 1)))
+    nbytes = per_step.get("bytes", np.tile(np.array([r.get("bytes", 0.0) for r in rows], dtype=np.float64), (steps, 1)))
+    fixed = [np.nan if r.get("device_us") is None else r["device_us"] for r in rows]
+    device_us = per_step.get("device_us", np.tile(np.array(fixed, dtype=np.float64), (steps, 1)))
+    dynamic = (flags & FLAG_DYNAMIC) > 0
+    shape_key = per_step.get("shape_key")
+    if shape_key is None:
+        step_ids = np.arange(steps, dtype=np.int64)
+        shape_key = _shape_keys(np.arange(n), np.ones(steps), step_ids, np.ones(steps), dynamic)
+    batch = np.full(steps, cfg.batch_size, dtype=np.int64)
+    decode = cfg.phase == Phase.decode
+    return Workload(
+        name=cfg.name,
+        phase=cfg.phase,
+        op_names=[r["name"] for r in rows],
+        kind=kind,
+        stream=stream,
+        flags=flags,
+        after=after,
+        comm=np.zeros(n, dtype=np.int8),
+        comm_ranks=np.ones(n, dtype=np.int32),
+        flops=np.ascontiguousarray(flops, dtype=np.float64),
+        bytes=np.ascontiguousarray(nbytes, dtype=np.float64),
+        device_us=np.ascontiguousarray(device_us, dtype=np.float64),
+        shape_key=np.ascontiguousarray(shape_key, dtype=np.int64),
+        batch=batch,
+        kv_len=(cfg.context_len + np.arange(steps) + 1 if decode else np.full(steps, cfg.context_len)).astype(np.int64),
+        tokens=batch if decode else batch * cfg.context_len,
+        warmup_steps=cfg.warmup_steps,
+        memory=MemoryPlan(),
+    )
+
+
+def check_memory(workload: Workload, hbm_gb: float) -> None:
+    """Fail with the sizes when the simulated rank's weights + KV cache + workspace exceed HBM."""
+    m = workload.memory
+    if m.total_gb > hbm_gb:
+        raise ConfigError(
+            f"hardware.device.hbm_gb={hbm_gb:g}: {workload.name} does not fit on one rank: weights {m.weights_gb:.1f} GB"
+            f" + KV cache {m.kv_cache_gb:.1f} GB + workspace {m.workspace_gb:.1f} GB = {m.total_gb:.1f} GB"
+            " (raise workload.tp/ep/dp, use workload.quant=w8a8, or shrink batch_size/context_len)"
+        )
+
+
+def parameter_count_b(card_name: str) -> float:
+    """Billions of parameters of a card (unsplit)."""
+    return card_parameter_count(load_card(card_name)) / 1e9
+
+
