@@ -16,8 +16,9 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import OverrideType
 from omegaconf import DictConfig, OmegaConf
 
-from harness.config import CONF_DIR, flatten, one_line, to_run_config
+from harness.config import CONF_DIR, RunConfig, flatten, one_line, to_run_config
 from harness.errors import HarnessError
+from harness.workload import build_workload, check_memory
 
 log = logging.getLogger(__name__)
 
@@ -96,11 +97,17 @@ def preflight(argv: list[str]) -> None:
         for variant in variants:
             try:
                 cfg = compose(config_name=config_name, overrides=variant)
-                to_run_config(cfg)
+                check_run(to_run_config(cfg))
             except HarnessError as exc:
                 fail(str(exc))
             except Exception as exc:
                 fail(one_line(exc))
+
+
+def check_run(run: RunConfig) -> None:
+    """What can fail before simulating: the model card or trace file, and whether the rank fits in HBM."""
+    workload = build_workload(run.workload, devices_per_node=run.hardware.link.devices_per_node)
+    check_memory(workload, run.hardware.device.hbm_gb)
 
 
 def run_from_hydra(cfg: DictConfig) -> float:
@@ -114,7 +121,6 @@ def run_from_hydra(cfg: DictConfig) -> float:
         params = flatten(OmegaConf.to_container(cfg, resolve=True, enum_to_str=True))
         outcome = execute(run, run_dir, params)
     except HarnessError as exc:
-        log.error("%s", exc)
         fail(str(exc))
     if run.output.print_summary:
         names = {"hardware": run.hardware.name, "workload": run.workload.name, "strategy": run.strategy.name}

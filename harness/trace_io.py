@@ -1,0 +1,211 @@
+"""Op lists as CSV: read a trace workload (`workload=trace workload.path=ops.csv`), write one from a preset.
+
+Columns (one row per op, in issue order; header names as below):
+
+| column | required | meaning |
+|---|---|---|
+| `name` | yes | op name |
+| `kind` | yes | `cube`, `vector` or `comm` |
+| `device_us` | no | device time in µs; overrides the cost model when given |
+| `flops`, `bytes` | no | work and bytes moved (cost model, AI-core block rule) |
+| `shape_key` | no | integer that changes when the op's shapes change |
+| `dynamic`, `value_dependent`, `compute_dependent`, `cpu_eligible` | no | flags: 1/0, true/false |
+| `stream` | no | device stream: 0 compute, 1 communication (default: by kind) |
+| `after` | no | earlier ops (0-based indices within the step, space separated) it waits for; default the previous op |
+| `comm`, `ranks` | no | collective (`all_reduce`, `all_gather`, `all_to_all`) and group size, to price a comm op without `device_us` |
+| `step`, `batch`, `tokens`, `kv_len` | no | with `step`, rows are per step (every step lists the same ops) and may carry that step's sizes |
+
+A bad file stops the run with one line naming the row (the CSV line number) and the column.
+"""
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from harness.config import OpKind, WorkloadConfig
+from harness.errors import ConfigError
+from harness.workload import (
+    COMM_ALL_GATHER,
+    COMM_ALL_REDUCE,
+    COMM_ALL_TO_ALL,
+    COMM_NONE,
+    FLAG_COMPUTE_DEPENDENT,
+    FLAG_CPU_ELIGIBLE,
+    FLAG_DYNAMIC,
+    FLAG_VALUE_DEPENDENT,
+    KIND_CODE,
+    Workload,
+    from_static_ops,
+)
+
+KIND_NAMES = {code: kind.value for kind, code in KIND_CODE.items()}
+COMM_NAMES = {COMM_NONE: "", COMM_ALL_REDUCE: "all_reduce", COMM_ALL_GATHER: "all_gather", COMM_ALL_TO_ALL: "all_to_all"}
+COMM_CODES = {name: code for code, name in COMM_NAMES.items() if name}
+FLAG_COLUMNS = {
+    "dynamic": FLAG_DYNAMIC,
+    "value_dependent": FLAG_VALUE_DEPENDENT,
+    "compute_dependent": FLAG_COMPUTE_DEPENDENT,
+    "cpu_eligible": FLAG_CPU_ELIGIBLE,
+}
+NUMBER_COLUMNS = ("device_us", "flops", "bytes")
+INT_COLUMNS = ("stream", "ranks", "step", "batch", "tokens", "kv_len")
+KNOWN_COLUMNS = {"name", "kind", "after", "comm", "shape_key", *NUMBER_COLUMNS, *INT_COLUMNS, *FLAG_COLUMNS}
+TRUE, FALSE = {"1", "true", "yes"}, {"0", "false", "no", ""}
+
+
+def write_ops_csv(workload: Workload, path: Path, device_us: np.ndarray | None = None) -> None:
+    """One row per (step, op), with the step's sizes: reading it back reproduces the workload."""
+    steps, n = workload.flops.shape
+    frame = pd.DataFrame(
+        {
+            "step": np.repeat(np.arange(steps), n),
+            "name": np.tile(np.array(workload.op_names, dtype=object), steps),
+            "kind": np.tile(np.array([KIND_NAMES[int(k)] for k in workload.kind], dtype=object), steps),
+            "stream": np.tile(workload.stream, steps),
+            "device_us": (device_us if device_us is not None else workload.device_us).ravel(),
+            "flops": workload.flops.ravel(),
+            "bytes": workload.bytes.ravel(),
+            "shape_key": workload.shape_key.ravel(),
+            "after": np.tile(np.array([" ".join(map(str, a)) for a in workload.after], dtype=object), steps),
+            "comm": np.tile(np.array([COMM_NAMES[int(c)] for c in workload.comm], dtype=object), steps),
+            "ranks": np.tile(workload.comm_ranks, steps),
+            "batch": np.repeat(workload.batch, n),
+            "tokens": np.repeat(workload.tokens, n),
+            "kv_len": np.repeat(workload.kv_len, n),
+        }
+    )
+    for column, bit in FLAG_COLUMNS.items():
+        frame[column] = np.tile((workload.flags & bit) > 0, steps).astype(int)
+    tmp = Path(str(path) + ".tmp")
+    frame.to_csv(tmp, index=False, float_format="%.17g")
+    tmp.replace(path)
+
+
+def read_ops_csv(path: str | Path, cfg: WorkloadConfig) -> Workload:
+    """Read and check an op-list CSV; see the module docstring for the columns."""
+    where = f"workload.path={str(path)!r}"
+    try:
+        frame = pd.read_csv(path, dtype=str, keep_default_na=False)
+    except Exception as exc:
+        raise ConfigError(f"{where}: cannot read as CSV ({exc})") from exc
+    for column in ("name", "kind"):
+        if column not in frame.columns:
+            raise ConfigError(f"{where}: missing column {column!r} (columns: {', '.join(frame.columns)})")
+    unknown = set(frame.columns) - KNOWN_COLUMNS
+    if unknown:
+        raise ConfigError(f"{where}: unknown column(s) {', '.join(sorted(unknown))}")
+    if frame.empty:
+        raise ConfigError(f"{where}: no rows (an empty op list)")
+    line = lambda i: i + 2  # header is line 1  # noqa: E731
+
+    def bad(i: int, column: str, value: str, why: str) -> ConfigError:
+        return ConfigError(f"{where} line {line(i)} column {column!r}: {value!r} {why}")
+
+    kinds = {k.value for k in OpKind}
+    for i, kind in enumerate(frame["kind"]):
+        if kind not in kinds:
+            raise bad(i, "kind", kind, f"is not a kind ({', '.join(sorted(kinds))})")
+    numbers: dict[str, np.ndarray] = {}
+    for column in NUMBER_COLUMNS + INT_COLUMNS:
+        if column not in frame.columns:
+            continue
+        text = frame[column].str.strip()
+        values = pd.to_numeric(text.replace("", np.nan), errors="coerce")
+        broken = values.isna() & (text != "")
+        if broken.any():
+            i = int(np.flatnonzero(broken.to_numpy())[0])
+            raise bad(i, column, text.iloc[i], "is not a number")
+        if (values < 0).any():
+            i = int(np.flatnonzero((values < 0).to_numpy())[0])
+            raise bad(i, column, text.iloc[i], "must be >= 0")
+        numbers[column] = values.to_numpy(dtype=np.float64)
+    shape_key = None
+    if "shape_key" in frame.columns:  # any 64-bit integer, parsed exactly (not through float)
+        shape_key = np.zeros(len(frame), dtype=np.int64)
+        for i, value in enumerate(frame["shape_key"].str.strip()):
+            try:
+                shape_key[i] = int(value) if value else 0
+            except ValueError:
+                raise bad(i, "shape_key", value, "is not an integer") from None
+    flags = np.zeros(len(frame), dtype=np.uint8)
+    for column, bit in FLAG_COLUMNS.items():
+        if column not in frame.columns:
+            continue
+        for i, value in enumerate(frame[column].str.strip().str.lower()):
+            if value in TRUE:
+                flags[i] |= bit
+            elif value not in FALSE:
+                raise bad(i, column, value, "is not a flag (1/0, true/false)")
+    comm = np.zeros(len(frame), dtype=np.int8)
+    if "comm" in frame.columns:
+        for i, value in enumerate(frame["comm"].str.strip()):
+            if value and value not in COMM_CODES:
+                raise bad(i, "comm", value, f"is not a collective ({', '.join(COMM_CODES)})")
+            comm[i] = COMM_CODES.get(value, COMM_NONE)
+
+    step = numbers.get("step")
+    if step is None:
+        steps, n = cfg.steps, len(frame)
+        order = np.arange(n)
+    else:
+        step = step.astype(np.int64)
+        counts = np.bincount(step)
+        steps, n = len(counts), int(counts[0])
+        if np.any(counts != n):
+            s = int(np.flatnonzero(counts != n)[0])
+            raise ConfigError(f"{where} column 'step': step {s} has {counts[s]} ops, step 0 has {n}")
+        order = np.argsort(step, kind="stable")
+        names = frame["name"].to_numpy()[order].reshape(steps, n)
+        if np.any(names != names[0]):
+            s, j = map(int, np.argwhere(names != names[0])[0])
+            raise ConfigError(f"{where} column 'name': step {s} op {j} is {names[s, j]!r}, step 0 has {names[0, j]!r}")
+    first = order[:n]
+
+    rows = []
+    for j, i in enumerate(first):
+        after_text = frame["after"].iloc[i].strip() if "after" in frame.columns else ""
+        try:
+            after = [int(a) for a in after_text.split()] if after_text else None
+        except ValueError:
+            raise bad(int(i), "after", after_text, "is not a list of op indices") from None
+        if after is not None and any(not 0 <= a < j for a in after):
+            raise bad(int(i), "after", after_text, f"must name earlier ops (0..{j - 1})")
+        stream = numbers.get("stream")
+        rows.append(
+            {
+                "name": frame["name"].iloc[i],
+                "kind": OpKind(frame["kind"].iloc[i]),
+                "stream": int(stream[i]) if stream is not None and not np.isnan(stream[i]) else -1,
+                "after": after if after is not None else ([j - 1] if j > 0 else []),
+                "dynamic": bool(flags[i] & FLAG_DYNAMIC),
+                "value_dependent": bool(flags[i] & FLAG_VALUE_DEPENDENT),
+                "compute_dependent": bool(flags[i] & FLAG_COMPUTE_DEPENDENT),
+                "cpu_eligible": bool(flags[i] & FLAG_CPU_ELIGIBLE),
+            }
+        )
+
+    def grid(column: str, default: float) -> np.ndarray:
+        values = numbers.get(column)
+        if values is None:
+            return np.full((steps, n), default)
+        values = np.where(np.isnan(values), default, values)[order]
+        return np.tile(values, (steps, 1)) if step is None else values.reshape(steps, n)
+
+    per_step = {"flops": grid("flops", 0.0), "bytes": grid("bytes", 0.0), "device_us": grid("device_us", np.nan)}
+    if shape_key is not None:
+        ordered = shape_key[order]
+        per_step["shape_key"] = np.tile(ordered, (steps, 1)) if step is None else ordered.reshape(steps, n)
+    run_cfg = dataclasses.replace(cfg, steps=steps, warmup_steps=min(cfg.warmup_steps, steps - 1))
+    workload = from_static_ops(run_cfg, rows, per_step)
+    workload.comm = comm[first]
+    if "ranks" in numbers:
+        workload.comm_ranks = np.nan_to_num(numbers["ranks"][first], nan=1).astype(np.int32)
+    if step is not None:
+        for column in ("batch", "tokens", "kv_len"):
+            if column in numbers:
+                setattr(workload, column, numbers[column][order].reshape(steps, n)[:, 0].astype(np.int64))
+    return workload
+

@@ -1,0 +1,145 @@
+"""Model cards, parallel layouts, memory and shapes: the workload side of the seeds' headline cases."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from conftest import compose_run
+from harness.errors import ConfigError
+from harness.graph import CATEGORY
+from harness.run import simulate_run
+from harness.workload import FLAG_DYNAMIC, FLAG_VALUE_DEPENDENT, build_workload, parameter_count_b
+
+# Published totals (billions): model cards / release notes of each model.
+PUBLISHED_B = {"deepseek_v3": 671.0, "qwen3_30b_a3b": 30.5, "qwen25_7b": 7.61, "llama2_7b": 6.74, "llama31_8b": 8.03}
+
+
+@pytest.mark.parametrize("card,published", PUBLISHED_B.items())
+def test_card_parameter_count_matches_published_total(card, published):
+    assert parameter_count_b(card) == pytest.approx(published, rel=0.02)
+
+
+def workload(*overrides):
+    run = compose_run(*overrides)
+    return run, build_workload(run.workload, devices_per_node=run.hardware.link.devices_per_node)
+
+
+def quick(*overrides) -> dict:
+    return simulate_run(compose_run(*overrides, "workload.steps=2")).summary
+
+
+def test_deepseek_v3_eager_decode_is_host_bound_with_20_plus_ops_per_layer():
+    s = quick("workload=deepseek_v3", "strategy=eager")
+    assert s["ops_per_step"] >= 61 * 20
+    assert s["bound"] == "host" and s["bubble_ratio"] > 0.3
+    assert s["devices"] == 16 and 0 < s["peak_mem_gb"] <= 64
+
+
+def test_qwen3_30b_eager_decode_is_host_bound():
+    s = quick("workload=qwen3_30b_decode", "strategy=eager")
+    assert s["bound"] == "host" and s["bubble_ratio"] > 0.3
+    assert s["ops_per_step"] >= 48 * 15
+
+
+@pytest.mark.parametrize("preset", ["deepseek_v3_prefill", "qwen3_30b_prefill", "qwen25_7b_prefill", "llama2_7b_prefill"])
+def test_prefill_variants_are_device_bound(preset):
+    s = quick(f"workload={preset}", "strategy=eager")
+    assert s["bound"] == "device" and s["bubble_ratio"] < 0.1
+
+
+def test_memory_check_fails_with_the_sizes_and_passes_on_presets():
+    run, wl = workload("workload=deepseek_v3", "hardware.device.hbm_gb=8")
+    from harness.workload import check_memory
+
+    with pytest.raises(ConfigError) as err:
+        check_memory(wl, run.hardware.device.hbm_gb)
+    message = str(err.value)
+    assert message.startswith("hardware.device.hbm_gb=8:") and "weights 46.7 GB" in message and "KV cache" in message
+    # bf16 DeepSeek-V3 on the same 16 ranks needs ~88 GB of weights per rank: does not fit 64 GB either.
+    run, wl = workload("workload=deepseek_v3", "workload.quant=bf16")
+    with pytest.raises(ConfigError):
+        check_memory(wl, run.hardware.device.hbm_gb)
+    for preset in ["deepseek_v3", "qwen3_30b_decode", "qwen25_7b_decode", "llama2_7b_decode", "llama31_8b_decode"]:
+        run, wl = workload(f"workload={preset}")
+        check_memory(wl, run.hardware.device.hbm_gb)
+        assert wl.memory.weights_gb > 1
+
+
+def test_kv_cache_grows_with_batch_and_context():
+    _, small = workload("workload=llama31_8b_decode")
+    _, large = workload("workload=llama31_8b_decode", "workload.batch_size=4", "workload.context_len=4096")
+    # 4× the sequences, ~4× the tokens each: ~16× the cache.
+    assert large.memory.kv_cache_gb == pytest.approx(16 * small.memory.kv_cache_gb, rel=0.05)
+    # Llama-3.1-8B: 32 layers × 8 KV heads × 128 × (K+V) × 2 bytes = 128 KiB per token.
+    tokens = 1024 + 64
+    assert small.memory.kv_cache_gb == pytest.approx(tokens * 32 * 8 * 128 * 2 * 2 / 1e9)
+
+
+def test_tensor_parallelism_splits_weights_and_adds_all_reduces():
+    _, single = workload("workload=qwen25_7b_decode")
+    _, split = workload("workload=qwen25_7b_decode", "workload.tp=2")
+    assert split.memory.weights_gb == pytest.approx(single.memory.weights_gb / 2, rel=0.01)
+    assert split.n_ops == single.n_ops + 2 * 28  # an all-reduce after attention and after the MLP
+    reduces = [i for i, name in enumerate(split.op_names) if name.endswith("tp_all_reduce")]
+    assert np.all(split.stream[reduces] == 1)
+
+
+FREE_HOST = [f"hardware.host.{stage}_us=0" for stage in ("framework", "infer_shape", "tiling", "alloc", "launch", "free", "sync")]
+
+
+def test_collectives_run_on_the_comm_stream_and_the_shared_expert_overlaps_dispatch():
+    # With host work free, only device-side dependencies order the ops: the shared expert (compute
+    # stream) does not wait for the dispatch (comm stream), the routed experts do.
+    outcome = simulate_run(compose_run("workload=deepseek_v3", "strategy=pipeline", "workload.steps=2", *FREE_HOST))
+    graph, start, end = outcome.result.graph, outcome.result.start_us, outcome.result.end_us
+    tasks = graph.tasks
+    comm_lane = graph.lane_names.index("device.comm")
+    assert np.any(tasks["lane"] == comm_lane)
+    assert np.all(tasks["category"][tasks["lane"] == comm_lane] == CATEGORY["comm"])
+    name = graph.op_names
+    device = (tasks["category"] == CATEGORY["compute"]) | (tasks["category"] == CATEGORY["comm"])
+
+    def task_of(op_name, step=1):
+        return int(np.flatnonzero(device & (tasks["op"] == name.index(op_name)) & (tasks["step"] == step))[0])
+
+    dispatch, shared, grouped = task_of("layers.10.moe_dispatch"), task_of("layers.10.shared_gate_up"), task_of("layers.10.grouped_gate_up")
+    assert start[shared] < end[dispatch]  # computes while tokens are in flight
+    assert start[grouped] >= end[dispatch]  # the routed experts need the dispatched tokens
+
+
+def test_expert_parallel_off_removes_all_to_all_and_internode_groups_are_slower():
+    _, local = workload("workload=qwen3_30b_decode", "workload.ep=1")
+    assert not any("moe_dispatch" in n for n in local.op_names)
+    one_node = quick("workload=deepseek_v3", "strategy=pipeline", "hardware.link.devices_per_node=16")
+    two_nodes = quick("workload=deepseek_v3", "strategy=pipeline")
+    assert two_nodes["breakdown_comm"] > one_node["breakdown_comm"]
+
+
+def test_w8a8_halves_linear_weights_and_issues_quant_ops():
+    _, bf16 = workload("workload=qwen3_30b_decode")
+    _, int8 = workload("workload=qwen3_30b_decode", "workload.quant=w8a8")
+    assert int8.memory.weights_gb < 0.6 * bf16.memory.weights_gb
+    assert sum("dynamic_quant" in n for n in int8.op_names) == 4 * 48
+    assert not any("dynamic_quant" in n for n in bf16.op_names)
+
+
+def test_shape_keys_follow_shapes():
+    _, wl = workload("workload=llama31_8b_decode", "workload.steps=4")
+    names = wl.op_names
+    attention = names.index("layers.0.attention")
+    qkv0, qkv5 = names.index("layers.0.qkv_proj"), names.index("layers.5.qkv_proj")
+    assert len(set(wl.shape_key[:, attention])) == 4  # KV length changes every decode step
+    assert len(set(wl.shape_key[:, qkv0])) == 1  # same batch, same shapes
+    assert np.all(wl.shape_key[:, qkv0] == wl.shape_key[:, qkv5])  # same op, same shapes in another layer
+    assert wl.shape_key[0, qkv0] != wl.shape_key[0, names.index("layers.0.o_proj")]
+    assert wl.flags[attention] & FLAG_DYNAMIC and not wl.flags[qkv0] & FLAG_DYNAMIC
+    _, moe = workload("workload=qwen3_30b_decode")
+    dispatch = moe.op_names.index("layers.0.moe_dispatch")
+    assert moe.flags[dispatch] & FLAG_VALUE_DEPENDENT  # split sizes come from the routing counts
+
+
+def test_value_dependent_dispatch_adds_host_syncs():
+    outcome = simulate_run(compose_run("workload=qwen3_30b_decode", "workload.steps=2"))
+    tasks = outcome.result.graph.tasks
+    syncs_per_step = np.count_nonzero((tasks["category"] == CATEGORY["sync"]) & (tasks["step"] == 0))
+    assert syncs_per_step == 48 + 1  # one per MoE layer's dispatch, one for the sampled tokens
