@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import itertools
+from pathlib import Path
 
 import pytest
 
@@ -10,6 +11,7 @@ from harness.cli import override_variants, preflight
 from harness.config import CONF_DIR, Dispatch, Phase, flatten
 from harness.errors import ConfigError
 
+TINY_TRACE = Path(__file__).parent / "data" / "tiny_ops.csv"
 GROUPS = {group: sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml")) for group in ("hardware", "workload", "strategy")}
 
 
@@ -21,7 +23,8 @@ def test_every_group_has_the_issue_presets():
 
 @pytest.mark.parametrize("hardware,workload,strategy", list(itertools.product(*GROUPS.values())))
 def test_every_preset_combination_composes(hardware, workload, strategy):
-    run = compose_run(f"hardware={hardware}", f"workload={workload}", f"strategy={strategy}")
+    extra = [f"workload.path={TINY_TRACE}"] if workload == "trace" else []
+    run = compose_run(f"hardware={hardware}", f"workload={workload}", f"strategy={strategy}", *extra)
     assert run.hardware.name == hardware
     assert run.workload.name == workload
     assert run.strategy.name == strategy
@@ -75,6 +78,12 @@ def test_preflight_turns_hydra_errors_into_one_line_exit_2(override, fragments, 
     assert len(err.splitlines()) == 1
     for fragment in fragments:
         assert fragment in err
+
+
+def test_trace_workload_needs_a_path(capsys):
+    with pytest.raises(SystemExit):
+        preflight(["workload=trace"])
+    assert "workload.path" in capsys.readouterr().err
 
 
 def test_preflight_checks_every_value_of_a_sweep(capsys):
