@@ -56,7 +56,7 @@ def main() -> None:
             overrides=[f"strategy={args.strategy}", f"workload={args.workload}", f"workload.steps={args.steps}"],
         )
     run = to_run_config(cfg)
-    graph = lower(build_workload(run.workload), run.hardware, run.strategy, np.random.default_rng(run.seed))
+    graph = lower(build_workload(run.workload), run.hardware, run.strategy, run.seed)
     n = graph.n_tasks
 
     began = time.perf_counter()
@@ -76,7 +76,7 @@ def main() -> None:
 
     small = to_run_config(cfg)
     small.workload.steps = args.oracle_steps
-    small_graph = lower(build_workload(small.workload), small.hardware, small.strategy, np.random.default_rng(0))
+    small_graph = lower(build_workload(small.workload), small.hardware, small.strategy, 0)
     t = small_graph.tasks
     deps = np.split(small_graph.dep_idx, small_graph.dep_ptr[1:-1])
     inputs = (t["lane"].tolist(), t["pool"].tolist(), t["units"].tolist(), t["duration_us"].tolist(), [d.tolist() for d in deps], small_graph.pool_capacity.tolist())

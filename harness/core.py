@@ -3,15 +3,16 @@
 Semantics (the plain-Python oracle in tests/oracle.py implements the same, and must agree exactly):
 
 * A task becomes *ready* when its lane predecessor (the previous task id on its lane) and all its
-  dependencies have ended. Its ready time is the latest of their end times.
+  dependencies have ended, but not before its release time. Its ready time is the latest of these.
 * A ready task starts at once if it needs no pool, or if its pool has the units free and no earlier
   task is waiting on that pool (strict FIFO per pool, in the order tasks became ready); otherwise it
   waits, and starts when releases leave enough units for it at the head of the queue.
 * Events are ordered by (time, kind, task id) with task ends before task readiness at the same time,
   so units released at t are available to tasks ready at t, and results are bit-for-bit deterministic.
 * For each task the engine records the *decider*: the predecessor whose end made it ready (the last
-  one processed), or, if it had to wait for units, the task whose release let it start. Following
-  deciders back from the last task to end gives the critical path, with no gaps.
+  one processed), or, if it had to wait for units, the task whose release of units let it start; -1
+  when nothing but its release time (or t = 0) held it. Following deciders back from the last task
+  to end gives the critical path, with no gaps after its first task.
 
 The wrapper `simulate` validates and allocates; the `_`-prefixed kernels only loop and return a
 status code, never raise.
@@ -72,6 +73,17 @@ def _heap_pop(heap_t, heap_k, size):
 
 
 @njit(cache=True)
+def _make_ready(heap_t, heap_k, size, tasks, decider, s, i, t, n):
+    """Task s lost its last predecessor i at time t: it is ready at t, or at its release if later."""
+    release = tasks[s]["release_us"]
+    if release > t:
+        decider[s] = -1
+        return _heap_push(heap_t, heap_k, size, release, n + s)
+    decider[s] = i
+    return _heap_push(heap_t, heap_k, size, t, n + s)
+
+
+@njit(cache=True)
 def _simulate(tasks, lane_prev, lane_next, dep_ptr, succ_ptr, succ_idx, pool_capacity, start, end, decider):
     n = tasks.shape[0]
     n_pools = pool_capacity.shape[0]
@@ -103,7 +115,7 @@ def _simulate(tasks, lane_prev, lane_next, dep_ptr, succ_ptr, succ_idx, pool_cap
         if lane_prev[i] >= 0:
             indeg[i] += 1
         if indeg[i] == 0:
-            size = _heap_push(heap_t, heap_k, size, 0.0, n + i)
+            size = _heap_push(heap_t, heap_k, size, tasks[i]["release_us"], n + i)
     ended = 0
     while size > 0:
         # One iteration pushes at most 1 end, the waiters it starts, a lane successor and its
@@ -155,14 +167,12 @@ def _simulate(tasks, lane_prev, lane_next, dep_ptr, succ_ptr, succ_idx, pool_cap
         if nxt >= 0:
             indeg[nxt] -= 1
             if indeg[nxt] == 0:
-                decider[nxt] = i
-                size = _heap_push(heap_t, heap_k, size, t, n + nxt)
+                size = _make_ready(heap_t, heap_k, size, tasks, decider, nxt, i, t, n)
         for e in range(succ_ptr[i], succ_ptr[i + 1]):
             s = succ_idx[e]
             indeg[s] -= 1
             if indeg[s] == 0:
-                decider[s] = i
-                size = _heap_push(heap_t, heap_k, size, t, n + s)
+                size = _make_ready(heap_t, heap_k, size, tasks, decider, s, i, t, n)
     if ended != n:
         return STATUS_DEADLOCK
     return STATUS_OK
@@ -260,6 +270,8 @@ def validate_graph(graph: TaskGraph) -> None:
         )
     if np.any(tasks["duration_us"] < 0) or not np.all(np.isfinite(tasks["duration_us"])):
         raise HarnessError("task durations must be finite and >= 0")
+    if np.any(tasks["release_us"] < 0) or not np.all(np.isfinite(tasks["release_us"])):
+        raise HarnessError("task release times must be finite and >= 0")
 
 
 def simulate(graph: TaskGraph) -> SimulationResult:

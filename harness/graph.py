@@ -31,7 +31,7 @@ LANE_HOST, LANE_DEVICE, LANE_COPY = 0, 1, 2
 
 NO_POOL = -1
 
-# One record per task; the kernel reads lane, pool, units and duration_us, the rest is for metrics.
+# One record per task; the kernel reads lane, pool, units, duration_us and release_us, the rest is for metrics.
 TASK_DTYPE = np.dtype(
     [
         ("lane", np.int32),
@@ -41,6 +41,7 @@ TASK_DTYPE = np.dtype(
         ("step", np.int32),
         ("op", np.int32),
         ("duration_us", np.float64),
+        ("release_us", np.float64),  # earliest start (e.g. a request's arrival); 0 for most tasks
     ]
 )
 

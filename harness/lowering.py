@@ -23,6 +23,8 @@ The graph for one step is built once as a template, then tiled over the steps wi
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from harness.config import Dispatch, HardwareConfig, StrategyConfig
@@ -77,13 +79,31 @@ class _StepTemplate:
         self.dst.append(dst)
 
 
+@dataclass
+class LoweredStep:
+    """The task template of one step, with what tiling it over steps needs."""
+
+    tpl: _StepTemplate
+    lane_names: list[str]
+    lane_kinds: np.ndarray
+    queue_items: dict[tuple[int, int], tuple[list[int], list[int]]]
+    h2d_copy: int
+    token_back: int
+
+
 def lower(
     workload: Workload,
     hardware: HardwareConfig,
     strategy: StrategyConfig,
-    rng: np.random.Generator,
+    seed: int,
+    step_release_us: np.ndarray | None = None,
 ) -> TaskGraph:
-    """Build the task graph of the whole run."""
+    """Build the task graph of the whole run (see `tile` for the arguments)."""
+    return tile(build_template(workload, hardware, strategy), workload, hardware, strategy, seed, step_release_us=step_release_us)
+
+
+def build_template(workload: Workload, hardware: HardwareConfig, strategy: StrategyConfig) -> LoweredStep:
+    """Tasks and edges of one step: depends on the op list and the strategy, not on per-step sizes."""
     host_lanes, stage_lane = HOST_LAYOUT[strategy.dispatch]
     n_host = len(host_lanes)
     # Device streams follow the host lanes (compute, communication), then the two copy engines.
@@ -91,8 +111,6 @@ def lower(
     h2d, d2h = n_host + 2, n_host + 3
     lane_names = [*host_lanes, "device.stream0", "device.comm", "copy.h2d", "copy.d2h"]
     lane_kinds = np.array([LANE_HOST] * n_host + [LANE_DEVICE, LANE_DEVICE, LANE_COPY, LANE_COPY], dtype=np.int8)
-    host = hardware.host
-    host_cost_us = np.array([getattr(host, f"{name}_us") for name in HOST_COSTS], dtype=np.float64)
     launch_stage = HOST_STAGES.index("launch")
 
     tpl = _StepTemplate()
@@ -132,7 +150,28 @@ def lower(
             _read_back(tpl, [int(device_task[j])], d2h, j, copy_time_us(SHAPE_READ_BYTES, hardware.link))
     # The sampled tokens return to the host; the next step's inputs are built from them.
     token_back = _read_back(tpl, [int(device_task[-1])], d2h, -1, 0.0)
+    return LoweredStep(tpl, lane_names, lane_kinds, queue_items, h2d_copy, token_back)
 
+
+def tile(
+    step: LoweredStep,
+    workload: Workload,
+    hardware: HardwareConfig,
+    strategy: StrategyConfig,
+    seed: int,
+    first_step: int = 0,
+    step_release_us: np.ndarray | None = None,
+) -> TaskGraph:
+    """The template repeated over the workload's steps, with each step's durations and AI cores.
+
+    Step s may not start before step_release_us[s] (requests not yet arrived), nor before every task
+    of step s − 1 has ended: steps are separated by a barrier, so a step's timing depends only on
+    its own sizes and its start. Host jitter of step s is drawn from a generator seeded with
+    (seed, first_step + s), so simulating steps one at a time or all at once gives the same numbers.
+    """
+    tpl, h2d_copy, token_back = step.tpl, step.h2d_copy, step.token_back
+    host = hardware.host
+    host_cost_us = np.array([getattr(host, f"{name}_us") for name in HOST_COSTS], dtype=np.float64)
     steps = workload.steps
     m = len(tpl.lane)
     offsets = (np.arange(steps, dtype=np.int64) * m)[:, None]
@@ -149,13 +188,15 @@ def lower(
     duration = np.empty((steps, m), dtype=np.float64)
     duration[:, source == _FIXED] = value[source == _FIXED]
     host_us = host_cost_us[value[is_host].astype(np.int64)]
-    duration[:, is_host] = host_us * _jitter(rng, host.jitter_cv, (steps, int(is_host.sum())))
+    duration[:, is_host] = host_us * _jitter(seed, first_step, host.jitter_cv, (steps, int(is_host.sum())))
     device_ops = value[is_device].astype(np.int64)
     device_us, device_cores = device_times(workload, hardware)
     duration[:, is_device] = device_us[:, device_ops]
     duration[:, h2d_copy] = [copy_time_us(t * 2 * TOKEN_ID_BYTES, hardware.link) for t in workload.tokens]
     duration[:, token_back] = [copy_time_us(t * TOKEN_ID_BYTES, hardware.link) for t in workload.tokens_out]
     tasks["duration_us"] = duration.ravel()
+    if step_release_us is not None:
+        tasks["release_us"][offsets[:, 0]] = step_release_us  # the step's first task
 
     pool = np.full((steps, m), NO_POOL, dtype=np.int32)
     units = np.zeros((steps, m), dtype=np.int32)
@@ -168,8 +209,13 @@ def lower(
 
     src = [(np.array(tpl.src, dtype=np.int64)[None, :] + offsets).ravel()]
     dst = [(np.array(tpl.dst, dtype=np.int64)[None, :] + offsets).ravel()]
+    # Barrier: the first task of step s + 1 waits for the last task of every lane in step s.
+    lanes = np.array(tpl.lane)
+    last_on_lane = np.array([np.flatnonzero(lanes == lane).max() for lane in np.unique(lanes) if lane != 0], dtype=np.int64)
+    src.append((last_on_lane[None, :] + offsets[:-1]).ravel())
+    dst.append(np.repeat(offsets[1:, 0], last_on_lane.size))
     capacity = strategy.queue_capacity
-    for producers, consumers in queue_items.values():
+    for producers, consumers in step.queue_items.values():
         producer_ids = (np.array(producers, dtype=np.int64)[None, :] + offsets).ravel()
         consumer_ids = (np.array(consumers, dtype=np.int64)[None, :] + offsets).ravel()
         if producer_ids.size > capacity:
@@ -180,8 +226,8 @@ def lower(
         tasks=tasks,
         dep_ptr=dep_ptr,
         dep_idx=dep_idx,
-        lane_names=lane_names,
-        lane_kinds=lane_kinds,
+        lane_names=step.lane_names,
+        lane_kinds=step.lane_kinds,
         pool_names=["host_cores", "ai_cores"],
         pool_capacity=np.array([host.threads, hardware.device.ai_cores], dtype=np.int64),
         op_names=list(workload.op_names),
@@ -198,9 +244,14 @@ def _read_back(tpl: _StepTemplate, device_tasks: list[int], d2h_lane: int, op: i
     return copy
 
 
-def _jitter(rng: np.random.Generator, cv: float, shape: tuple[int, int]) -> np.ndarray:
-    """Lognormal multipliers with mean 1 and the given coefficient of variation (1.0 when cv = 0)."""
+def _jitter(seed: int, first_step: int, cv: float, shape: tuple[int, int]) -> np.ndarray:
+    """Lognormal multipliers with mean 1 and coefficient of variation cv, one generator per step."""
     if cv == 0:
         return np.ones(shape)
     sigma2 = np.log1p(cv * cv)
-    return rng.lognormal(mean=-sigma2 / 2, sigma=np.sqrt(sigma2), size=shape)
+    return np.stack(
+        [
+            np.random.default_rng([seed, first_step + s]).lognormal(mean=-sigma2 / 2, sigma=np.sqrt(sigma2), size=shape[1])
+            for s in range(shape[0])
+        ]
+    )

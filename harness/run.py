@@ -9,7 +9,6 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 
 from harness.config import RunConfig
@@ -33,10 +32,9 @@ class RunResult:
 def simulate_run(run: RunConfig) -> RunResult:
     """Build the workload, lower it under the strategy, run the engine, compute the metrics."""
     began = time.perf_counter()
-    rng = np.random.default_rng(run.seed)
     workload = build_workload(run.workload, devices_per_node=run.hardware.link.devices_per_node)
     check_memory(workload, run.hardware.device.hbm_gb)
-    graph = lower(workload, run.hardware, run.strategy, rng)
+    graph = lower(workload, run.hardware, run.strategy, run.seed)
     result = simulate(graph)
     summary, steps = compute_metrics(result, workload)
     if workload.memory.total_gb > 0:  # cards know their memory; explicit op lists do not

@@ -11,9 +11,10 @@ from collections import deque
 END, READY = 0, 1
 
 
-def simulate_reference(lanes, pools, units, durations, deps, pool_capacity):
+def simulate_reference(lanes, pools, units, durations, deps, pool_capacity, releases=None):
     """deps[i] is the list of predecessors of task i. Returns (start, end, decider) as lists."""
     n = len(lanes)
+    releases = releases or [0.0] * n
     lane_prev = [-1] * n
     last_on_lane: dict[int, int] = {}
     for i in range(n):
@@ -30,7 +31,7 @@ def simulate_reference(lanes, pools, units, durations, deps, pool_capacity):
     start = [0.0] * n
     end = [0.0] * n
     decider = [-1] * n
-    events: list[tuple[float, int, int]] = [(0.0, READY, i) for i in range(n) if remaining[i] == 0]
+    events: list[tuple[float, int, int]] = [(releases[i], READY, i) for i in range(n) if remaining[i] == 0]
     heapq.heapify(events)
 
     def begin(i, t):
@@ -61,8 +62,9 @@ def simulate_reference(lanes, pools, units, durations, deps, pool_capacity):
         for s in successors[i]:
             remaining[s] -= 1
             if remaining[s] == 0:
-                decider[s] = i
-                heapq.heappush(events, (t, READY, s))
+                # Held back by its release time, a task has no deciding predecessor.
+                decider[s] = i if releases[s] <= t else -1
+                heapq.heappush(events, (max(t, releases[s]), READY, s))
     if any(r > 0 for r in remaining):
         raise RuntimeError("deadlock")
     return start, end, decider

@@ -12,9 +12,10 @@ from harness.graph import TASK_DTYPE, TaskGraph, csr_from_edges
 from oracle import simulate_reference
 
 
-def make_graph(lanes, pools, units, durations, deps, capacity) -> TaskGraph:
+def make_graph(lanes, pools, units, durations, deps, capacity, releases=None) -> TaskGraph:
     n = len(lanes)
     tasks = np.zeros(n, dtype=TASK_DTYPE)
+    tasks["release_us"] = releases if releases is not None else 0.0
     tasks["lane"] = lanes
     tasks["pool"] = pools
     tasks["units"] = units
@@ -34,8 +35,10 @@ def random_graphs(draw):
     n = draw(st.integers(1, 40))
     n_lanes = draw(st.integers(1, 4))
     capacity = draw(st.lists(st.integers(1, 3), min_size=1, max_size=3))
-    lanes, pools, units, durations, deps = [], [], [], [], []
+    lanes, pools, units, durations, deps, releases = [], [], [], [], [], []
+    with_releases = draw(st.booleans())
     for i in range(n):
+        releases.append(draw(st.sampled_from([0.0, 0.0, 1.0, 2.5, 6.0])) if with_releases else 0.0)
         lanes.append(draw(st.integers(0, n_lanes - 1)))
         pool = draw(st.integers(-1, len(capacity) - 1))
         pools.append(pool)
@@ -43,15 +46,15 @@ def random_graphs(draw):
         # Durations on a coarse grid (zero included) so that equal times, the hard case, are common.
         durations.append(draw(st.sampled_from([0.0, 0.5, 1.0, 1.5, 2.0, 3.0])))
         deps.append(sorted(set(draw(st.lists(st.integers(0, i - 1), max_size=3)))) if i else [])
-    return lanes, pools, units, durations, deps, capacity
+    return lanes, pools, units, durations, deps, capacity, releases
 
 
 @settings(max_examples=300, deadline=None)
 @given(random_graphs())
 def test_kernel_agrees_exactly_with_python_oracle(case):
-    lanes, pools, units, durations, deps, capacity = case
+    lanes, pools, units, durations, deps, capacity, releases = case
     result = simulate(make_graph(*case))
-    start, end, decider = simulate_reference(lanes, pools, units, durations, deps, capacity)
+    start, end, decider = simulate_reference(lanes, pools, units, durations, deps, capacity, releases)
     assert result.start_us.tolist() == start
     assert result.end_us.tolist() == end
     assert result.decider.tolist() == decider
@@ -62,7 +65,8 @@ def test_kernel_agrees_exactly_with_python_oracle(case):
 def test_critical_path_is_contiguous_and_spans_the_run(case):
     result = simulate(make_graph(*case))
     path = result.critical_path()[::-1]
-    assert result.start_us[path[0]] == 0.0
+    # The path starts at t = 0 or at a task held only by its release time.
+    assert result.start_us[path[0]] == max(case[6][path[0]], 0.0) or result.start_us[path[0]] == 0.0
     # Each task on the path starts exactly when its decider ended: no gaps, so durations add up.
     assert np.array_equal(result.start_us[path[1:]], result.end_us[path[:-1]])
     assert result.end_us[path[-1]] == result.makespan_us
@@ -94,6 +98,14 @@ def test_same_graph_gives_identical_results():
     case = (lanes, pools, [1 if p >= 0 else 0 for p in pools], rng.integers(0, 3, n).astype(float).tolist(), deps, [2, 3])
     a, b = simulate(make_graph(*case)), simulate(make_graph(*case))
     assert np.array_equal(a.start_us, b.start_us) and np.array_equal(a.decider, b.decider)
+
+
+def test_release_time_delays_a_task_and_cuts_the_critical_path():
+    # Task 1 waits for task 0 (ends at 2) but is released only at 5.
+    result = simulate(make_graph([0, 0], [-1, -1], [0, 0], [2.0, 1.0], [[], []], [1], releases=[0.0, 5.0]))
+    assert result.start_us.tolist() == [0.0, 5.0]
+    assert result.decider.tolist() == [-1, -1]
+    assert result.critical_path().tolist() == [1]
 
 
 def test_forward_dependency_is_rejected():
