@@ -156,6 +156,29 @@ class OpSpec:
 
 
 @dataclass
+class ServingConfig:
+    """A seeded request stream under continuous batching (decode): the batch changes step by step.
+
+    Requests arrive as a Poisson process, already prefilled (prefill runs elsewhere); before each step
+    the scheduler admits arrived requests, oldest first, up to `max_batch`; a request leaves after
+    generating its output length. Prompt and output lengths are lognormal with the given means and cv.
+    """
+
+    _key: ClassVar[str] = "workload.serving"
+    enabled: bool = False
+    arrival_rate_rps: float = 20.0
+    prompt_len_mean: float = 1024.0
+    output_len_mean: float = 128.0
+    len_cv: float = 0.5
+    max_batch: int = 32
+    initial_requests: int = 0  # requests already waiting at t = 0
+
+    def __post_init__(self) -> None:
+        _positive(self, "arrival_rate_rps", "prompt_len_mean", "output_len_mean", "max_batch")
+        _non_negative(self, "len_cv", "initial_requests")
+
+
+@dataclass
 class WorkloadConfig:
     _key: ClassVar[str] = "workload"
     name: str = "custom"
@@ -171,8 +194,11 @@ class WorkloadConfig:
     steps: int = 32  # simulated steps (decode iterations, or prefill batches)
     warmup_steps: int = 0  # first steps left out of the measured window
     ops: List[OpSpec] = field(default_factory=list)  # explicit op list, used when card is not set
+    serving: ServingConfig = field(default_factory=ServingConfig)
 
     def __post_init__(self) -> None:
+        if self.serving.enabled:
+            _check(self, self.phase == Phase.decode, "phase", "serving batches need phase=decode")
         _positive(self, "batch_size", "context_len", "steps", "tp", "dp")
         _non_negative(self, "warmup_steps", "ep")
         _check(self, self.warmup_steps < self.steps, "warmup_steps", f"must be < workload.steps={self.steps}")

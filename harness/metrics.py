@@ -52,11 +52,12 @@ class BusyTime:
 
 
 def step_bounds(result: SimulationResult) -> tuple[np.ndarray, np.ndarray]:
-    """(start_us, end_us) of each step: a step ends when its last task ends and starts when the previous ended."""
-    steps = result.graph.tasks["step"]
-    first = np.flatnonzero(np.r_[True, steps[1:] != steps[:-1]])
+    """(start_us, end_us) of each step: it ends when its last task ends; it starts when the previous
+    step ended, or at its release if the server was idle until then (waiting for requests)."""
+    tasks = result.graph.tasks
+    first = np.flatnonzero(np.r_[True, tasks["step"][1:] != tasks["step"][:-1]])
     end = np.maximum.reduceat(result.end_us, first)
-    start = np.r_[0.0, end[:-1]]
+    start = np.maximum(np.r_[0.0, end[:-1]], tasks["release_us"][first])
     return start, end
 
 

@@ -16,6 +16,7 @@ from harness.core import SimulationResult, simulate
 from harness.lowering import lower
 from harness.metrics import compute_metrics
 from harness.outputs import write_outputs
+from harness.serving import plan_serving, serving_summary
 from harness.workload import Workload, build_workload, check_memory
 
 log = logging.getLogger(__name__)
@@ -32,11 +33,19 @@ class RunResult:
 def simulate_run(run: RunConfig) -> RunResult:
     """Build the workload, lower it under the strategy, run the engine, compute the metrics."""
     began = time.perf_counter()
-    workload = build_workload(run.workload, devices_per_node=run.hardware.link.devices_per_node)
+    plan = plan_serving(run) if run.workload.serving.enabled else None
+    workload = build_workload(
+        run.workload,
+        devices_per_node=run.hardware.link.devices_per_node,
+        batch=plan.batch if plan else None,
+        kv_len=plan.kv_len if plan else None,
+    )
     check_memory(workload, run.hardware.device.hbm_gb)
-    graph = lower(workload, run.hardware, run.strategy, run.seed)
+    graph = lower(workload, run.hardware, run.strategy, run.seed, step_release_us=plan.release_us if plan else None)
     result = simulate(graph)
     summary, steps = compute_metrics(result, workload)
+    if plan is not None:
+        summary.update(serving_summary(plan))
     if workload.memory.total_gb > 0:  # cards know their memory; explicit op lists do not
         summary["peak_mem_gb"] = workload.memory.total_gb
     summary["devices"] = run.workload.devices

@@ -206,6 +206,7 @@ def read_ops_csv(path: str | Path, cfg: WorkloadConfig) -> Workload:
     if step is not None:
         for column in ("batch", "tokens", "kv_len"):
             if column in numbers:
-                setattr(workload, column, numbers[column][order].reshape(steps, n)[:, 0].astype(np.int64))
+                values = numbers[column][order].reshape(steps, n)[:, 0]
+                setattr(workload, column, values if column == "kv_len" else values.astype(np.int64))
     return workload
 

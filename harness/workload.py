@@ -16,6 +16,7 @@ steps, so every step gets its own cost and its own shape key.
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
@@ -59,7 +60,7 @@ class Workload:
     device_us: np.ndarray  # float64 (steps, ops): fixed device time, NaN = from the cost model
     shape_key: np.ndarray  # int64 (steps, ops): changes exactly when the op's shapes change
     batch: np.ndarray  # int64 per step: sequences in the simulated rank's batch
-    kv_len: np.ndarray  # int64 per step: KV-cache length each sequence attends over
+    kv_len: np.ndarray  # float64 per step: mean KV-cache length the step's sequences attend over
     tokens: np.ndarray  # int64 per step: tokens through the layers (batch in decode, batch × prompt in prefill)
     warmup_steps: int
     memory: "MemoryPlan"
@@ -378,8 +379,9 @@ CARD_INT_KEYS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "num
 # ---------------------------------------------------------------- cards
 
 
+@functools.lru_cache(maxsize=32)
 def load_card(name: str) -> dict:
-    """Read and check a model card; normalise `layer_ops` into one layer group."""
+    """Read and check a model card; normalise `layer_ops` into one layer group. Cached: treat as read-only."""
     path = WORKLOADS_DIR / f"{name}.yaml"
     if not path.is_file():
         raise ConfigError(f"workload.card={name!r}: no such model card in workloads/")
@@ -434,10 +436,20 @@ def _op_sequence_groups(card: dict) -> list[tuple[list, int]]:
     return [(card.get("pre_ops") or [], 1)] + [(g["ops"], g["count"]) for g in card["layer_groups"]] + [(card.get("post_ops") or [], 1)]
 
 
-def _shapes(card: dict, phase: Phase, context_len: int, batch: np.ndarray, tp: int, dp: int, ep: int, quant: bool, devices_per_node: int) -> Shapes:
+def default_kv_len(phase: Phase, context_len: int, steps: int) -> np.ndarray:
+    """KV length per step of a fixed batch: decode step s attends over the prompt, s earlier tokens and itself."""
+    if phase == Phase.decode:
+        return context_len + np.arange(steps, dtype=np.float64) + 1
+    return np.full(steps, float(context_len))
+
+
+def _shapes(
+    card: dict, phase: Phase, context_len: int, batch: np.ndarray, tp: int, dp: int, ep: int, quant: bool, devices_per_node: int,
+    kv: Optional[np.ndarray] = None,
+) -> Shapes:
     decode = phase == Phase.decode
-    steps = np.arange(batch.shape[0])
-    kv = context_len + steps + 1 if decode else np.full(batch.shape[0], context_len)
+    if kv is None:
+        kv = default_kv_len(phase, context_len, batch.shape[0])
     tokens = batch if decode else batch * context_len
     is_moe = bool(card.get("n_routed_experts"))
     return Shapes(
@@ -458,11 +470,18 @@ def _shapes(card: dict, phase: Phase, context_len: int, batch: np.ndarray, tp: i
 # ---------------------------------------------------------------- building
 
 
-def build_workload(cfg: WorkloadConfig, devices_per_node: int = 8) -> Workload:
-    """Ops of every step with their costs, for the simulated rank."""
-    batch = np.full(cfg.steps, cfg.batch_size, dtype=np.int64)
+def build_workload(
+    cfg: WorkloadConfig, devices_per_node: int = 8, batch: Optional[np.ndarray] = None, kv_len: Optional[np.ndarray] = None
+) -> Workload:
+    """Ops of every step with their costs, for the simulated rank.
+
+    `batch` and `kv_len` (per step; default: `batch_size` sequences whose KV grows by one per step)
+    come from the serving loop when the batch changes step by step.
+    """
+    if batch is None:
+        batch = np.full(cfg.steps, cfg.batch_size, dtype=np.int64)
     if cfg.card is not None:
-        return _from_card(load_card(cfg.card), cfg, batch, devices_per_node)
+        return _from_card(load_card(cfg.card), cfg, np.asarray(batch, dtype=np.int64), devices_per_node, kv_len)
     if cfg.path is not None:
         from harness.trace_io import read_ops_csv
 
@@ -475,8 +494,8 @@ def build_workload(cfg: WorkloadConfig, devices_per_node: int = 8) -> Workload:
     ])
 
 
-def _from_card(card: dict, cfg: WorkloadConfig, batch: np.ndarray, devices_per_node: int) -> Workload:
-    s = _shapes(card, cfg.phase, cfg.context_len, batch, cfg.tp, cfg.dp, cfg.ep, cfg.quant == Quant.w8a8, devices_per_node)
+def _from_card(card: dict, cfg: WorkloadConfig, batch: np.ndarray, devices_per_node: int, kv_len: Optional[np.ndarray]) -> Workload:
+    s = _shapes(card, cfg.phase, cfg.context_len, batch, cfg.tp, cfg.dp, cfg.ep, cfg.quant == Quant.w8a8, devices_per_node, kv_len)
     steps = batch.shape[0]
     names: list[str] = []
     templates: list[int] = []  # index into `costs` per op
@@ -525,11 +544,11 @@ def _from_card(card: dict, cfg: WorkloadConfig, batch: np.ndarray, devices_per_n
         dynamic_t * FLAG_DYNAMIC
         | np.array([c.value_dependent for c in used], dtype=bool) * FLAG_VALUE_DEPENDENT
     ).astype(np.uint8)
-    shape_key_t = _shape_keys(np.arange(len(costs)), s.tokens, s.kv, s.batch, dynamic_t)
+    shape_key_t = _shape_keys(np.arange(len(costs)), s.tokens, np.rint(s.kv * s.batch), s.batch, dynamic_t)
     kv_per_token = _kv_bytes_per_token(card, s)
     memory = MemoryPlan(
         weights_gb=weights / BYTES_PER_GB,
-        kv_cache_gb=kv_per_token * float(batch.max()) * (cfg.context_len + (cfg.steps if s.decode else 0)) / BYTES_PER_GB,
+        kv_cache_gb=kv_per_token * float((s.batch * s.kv).max()) / BYTES_PER_GB,
         workspace_gb=2.0 * float((bytes_t - np.array([c.weight_bytes for c in used])[None, :]).max(initial=0.0)) / BYTES_PER_GB,
     )
     return Workload(
@@ -547,7 +566,7 @@ def _from_card(card: dict, cfg: WorkloadConfig, batch: np.ndarray, devices_per_n
         device_us=np.full((steps, n), np.nan),
         shape_key=shape_key_t[:, template_ids],
         batch=batch,
-        kv_len=s.kv.astype(np.int64),
+        kv_len=s.kv.copy(),
         tokens=s.tokens.astype(np.int64),
         warmup_steps=cfg.warmup_steps,
         memory=memory,
@@ -625,7 +644,7 @@ def from_static_ops(cfg: WorkloadConfig, rows: list[dict], per_step: Optional[di
         device_us=np.ascontiguousarray(device_us, dtype=np.float64),
         shape_key=np.ascontiguousarray(shape_key, dtype=np.int64),
         batch=batch,
-        kv_len=(cfg.context_len + np.arange(steps) + 1 if decode else np.full(steps, cfg.context_len)).astype(np.int64),
+        kv_len=default_kv_len(cfg.phase, cfg.context_len, steps),
         tokens=batch if decode else batch * cfg.context_len,
         warmup_steps=cfg.warmup_steps,
         memory=MemoryPlan(),

@@ -1,0 +1,122 @@
+"""Serving batches: a seeded request stream under continuous batching decides each step's batch.
+
+Which requests are in step s depends on simulated time (what has arrived by the end of step s − 1),
+so the batches cannot be fixed before the simulation. Steps are separated by a barrier in the task
+graph (harness/lowering.py), so a step's duration depends only on its own batch; the loop below
+simulates one step at a time with the engine, admits and retires requests, and returns the batch,
+mean KV length and release time of every step. The whole run is then simulated once more as one
+graph, which reproduces these step times exactly (tests check it) and gives the usual metrics.
+
+Requests arrive already prefilled (a separate prefill phase or instance): a request's KV length
+starts at its prompt length and grows by one per generated token.
+"""
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+import numpy as np
+
+from harness.config import RunConfig, ServingConfig
+from harness.core import simulate
+from harness.lowering import build_template, tile
+from harness.workload import build_workload
+
+US_PER_S = 1e6
+SERVING_STREAM = 1  # generator stream of the request draws: (seed, SERVING_STREAM) — apart from host jitter
+
+
+@dataclass
+class Requests:
+    arrival_us: np.ndarray
+    prompt_len: np.ndarray
+    output_len: np.ndarray
+
+
+@dataclass
+class ServingPlan:
+    batch: np.ndarray  # sequences per step
+    kv_len: np.ndarray  # mean KV length per step
+    release_us: np.ndarray  # earliest start of each step (an idle server waits for the next arrival)
+    step_us: np.ndarray  # duration of each step as simulated alone
+    requests: Requests
+    admitted_us: np.ndarray  # when each request joined a batch (NaN: never)
+    finished_us: np.ndarray  # when it produced its last token (NaN: not within the run)
+
+
+def draw_requests(serving: ServingConfig, seed: int, count: int) -> Requests:
+    rng = np.random.default_rng([seed, SERVING_STREAM])
+    gaps_us = rng.exponential(US_PER_S / serving.arrival_rate_rps, size=count)
+    arrival = np.cumsum(gaps_us)
+    arrival[: serving.initial_requests] = 0.0
+
+    def lengths(mean: float) -> np.ndarray:
+        if serving.len_cv == 0:
+            return np.full(count, max(1, round(mean)), dtype=np.int64)
+        sigma2 = np.log1p(serving.len_cv**2)
+        drawn = rng.lognormal(np.log(mean) - sigma2 / 2, np.sqrt(sigma2), size=count)
+        return np.maximum(1, np.rint(drawn)).astype(np.int64)
+
+    return Requests(arrival, lengths(serving.prompt_len_mean), lengths(serving.output_len_mean))
+
+
+def plan_serving(run: RunConfig) -> ServingPlan:
+    serving, steps = run.workload.serving, run.workload.steps
+    # Enough requests that the stream never runs dry within the run: every step can admit max_batch.
+    requests = draw_requests(serving, run.seed, serving.initial_requests + steps * serving.max_batch + 1)
+    probe = build_workload(run.workload, run.hardware.link.devices_per_node, batch=np.ones(1), kv_len=np.ones(1))
+    template = build_template(probe, run.hardware, run.strategy)
+
+    batch = np.zeros(steps, dtype=np.int64)
+    kv_len = np.zeros(steps)
+    release = np.zeros(steps)
+    step_us = np.zeros(steps)
+    admitted = np.full(requests.arrival_us.size, np.nan)
+    finished = np.full(requests.arrival_us.size, np.nan)
+    generated = np.zeros(requests.arrival_us.size, dtype=np.int64)
+    running: list[int] = []
+    waiting: deque[int] = deque()
+    next_arrival = 0
+    now = 0.0
+    for s in range(steps):
+        if not running and not waiting and next_arrival < requests.arrival_us.size:
+            now = max(now, float(requests.arrival_us[next_arrival]))  # idle until the next request
+        while next_arrival < requests.arrival_us.size and requests.arrival_us[next_arrival] <= now:
+            waiting.append(next_arrival)
+            next_arrival += 1
+        while waiting and len(running) < serving.max_batch:
+            r = waiting.popleft()
+            admitted[r] = now
+            running.append(r)
+        ids = np.array(running, dtype=np.int64)
+        batch[s] = ids.size
+        kv_len[s] = float(np.mean(requests.prompt_len[ids] + generated[ids] + 1))
+        release[s] = now
+        one = build_workload(run.workload, run.hardware.link.devices_per_node, batch=batch[s : s + 1], kv_len=kv_len[s : s + 1])
+        step_us[s] = simulate(tile(template, one, run.hardware, run.strategy, run.seed, first_step=s)).makespan_us
+        now += step_us[s]
+        generated[ids] += 1
+        done = generated[ids] >= requests.output_len[ids]
+        finished[ids[done]] = now
+        running = [int(r) for r in ids[~done]]
+    return ServingPlan(batch, kv_len, release, step_us, requests, admitted, finished)
+
+
+def serving_summary(plan: ServingPlan) -> dict:
+    """Request-level numbers of a serving run (ms): latency from arrival to last token, queueing, TPOT."""
+    done = ~np.isnan(plan.finished_us)
+    req = plan.requests
+    latency_ms = (plan.finished_us[done] - req.arrival_us[done]) / 1e3
+    queue_ms = (plan.admitted_us[done] - req.arrival_us[done]) / 1e3
+    tpot_ms = (plan.finished_us[done] - plan.admitted_us[done]) / req.output_len[done] / 1e3
+    out = {"requests_completed": int(done.sum()), "batch_mean": float(plan.batch.mean()), "batch_max": int(plan.batch.max())}
+    if done.any():
+        out.update(
+            {
+                "request_latency_ms_p50": float(np.percentile(latency_ms, 50)),
+                "request_latency_ms_p99": float(np.percentile(latency_ms, 99)),
+                "queue_ms_mean": float(queue_ms.mean()),
+                "tpot_ms_mean": float(tpot_ms.mean()),
+            }
+        )
+    return out
