@@ -76,12 +76,21 @@ class HostConfig:
     free_us: float = 4.0  # returning inputs/workspace to the pool
     sync_us: float = 12.0  # a blocking synchronisation call (stream/event sync) once its wait is over
     jitter_cv: float = 0.0  # coefficient of variation of host stage durations (lognormal, seeded)
+    kernel_params: int = 10  # parameters of a typical kernel; launch_us includes writing them
+    param_write_us: float = 1.0  # writing one kernel parameter (unpacked)
+    packed_params_us: float = 5.0  # writing all of a kernel's parameters at once (parameter packing)
+    driver_alloc_us: float = 50.0  # allocation from the driver when the memory pool cannot serve it
+    stream_pool_speedup: float = 0.2  # a stream-local pool's alloc/free is this much cheaper than the global pool's
+    tiling_lookup_us: float = 1.0  # a tiling-cache hit: hash the run-time parameters and look up
+    cpu_gflops: float = 50.0  # host compute rate for ops run on the CPU (heterogeneous execution)
 
     def __post_init__(self) -> None:
-        _positive(self, "threads")
+        _positive(self, "threads", "cpu_gflops")
         _non_negative(
-            self, "framework_us", "infer_shape_us", "tiling_us", "alloc_us", "launch_us", "free_us", "sync_us", "jitter_cv"
+            self, "framework_us", "infer_shape_us", "tiling_us", "alloc_us", "launch_us", "free_us", "sync_us", "jitter_cv",
+            "kernel_params", "param_write_us", "packed_params_us", "driver_alloc_us", "stream_pool_speedup", "tiling_lookup_us",
         )
+        _check(self, self.stream_pool_speedup < 1, "stream_pool_speedup", "must be < 1")
 
 
 @dataclass
@@ -124,12 +133,34 @@ class LinkConfig:
 
 
 @dataclass
+class GraphCostConfig:
+    """What graph execution costs on this platform (capture/replay and graph sink)."""
+
+    _key: ClassVar[str] = "hardware.graph"
+    capture_ms: float = 50.0  # capturing one graph (on top of the eager step that records it)
+    graph_mem_mb: float = 26.0  # device memory one captured graph holds
+    replay_launch_us: float = 10.0  # one launch of a whole captured graph
+    task_dispatch_us: float = 0.6  # device-side scheduling of each task of a graph (replay or sink)
+    param_update_us: float = 50.0  # host refresh of one dynamic task's arguments before a replay
+    sink_load_ms: float = 100.0  # loading a whole graph to the device once (graph sink)
+    sink_trigger_us: float = 10.0  # one execution trigger of a sunk graph
+    address_update_us: float = 5.0  # updating input/output addresses of a sunk graph per execution
+    max_graphs: int = 1800  # graph resources (streams) available; a graph of L layers uses L + 1
+
+    def __post_init__(self) -> None:
+        _non_negative(self, "capture_ms", "graph_mem_mb", "replay_launch_us", "task_dispatch_us", "param_update_us",
+                      "sink_load_ms", "sink_trigger_us", "address_update_us")
+        _positive(self, "max_graphs")
+
+
+@dataclass
 class HardwareConfig:
     _key: ClassVar[str] = "hardware"
     name: str = "custom"
     host: HostConfig = field(default_factory=HostConfig)
     device: DeviceConfig = field(default_factory=DeviceConfig)
     link: LinkConfig = field(default_factory=LinkConfig)
+    graph: GraphCostConfig = field(default_factory=GraphCostConfig)
 
 
 @dataclass
@@ -199,6 +230,7 @@ class WorkloadConfig:
     def __post_init__(self) -> None:
         if self.serving.enabled:
             _check(self, self.phase == Phase.decode, "phase", "serving batches need phase=decode")
+            _check(self, self.card is not None, "card", "serving batches need a model card (sizes follow the batch)")
         _positive(self, "batch_size", "context_len", "steps", "tp", "dp")
         _non_negative(self, "warmup_steps", "ep")
         _check(self, self.warmup_steps < self.steps, "warmup_steps", f"must be < workload.steps={self.steps}")
@@ -216,15 +248,54 @@ class WorkloadConfig:
         return self.tp * self.dp
 
 
+class GraphMode(enum.Enum):
+    none = "none"  # host scheduling of every op
+    sink = "sink"  # graph sink: load once per static shape set, then one trigger per execution
+    capture = "capture"  # capture/replay (ACL graph, CUDA graph) with batch buckets
+
+
+class Fallback(enum.Enum):
+    host = "host"  # run with host scheduling and say why
+    error = "error"  # stop with the reason
+
+
+def vllm_capture_sizes(max_size: int = 512) -> list[int]:
+    """vLLM's default capture sizes: [1, 2, 4] + range(8, 256, 8) + range(256, max_size + 1, 16)."""
+    return [1, 2, 4] + list(range(8, 256, 8)) + list(range(256, max_size + 1, 16))
+
+
+@dataclass
+class GraphStrategyConfig:
+    _key: ClassVar[str] = "strategy.graph"
+    mode: GraphMode = GraphMode.none
+    buckets: List[int] = field(default_factory=vllm_capture_sizes)  # capture sizes (batch buckets)
+    phases: List[Phase] = field(default_factory=lambda: [Phase.decode])  # prefill stays eager by default
+    dynamic_fallback: Fallback = Fallback.host  # when graph mode cannot apply (dynamic shapes, too many graphs)
+
+    def __post_init__(self) -> None:
+        _check(self, len(self.buckets) > 0 and min(self.buckets) > 0, "buckets", "must be a non-empty list of positive sizes")
+
+
 @dataclass
 class StrategyConfig:
     _key: ClassVar[str] = "strategy"
     name: str = "custom"
     dispatch: Dispatch = Dispatch.eager
     queue_capacity: int = 64  # bounded queue between host threads (async / pipeline), in ops
+    graph: GraphStrategyConfig = field(default_factory=GraphStrategyConfig)
+    kv_block: int = 0  # pad KV lengths up to a multiple of this (shape bucketing); 0: exact lengths
+    tiling_cache: bool = False  # cache tiling results under (op, shapes) keys
+    tiling_cache_entries: int = 4096
+    fusion: bool = False  # schedule runs of consecutive fusible vector ops as one kernel
+    fusion_max_ops: int = 4
+    param_packing: bool = False  # write a kernel's parameters at once
+    memory_pool: bool = True  # allocations come from a pool (False: every one from the driver)
+    stream_local_pool: bool = False  # per-stream pools: no lock, cheaper alloc/free
+    heterogeneous: List[str] = field(default_factory=list)  # op types run on host CPU cores (e.g. [sampling])
 
     def __post_init__(self) -> None:
-        _positive(self, "queue_capacity")
+        _positive(self, "queue_capacity", "tiling_cache_entries", "fusion_max_ops")
+        _non_negative(self, "kv_block")
 
 
 @dataclass

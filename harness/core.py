@@ -197,6 +197,48 @@ def _critical_path(end, decider):
 
 
 @njit(cache=True)
+def _lru_hits(keys, capacity, hits):
+    """hits[i] = whether access i of `keys` hits an LRU cache of `capacity` entries (program order).
+
+    An access hits when its key was seen before and fewer than `capacity` distinct keys were used
+    since (its LRU stack distance): counted with a Fenwick tree over positions that are the latest
+    access of their key.
+    """
+    n = keys.shape[0]
+    tree = np.zeros(n + 1, np.int64)
+    last = dict()
+    last[keys[0]] = np.int64(0)  # fixes the dict's types; removed below
+    del last[keys[0]]
+    for i in range(n):
+        k = keys[i]
+        hit = False
+        if k in last:
+            p = last[k]
+            # distinct keys used since p = latest-access positions in (p, i)
+            since = 0
+            j = i
+            while j > 0:
+                since += tree[j]
+                j -= j & (-j)
+            j = p + 1
+            while j > 0:
+                since -= tree[j]
+                j -= j & (-j)
+            hit = since < capacity
+            j = p + 1
+            while j <= n:
+                tree[j] -= 1
+                j += j & (-j)
+        hits[i] = hit
+        j = i + 1
+        while j <= n:
+            tree[j] += 1
+            j += j & (-j)
+        last[k] = np.int64(i)
+    return 0
+
+
+@njit(cache=True)
 def _links(lanes, n_lanes, dep_ptr, dep_idx):
     """Lane neighbours (lanes are FIFO in id order) and successor lists (CSR), in O(n + edges)."""
     n = lanes.shape[0]
@@ -229,6 +271,35 @@ def links(graph: TaskGraph) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndar
     return _links(graph.tasks["lane"], len(graph.lane_names), graph.dep_ptr.astype(np.int64, copy=False), graph.dep_idx.astype(np.int64, copy=False))
 
 
+@njit(cache=True)
+def _step_paths(end, decider, step, n_steps):
+    """Critical path of every step: from the step's last task back to its first, following deciders."""
+    n = end.shape[0]
+    last = np.full(n_steps, -1, np.int64)
+    for i in range(n):
+        s = step[i]
+        if last[s] < 0 or end[i] >= end[last[s]]:
+            last[s] = i
+    path = np.empty(n, np.int64)
+    length = 0
+    for s in range(n_steps):
+        i = last[s]
+        while i >= 0 and step[i] == s:
+            path[length] = i
+            length += 1
+            i = decider[i]
+    return path[:length]
+
+
+def lru_hits(keys: np.ndarray, capacity: int) -> np.ndarray:
+    """Which accesses of `keys` (in order) hit an LRU cache holding `capacity` entries."""
+    keys = np.ascontiguousarray(keys, dtype=np.int64)
+    hits = np.zeros(keys.shape[0], dtype=np.bool_)
+    if keys.size:
+        _lru_hits(keys, int(capacity), hits)
+    return hits
+
+
 class SimulationResult:
     """Start, end and decider per task, plus the graph they belong to."""
 
@@ -244,6 +315,11 @@ class SimulationResult:
 
     def critical_path(self) -> np.ndarray:
         return _critical_path(self.end_us, self.decider)
+
+    def step_critical_paths(self) -> np.ndarray:
+        """Tasks on the critical path of each step (a step's path spans it from start to end)."""
+        steps = self.graph.tasks["step"].astype(np.int64)
+        return _step_paths(self.end_us, self.decider, steps, int(steps.max()) + 1)
 
 
 def validate_graph(graph: TaskGraph) -> None:

@@ -23,6 +23,7 @@ CATEGORIES = (
     "compute",
     "comm",
     "graph",
+    "cpu",  # ops run on host CPU cores (heterogeneous execution)
 )
 CATEGORY = {name: code for code, name in enumerate(CATEGORIES)}
 

@@ -1,7 +1,8 @@
 """Strategy lowering: the ops of a step → host tasks, device tasks and copies with their edges.
 
-Every op passes through the host stages framework → InferShape → Tiling → alloc → launch → free.
-The dispatch mode decides which host lane (thread) runs each stage:
+Host scheduling (a step in EAGER or BUILD mode): every op passes through the host stages
+framework → InferShape → Tiling → alloc → launch → free. The dispatch mode decides which host lane
+(thread) runs each stage:
 
 * eager:    all stages on one thread, op after op (kernel by kernel).
 * async:    the main thread does framework + InferShape + Tiling; alloc + launch + free go through a
@@ -9,35 +10,52 @@ The dispatch mode decides which host lane (thread) runs each stage:
 * pipeline: InferShape | Tiling (Resize) | alloc + launch + free on three threads with bounded queues.
 
 The device task of an op runs on its stream (compute, or communication for collectives) once the op
-is launched and the ops it reads from have finished (an event when they ran on another stream). Per step: the host
-issues an H2D copy of the input tokens before the first op, and the sampled tokens come back by D2H
-and a blocking sync before the next step can start (decode steps depend on each other). A
-value-dependent op's InferShape waits for the previous op's output (device end + D2H + sync); a
-compute-dependent op drains the pipeline: nothing after it is issued before its output shape is
-back on the host.
+is launched and the ops it reads from have finished (an event when they ran on another stream).
+Per step: the host issues an H2D copy of the input tokens before the first op, and the sampled
+tokens come back by D2H and a blocking sync. A value-dependent op's InferShape waits for its
+producer's output (device end + D2H + sync); a compute-dependent op drains the pipeline: nothing
+after it is issued before its output shape is back on the host. An op run on the CPU
+(heterogeneous execution) is dispatched (framework + InferShape), computes on a host CPU lane
+between a D2H of its input and an H2D of its result, and holds a host core like the dispatch threads.
+
+Policies change host costs: a tiling-cache hit replaces Tiling by a lookup; parameter packing writes
+a kernel's parameters at once; without a memory pool every alloc/free goes to the driver, and
+stream-local pools make them cheaper.
+
+Graph steps (policies.py decides the mode of each step): BUILD = host scheduling plus the one-time
+capture (or sink load) on the main thread; REPLAY = the host refreshes the arguments of dynamic tasks
+(capture) or the graph's addresses (sink), then issues one launch; the device schedules every task
+itself at `task_dispatch_us` each, keeping streams and events (so communication still overlaps).
 
 A bounded queue of capacity C between two threads is a dependency edge: the producer's first task
 for item i waits for the consumer's first task of item i − C to end (the slot is taken by then).
-
-The graph for one step is built once as a template, then tiled over the steps with numpy.
+Steps are separated by a barrier: the first task of step s + 1 waits for every lane's last task of
+step s (and for its release time), so a step's timing depends only on its own sizes and its start.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
-from harness.config import Dispatch, HardwareConfig, StrategyConfig
+from harness.config import Dispatch, GraphMode, HardwareConfig, StrategyConfig
 from harness.device import copy_time_us, device_times
 from harness.graph import CATEGORY, LANE_COPY, LANE_DEVICE, LANE_HOST, NO_POOL, TASK_DTYPE, TaskGraph, csr_from_edges
-from harness.workload import FLAG_COMPUTE_DEPENDENT, FLAG_VALUE_DEPENDENT, STREAM_COMM, STREAM_COMPUTE, TOKEN_ID_BYTES, Workload
+from harness.policies import BUILD, EAGER, REPLAY, StepPlan
+from harness.workload import (
+    FLAG_COMPUTE_DEPENDENT,
+    FLAG_DYNAMIC,
+    FLAG_VALUE_DEPENDENT,
+    STREAM_COMM,
+    STREAM_COMPUTE,
+    TOKEN_ID_BYTES,
+    Workload,
+)
 
 HOST_STAGES = ("framework", "infer_shape", "tiling", "alloc", "launch", "free")
-# Host costs by index: the stages, then the blocking sync (hardware.host.<name>_us each).
-HOST_COSTS = (*HOST_STAGES, "sync")
-SYNC_COST = HOST_COSTS.index("sync")
 # Breakdown category of each stage: freeing is memory management, like allocation.
 STAGE_CATEGORY = {"framework": "framework", "infer_shape": "infer_shape", "tiling": "tiling", "alloc": "alloc", "launch": "launch", "free": "alloc"}
+CPU_OP_STAGES = ("framework", "infer_shape")  # an op run on the CPU is dispatched, not launched
 
 # Host lanes of each dispatch mode, and the lane (index into them) that runs each stage.
 HOST_LAYOUT: dict[Dispatch, tuple[tuple[str, ...], tuple[int, ...]]] = {
@@ -50,28 +68,32 @@ POOL_HOST, POOL_AI_CORES = 0, 1
 VALUE_READ_BYTES = 64  # a value-dependent InferShape reads a small tensor (a shape, a count) back
 SHAPE_READ_BYTES = 64  # a compute-dependent op's output shape copied back to the host
 
-# Template duration sources: a host stage's cost, a device op's per-step time, a fixed copy time.
-_FROM_HOST, _FROM_DEVICE, _FIXED = 0, 1, 2
+# Where a template task's duration comes from.
+_FIXED, _DEVICE, _TILING, _H2D_TOKENS, _D2H_TOKENS = 0, 1, 2, 3, 4
 
 
-class _StepTemplate:
+@dataclass
+class StepTemplate:
     """The tasks and edges of one step, in local ids; lanes are FIFO in id order."""
 
-    def __init__(self) -> None:
-        self.lane: list[int] = []
-        self.category: list[int] = []
-        self.op: list[int] = []
-        self.source: list[int] = []
-        self.value: list[float] = []  # host stage index, op index or fixed duration, by source
-        self.src: list[int] = []
-        self.dst: list[int] = []
+    lane: list[int] = field(default_factory=list)
+    category: list[int] = field(default_factory=list)
+    op: list[int] = field(default_factory=list)
+    source: list[int] = field(default_factory=list)
+    value: list[float] = field(default_factory=list)  # duration (fixed), op index (device / tiling)
+    host: list[bool] = field(default_factory=list)  # holds a host core (and gets host jitter)
+    src: list[int] = field(default_factory=list)
+    dst: list[int] = field(default_factory=list)
+    # (producer lane, consumer lane) → (producer's first task, consumer's first task) per op
+    queue_items: dict = field(default_factory=dict)
 
-    def add(self, lane: int, category: str, op: int, source: int, value: float) -> int:
+    def add(self, lane: int, category: str, op: int, source: int, value: float, host: bool = False) -> int:
         self.lane.append(lane)
         self.category.append(CATEGORY[category])
         self.op.append(op)
         self.source.append(source)
         self.value.append(value)
+        self.host.append(host)
         return len(self.lane) - 1
 
     def edge(self, src: int, dst: int) -> None:
@@ -80,15 +102,227 @@ class _StepTemplate:
 
 
 @dataclass
-class LoweredStep:
-    """The task template of one step, with what tiling it over steps needs."""
+class Lanes:
+    names: list[str]
+    kinds: np.ndarray
+    stage_lane: tuple[int, ...]
+    stream: dict[int, int]
+    cpu: int
+    h2d: int
+    d2h: int
 
-    tpl: _StepTemplate
-    lane_names: list[str]
-    lane_kinds: np.ndarray
-    queue_items: dict[tuple[int, int], tuple[list[int], list[int]]]
-    h2d_copy: int
-    token_back: int
+
+def lanes_for(strategy: StrategyConfig) -> Lanes:
+    host_lanes, stage_lane = HOST_LAYOUT[strategy.dispatch]
+    n = len(host_lanes)
+    names = [*host_lanes, "host.cpu_ops", "device.stream0", "device.comm", "copy.h2d", "copy.d2h"]
+    kinds = np.array([LANE_HOST] * (n + 1) + [LANE_DEVICE, LANE_DEVICE, LANE_COPY, LANE_COPY], dtype=np.int8)
+    return Lanes(names, kinds, stage_lane, {STREAM_COMPUTE: n + 1, STREAM_COMM: n + 2}, n, n + 3, n + 4)
+
+
+def host_stage_costs(workload: Workload, hardware: HardwareConfig, strategy: StrategyConfig) -> dict[str, np.ndarray]:
+    """Cost (µs) of each host stage for each op, with the launch and memory policies applied."""
+    host = hardware.host
+    n = workload.n_ops
+    costs = {stage: np.full(n, float(getattr(host, f"{stage}_us"))) for stage in HOST_STAGES}
+    # launch_us covers a kernel with `kernel_params` parameters written one by one.
+    base_launch = host.launch_us - host.kernel_params * host.param_write_us
+    if strategy.param_packing:
+        costs["launch"] = np.full(n, base_launch + host.packed_params_us)
+    else:
+        costs["launch"] = base_launch + workload.n_kernels * host.kernel_params * host.param_write_us
+    memory_scale = 1.0 - host.stream_pool_speedup if strategy.stream_local_pool else 1.0
+    for stage in ("alloc", "free"):
+        cost = costs[stage] if strategy.memory_pool else np.full(n, host.driver_alloc_us)
+        costs[stage] = cost * memory_scale
+    return costs
+
+
+def build_template(workload: Workload, hardware: HardwareConfig, strategy: StrategyConfig, mode: int, cpu_ops: np.ndarray) -> StepTemplate:
+    """Tasks and edges of one step in the given mode (EAGER, BUILD or REPLAY)."""
+    lanes = lanes_for(strategy)
+    host = hardware.host
+    costs = host_stage_costs(workload, hardware, strategy)
+    tpl = StepTemplate()
+    launch_us = costs["launch"]
+    issue_h2d = tpl.add(0, "launch", -1, _FIXED, float(np.median(launch_us)) if launch_us.size else host.launch_us, host=True)
+    h2d_copy = tpl.add(lanes.h2d, "copy", -1, _H2D_TOKENS, 0.0)
+    tpl.edge(issue_h2d, h2d_copy)
+    if mode == REPLAY:
+        last_device = _replay_body(tpl, workload, hardware, strategy, lanes, h2d_copy)
+    else:
+        last_device = _host_scheduled_body(tpl, workload, hardware, strategy, lanes, h2d_copy, costs, cpu_ops)
+    # The sampled tokens return to the host; the next step's inputs are built from them.
+    _read_back(tpl, [last_device], lanes.d2h, -1, _D2H_TOKENS, 0.0, host.sync_us)
+    if mode == BUILD:
+        g = hardware.graph
+        build_us = (g.sink_load_ms if strategy.graph.mode == GraphMode.sink else g.capture_ms) * 1e3
+        tpl.add(0, "graph", -1, _FIXED, build_us, host=True)
+    return tpl
+
+
+def _host_scheduled_body(tpl, workload, hardware, strategy, lanes, h2d_copy, costs, cpu_ops) -> int:
+    host = hardware.host
+    launch_stage = HOST_STAGES.index("launch")
+    device_task = np.full(workload.n_ops, -1, dtype=np.int64)  # where each op's result becomes available
+    for j in range(workload.n_ops):
+        producers = [int(device_task[d]) for d in workload.after[j]]
+        if workload.flags[j] & FLAG_VALUE_DEPENDENT and producers:
+            _read_back(tpl, producers, lanes.d2h, j, _FIXED, copy_time_us(VALUE_READ_BYTES, hardware.link), host.sync_us)
+        stages = CPU_OP_STAGES if cpu_ops[j] else HOST_STAGES
+        first_on_lane: dict[int, int] = {}
+        previous = -1
+        for stage in stages:
+            k = HOST_STAGES.index(stage)
+            lane = lanes.stage_lane[k]
+            source, value = (_TILING, j) if stage == "tiling" else (_FIXED, float(costs[stage][j]))
+            task = tpl.add(lane, STAGE_CATEGORY[stage], j, source, value, host=True)
+            if lane not in first_on_lane:
+                first_on_lane[lane] = task
+                if previous >= 0:
+                    tpl.edge(previous, task)
+                    producer_lane = tpl.lane[previous]
+                    items = tpl.queue_items.setdefault((producer_lane, lane), ([], []))
+                    items[0].append(first_on_lane[producer_lane])
+                    items[1].append(task)
+            if k == launch_stage:
+                device_task[j] = _device_task(tpl, workload, lanes, j, producers, h2d_copy, task)
+            previous = task
+        if cpu_ops[j]:
+            device_task[j] = _cpu_op(tpl, workload, hardware, lanes, j, producers, previous)
+        if workload.flags[j] & FLAG_COMPUTE_DEPENDENT:
+            _read_back(tpl, [int(device_task[j])], lanes.d2h, j, _FIXED, copy_time_us(SHAPE_READ_BYTES, hardware.link), host.sync_us)
+    return int(device_task[-1])
+
+
+def _device_task(tpl, workload, lanes, j, producers, h2d_copy, launch) -> int:
+    on_comm = workload.stream[j] == STREAM_COMM
+    task = tpl.add(lanes.stream[int(workload.stream[j])], "comm" if on_comm else "compute", j, _DEVICE, j)
+    tpl.edge(launch, task)
+    for producer in producers:  # events between streams (redundant on one stream, harmless)
+        tpl.edge(producer, task)
+    if not producers:
+        tpl.edge(h2d_copy, task)
+    return task
+
+
+def _cpu_op(tpl, workload, hardware, lanes, j, producers, dispatched) -> int:
+    """Input D2H → compute on a host core → result H2D; returns the H2D (where consumers find it)."""
+    link = hardware.link
+    nbytes = float(np.max(workload.bytes[:, j])) if workload.bytes.size else 0.0
+    fetch = tpl.add(lanes.d2h, "copy", j, _FIXED, copy_time_us(nbytes / 2, link))
+    for producer in producers:
+        tpl.edge(producer, fetch)
+    flops = float(np.max(workload.flops[:, j])) if workload.flops.size else 0.0
+    compute = tpl.add(lanes.cpu, "cpu", j, _FIXED, flops / (hardware.host.cpu_gflops * 1e3), host=True)
+    tpl.edge(fetch, compute)
+    tpl.edge(dispatched, compute)
+    put = tpl.add(lanes.h2d, "copy", j, _FIXED, copy_time_us(nbytes / 2, link))
+    tpl.edge(compute, put)
+    return put
+
+
+def _replay_body(tpl, workload, hardware, strategy, lanes, h2d_copy) -> int:
+    g = hardware.graph
+    if strategy.graph.mode == GraphMode.capture:
+        # In-place argument refresh of every task whose arguments change (attention's KV length, ...).
+        for j in np.flatnonzero(workload.flags & FLAG_DYNAMIC):
+            tpl.add(0, "graph", int(j), _FIXED, g.param_update_us, host=True)
+        trigger_us = g.replay_launch_us
+    else:
+        tpl.add(0, "graph", -1, _FIXED, g.address_update_us, host=True)
+        trigger_us = g.sink_trigger_us
+    trigger = tpl.add(0, "launch", -1, _FIXED, trigger_us, host=True)
+    device_task = np.full(workload.n_ops, -1, dtype=np.int64)
+    for j in range(workload.n_ops):
+        producers = [int(device_task[d]) for d in workload.after[j]]
+        device_task[j] = _device_task(tpl, workload, lanes, j, producers, h2d_copy, trigger)
+    return int(device_task[-1])
+
+
+def _read_back(tpl, device_tasks: list[int], d2h_lane: int, op: int, source: int, copy_us: float, sync_us: float) -> int:
+    """D2H copy after `device_tasks`, then a blocking sync on the first host lane; returns the copy."""
+    copy = tpl.add(d2h_lane, "copy", op, source, copy_us)
+    for task in device_tasks:
+        tpl.edge(task, copy)
+    sync = tpl.add(0, "sync", op, _FIXED, sync_us, host=True)
+    tpl.edge(copy, sync)
+    return copy
+
+
+@dataclass
+class _Piece:
+    tasks: np.ndarray
+    src: np.ndarray
+    dst: np.ndarray
+    last_on_lane: np.ndarray  # local ids (in the piece) of each lane's last task of the last step
+    first: int  # local id of the first task of the first step
+
+
+def _tile(
+    tpl: StepTemplate,
+    steps: np.ndarray,
+    workload: Workload,
+    hardware: HardwareConfig,
+    strategy: StrategyConfig,
+    seed: int,
+    device_us: np.ndarray,
+    device_cores: np.ndarray,
+    tiling_us: np.ndarray,
+    step_release_us: np.ndarray | None,
+    extra_device_us: float,
+) -> _Piece:
+    """The template repeated over consecutive `steps`, with each step's durations and AI cores."""
+    count = steps.size
+    m = len(tpl.lane)
+    offsets = (np.arange(count, dtype=np.int64) * m)[:, None]
+    source = np.array(tpl.source, dtype=np.int8)
+    value = np.array(tpl.value, dtype=np.float64)
+    is_host = np.array(tpl.host, dtype=bool)
+    tasks = np.zeros(count * m, dtype=TASK_DTYPE)
+    tasks["lane"] = np.tile(np.array(tpl.lane, dtype=np.int32), count)
+    tasks["category"] = np.tile(np.array(tpl.category, dtype=np.int8), count)
+    tasks["op"] = np.tile(np.array(tpl.op, dtype=np.int32), count)
+    tasks["step"] = np.repeat(steps.astype(np.int32), m)
+
+    duration = np.tile(value, (count, 1))
+    device = source == _DEVICE
+    device_ops = value[device].astype(np.int64)
+    duration[:, device] = device_us[np.ix_(steps, device_ops)] + extra_device_us
+    tiling = source == _TILING
+    duration[:, tiling] = tiling_us[np.ix_(steps, value[tiling].astype(np.int64))]
+    link = hardware.link
+    duration[:, source == _H2D_TOKENS] = np.array([copy_time_us(t * 2 * TOKEN_ID_BYTES, link) for t in workload.tokens[steps]])[:, None]
+    duration[:, source == _D2H_TOKENS] = np.array([copy_time_us(t * TOKEN_ID_BYTES, link) for t in workload.tokens_out[steps]])[:, None]
+    duration[:, is_host] *= _jitter(seed, steps, hardware.host.jitter_cv, int(is_host.sum()))
+    tasks["duration_us"] = duration.ravel()
+    if step_release_us is not None:
+        tasks["release_us"][offsets[:, 0]] = step_release_us[steps]
+
+    pool = np.full((count, m), NO_POOL, dtype=np.int32)
+    units = np.zeros((count, m), dtype=np.int32)
+    pool[:, is_host] = POOL_HOST
+    units[:, is_host] = 1
+    units[:, device] = device_cores[np.ix_(steps, device_ops)]
+    pool[:, device] = np.where(units[:, device] > 0, POOL_AI_CORES, NO_POOL)  # collectives hold no AI core
+    tasks["pool"] = pool.ravel()
+    tasks["units"] = units.ravel()
+
+    src = [(np.array(tpl.src, dtype=np.int64)[None, :] + offsets).ravel()]
+    dst = [(np.array(tpl.dst, dtype=np.int64)[None, :] + offsets).ravel()]
+    lanes = np.array(tpl.lane)
+    last_on_lane = np.array([np.flatnonzero(lanes == lane).max() for lane in np.unique(lanes)], dtype=np.int64)
+    not_first_lane = last_on_lane[lanes[last_on_lane] != lanes[0]]
+    src.append((not_first_lane[None, :] + offsets[:-1]).ravel())  # barrier between the piece's steps
+    dst.append(np.repeat(offsets[1:, 0], not_first_lane.size))
+    capacity = strategy.queue_capacity
+    for producers, consumers in tpl.queue_items.values():
+        producer_ids = (np.array(producers, dtype=np.int64)[None, :] + offsets).ravel()
+        consumer_ids = (np.array(consumers, dtype=np.int64)[None, :] + offsets).ravel()
+        if producer_ids.size > capacity:
+            src.append(consumer_ids[:-capacity])
+            dst.append(producer_ids[capacity:])
+    return _Piece(tasks, np.concatenate(src), np.concatenate(dst), last_on_lane + (count - 1) * m, 0)
 
 
 def lower(
@@ -96,162 +330,63 @@ def lower(
     hardware: HardwareConfig,
     strategy: StrategyConfig,
     seed: int,
+    plan: StepPlan | None = None,
     step_release_us: np.ndarray | None = None,
+    only_steps: np.ndarray | None = None,
 ) -> TaskGraph:
-    """Build the task graph of the whole run (see `tile` for the arguments)."""
-    return tile(build_template(workload, hardware, strategy), workload, hardware, strategy, seed, step_release_us=step_release_us)
+    """The task graph of the run (or of `only_steps`), step modes and policies from `plan`.
 
-
-def build_template(workload: Workload, hardware: HardwareConfig, strategy: StrategyConfig) -> LoweredStep:
-    """Tasks and edges of one step: depends on the op list and the strategy, not on per-step sizes."""
-    host_lanes, stage_lane = HOST_LAYOUT[strategy.dispatch]
-    n_host = len(host_lanes)
-    # Device streams follow the host lanes (compute, communication), then the two copy engines.
-    stream_lane = {STREAM_COMPUTE: n_host, STREAM_COMM: n_host + 1}
-    h2d, d2h = n_host + 2, n_host + 3
-    lane_names = [*host_lanes, "device.stream0", "device.comm", "copy.h2d", "copy.d2h"]
-    lane_kinds = np.array([LANE_HOST] * n_host + [LANE_DEVICE, LANE_DEVICE, LANE_COPY, LANE_COPY], dtype=np.int8)
-    launch_stage = HOST_STAGES.index("launch")
-
-    tpl = _StepTemplate()
-    # queue_items[(a, b)] = (producer's first task on lane a, consumer's first task on lane b) per op.
-    queue_items: dict[tuple[int, int], tuple[list[int], list[int]]] = {}
-    issue_h2d = tpl.add(0, "launch", -1, _FROM_HOST, launch_stage)
-    h2d_copy = tpl.add(h2d, "copy", -1, _FIXED, 0.0)  # per-step duration set below
-    tpl.edge(issue_h2d, h2d_copy)
-    device_task = np.full(workload.n_ops, -1, dtype=np.int64)
-    for j in range(workload.n_ops):
-        producers = [int(device_task[d]) for d in workload.after[j]]
-        if workload.flags[j] & FLAG_VALUE_DEPENDENT and producers:
-            _read_back(tpl, producers, d2h, j, copy_time_us(VALUE_READ_BYTES, hardware.link))
-        first_on_lane: dict[int, int] = {}
-        previous = -1
-        for k, stage in enumerate(HOST_STAGES):
-            lane = stage_lane[k]
-            task = tpl.add(lane, STAGE_CATEGORY[stage], j, _FROM_HOST, k)
-            if lane not in first_on_lane:
-                first_on_lane[lane] = task
-                if previous >= 0:
-                    tpl.edge(previous, task)
-                    producer_lane = tpl.lane[previous]
-                    items = queue_items.setdefault((producer_lane, lane), ([], []))
-                    items[0].append(first_on_lane[producer_lane])
-                    items[1].append(task)
-            if k == launch_stage:
-                on_comm = workload.stream[j] == STREAM_COMM
-                device_task[j] = tpl.add(stream_lane[int(workload.stream[j])], "comm" if on_comm else "compute", j, _FROM_DEVICE, j)
-                tpl.edge(task, int(device_task[j]))
-                for producer in producers:  # events between streams (redundant on one stream, harmless)
-                    tpl.edge(producer, int(device_task[j]))
-                if not producers:
-                    tpl.edge(h2d_copy, int(device_task[j]))
-            previous = task
-        if workload.flags[j] & FLAG_COMPUTE_DEPENDENT:
-            _read_back(tpl, [int(device_task[j])], d2h, j, copy_time_us(SHAPE_READ_BYTES, hardware.link))
-    # The sampled tokens return to the host; the next step's inputs are built from them.
-    token_back = _read_back(tpl, [int(device_task[-1])], d2h, -1, 0.0)
-    return LoweredStep(tpl, lane_names, lane_kinds, queue_items, h2d_copy, token_back)
-
-
-def tile(
-    step: LoweredStep,
-    workload: Workload,
-    hardware: HardwareConfig,
-    strategy: StrategyConfig,
-    seed: int,
-    first_step: int = 0,
-    step_release_us: np.ndarray | None = None,
-) -> TaskGraph:
-    """The template repeated over the workload's steps, with each step's durations and AI cores.
-
-    Step s may not start before step_release_us[s] (requests not yet arrived), nor before every task
-    of step s − 1 has ended: steps are separated by a barrier, so a step's timing depends only on
-    its own sizes and its start. Host jitter of step s is drawn from a generator seeded with
-    (seed, first_step + s), so simulating steps one at a time or all at once gives the same numbers.
+    Host jitter of step s is drawn from a generator seeded with (seed, s), so simulating steps one at
+    a time or all at once gives the same numbers.
     """
-    tpl, h2d_copy, token_back = step.tpl, step.h2d_copy, step.token_back
-    host = hardware.host
-    host_cost_us = np.array([getattr(host, f"{name}_us") for name in HOST_COSTS], dtype=np.float64)
-    steps = workload.steps
-    m = len(tpl.lane)
-    offsets = (np.arange(steps, dtype=np.int64) * m)[:, None]
-    source = np.array(tpl.source, dtype=np.int8)
-    value = np.array(tpl.value, dtype=np.float64)
-    tasks = np.zeros(steps * m, dtype=TASK_DTYPE)
-    tasks["lane"] = np.tile(np.array(tpl.lane, dtype=np.int32), steps)
-    tasks["category"] = np.tile(np.array(tpl.category, dtype=np.int8), steps)
-    tasks["op"] = np.tile(np.array(tpl.op, dtype=np.int32), steps)
-    tasks["step"] = np.repeat(np.arange(steps, dtype=np.int32), m)
-
-    is_host = source == _FROM_HOST
-    is_device = source == _FROM_DEVICE
-    duration = np.empty((steps, m), dtype=np.float64)
-    duration[:, source == _FIXED] = value[source == _FIXED]
-    host_us = host_cost_us[value[is_host].astype(np.int64)]
-    duration[:, is_host] = host_us * _jitter(seed, first_step, host.jitter_cv, (steps, int(is_host.sum())))
-    device_ops = value[is_device].astype(np.int64)
+    plan = plan or StepPlan.host_only(workload)
+    lanes = lanes_for(strategy)
     device_us, device_cores = device_times(workload, hardware)
-    duration[:, is_device] = device_us[:, device_ops]
-    duration[:, h2d_copy] = [copy_time_us(t * 2 * TOKEN_ID_BYTES, hardware.link) for t in workload.tokens]
-    duration[:, token_back] = [copy_time_us(t * TOKEN_ID_BYTES, hardware.link) for t in workload.tokens_out]
-    tasks["duration_us"] = duration.ravel()
-    if step_release_us is not None:
-        tasks["release_us"][offsets[:, 0]] = step_release_us  # the step's first task
-
-    pool = np.full((steps, m), NO_POOL, dtype=np.int32)
-    units = np.zeros((steps, m), dtype=np.int32)
-    pool[:, is_host] = POOL_HOST
-    units[:, is_host] = 1
-    units[:, is_device] = device_cores[:, device_ops]
-    pool[:, is_device] = np.where(units[:, is_device] > 0, POOL_AI_CORES, NO_POOL)  # collectives hold no AI core
-    tasks["pool"] = pool.ravel()
-    tasks["units"] = units.ravel()
-
-    src = [(np.array(tpl.src, dtype=np.int64)[None, :] + offsets).ravel()]
-    dst = [(np.array(tpl.dst, dtype=np.int64)[None, :] + offsets).ravel()]
-    # Barrier: the first task of step s + 1 waits for the last task of every lane in step s.
-    lanes = np.array(tpl.lane)
-    last_on_lane = np.array([np.flatnonzero(lanes == lane).max() for lane in np.unique(lanes) if lane != 0], dtype=np.int64)
-    src.append((last_on_lane[None, :] + offsets[:-1]).ravel())
-    dst.append(np.repeat(offsets[1:, 0], last_on_lane.size))
-    capacity = strategy.queue_capacity
-    for producers, consumers in step.queue_items.values():
-        producer_ids = (np.array(producers, dtype=np.int64)[None, :] + offsets).ravel()
-        consumer_ids = (np.array(consumers, dtype=np.int64)[None, :] + offsets).ravel()
-        if producer_ids.size > capacity:
-            src.append(consumer_ids[:-capacity])
-            dst.append(producer_ids[capacity:])
-    dep_ptr, dep_idx = csr_from_edges(steps * m, np.concatenate(src), np.concatenate(dst))
+    costs = host_stage_costs(workload, hardware, strategy)
+    tiling_us = np.where(plan.tiling_hit, hardware.host.tiling_lookup_us, costs["tiling"][None, :])
+    steps = np.arange(workload.steps) if only_steps is None else np.asarray(only_steps, dtype=np.int64)
+    templates: dict[int, StepTemplate] = {}
+    pieces: list[_Piece] = []
+    mode = plan.mode[steps]
+    breaks = np.flatnonzero(np.diff(mode)) + 1
+    for run in np.split(np.arange(steps.size), breaks):
+        m = int(mode[run[0]])
+        if m not in templates:
+            templates[m] = build_template(workload, hardware, strategy, m, plan.cpu_ops)
+        extra = hardware.graph.task_dispatch_us if m == REPLAY else 0.0
+        pieces.append(_tile(templates[m], steps[run], workload, hardware, strategy, seed, device_us, device_cores, tiling_us, step_release_us, extra))
+    # Concatenate the pieces; a barrier joins each piece's last step to the next piece's first.
+    offset = 0
+    tasks, src, dst = [], [], []
+    previous_last: np.ndarray | None = None
+    for piece in pieces:
+        tasks.append(piece.tasks)
+        src.append(piece.src + offset)
+        dst.append(piece.dst + offset)
+        if previous_last is not None:
+            src.append(previous_last)
+            dst.append(np.full(previous_last.size, offset, dtype=np.int64))
+        previous_last = piece.last_on_lane + offset
+        offset += piece.tasks.size
+    all_tasks = np.concatenate(tasks)
+    dep_ptr, dep_idx = csr_from_edges(offset, np.concatenate(src), np.concatenate(dst))
     return TaskGraph(
-        tasks=tasks,
+        tasks=all_tasks,
         dep_ptr=dep_ptr,
         dep_idx=dep_idx,
-        lane_names=step.lane_names,
-        lane_kinds=step.lane_kinds,
+        lane_names=lanes.names,
+        lane_kinds=lanes.kinds,
         pool_names=["host_cores", "ai_cores"],
-        pool_capacity=np.array([host.threads, hardware.device.ai_cores], dtype=np.int64),
+        pool_capacity=np.array([hardware.host.threads, hardware.device.ai_cores], dtype=np.int64),
         op_names=list(workload.op_names),
     )
 
 
-def _read_back(tpl: _StepTemplate, device_tasks: list[int], d2h_lane: int, op: int, copy_us: float) -> int:
-    """D2H copy after `device_tasks`, then a blocking sync on the first host lane; returns the copy."""
-    copy = tpl.add(d2h_lane, "copy", op, _FIXED, copy_us)
-    for task in device_tasks:
-        tpl.edge(task, copy)
-    sync = tpl.add(0, "sync", op, _FROM_HOST, SYNC_COST)
-    tpl.edge(copy, sync)
-    return copy
-
-
-def _jitter(seed: int, first_step: int, cv: float, shape: tuple[int, int]) -> np.ndarray:
+def _jitter(seed: int, steps: np.ndarray, cv: float, count: int) -> np.ndarray:
     """Lognormal multipliers with mean 1 and coefficient of variation cv, one generator per step."""
     if cv == 0:
-        return np.ones(shape)
+        return np.ones((steps.size, count))
     sigma2 = np.log1p(cv * cv)
     return np.stack(
-        [
-            np.random.default_rng([seed, first_step + s]).lognormal(mean=-sigma2 / 2, sigma=np.sqrt(sigma2), size=shape[1])
-            for s in range(shape[0])
-        ]
-    )
+        [np.random.default_rng([seed, int(s)]).lognormal(mean=-sigma2 / 2, sigma=np.sqrt(sigma2), size=count) for s in steps]
+    ).reshape(steps.size, count)

@@ -1,9 +1,9 @@
 """Metrics: pure functions of the engine's result → the summary.json numbers and the per-step table.
 
-The measured window runs from the end of the last warm-up step to the end of the run. "Device busy"
-is the union of device-stream task intervals in the window (the device is idle only when no stream
-runs anything); the bubble ratio is its complement. The breakdown splits the critical path, clipped
-to the window, by task category; it sums to 1 because the path has no gaps.
+The measured steps are those after the warm-up that do not build a graph. "Device busy" is the union
+of device-stream task intervals within them (the device is idle only when no stream runs anything);
+the bubble ratio is its complement over the window. The breakdown splits the critical path of each
+measured step by task category; it sums to 1 because a step's path covers it without gaps.
 """
 from __future__ import annotations
 
@@ -13,10 +13,11 @@ import pandas as pd
 from harness.config import Phase
 from harness.core import SimulationResult
 from harness.graph import CATEGORIES, CATEGORY, LANE_DEVICE, LANE_HOST
+from harness.policies import BUILD, MODE_NAMES, StepPlan
 from harness.workload import Workload
 
 US_PER_MS = 1e3
-HOST_CATEGORIES = ("framework", "infer_shape", "tiling", "alloc", "launch", "sync", "graph")
+HOST_CATEGORIES = ("framework", "infer_shape", "tiling", "alloc", "launch", "sync", "graph", "cpu")
 
 
 class BusyTime:
@@ -61,42 +62,52 @@ def step_bounds(result: SimulationResult) -> tuple[np.ndarray, np.ndarray]:
     return start, end
 
 
-def compute_metrics(result: SimulationResult, workload: Workload) -> tuple[dict, pd.DataFrame]:
-    """The summary (flat dict) and one row per step."""
+def compute_metrics(result: SimulationResult, workload: Workload, plan: StepPlan | None = None) -> tuple[dict, pd.DataFrame]:
+    """The summary (flat dict) and one row per step.
+
+    Measured steps: those after the warm-up that do not build a graph (capture or sink load are
+    reported apart, as `capture_ms`). The window runs from the first measured step's start to the
+    last one's end, less the build steps inside it; idle time waiting for requests stays in it.
+    """
     graph = result.graph
     tasks = graph.tasks
     start_us, end_us = result.start_us, result.end_us
     step_start, step_end = step_bounds(result)
-    warm = workload.warmup_steps
-    w0 = float(step_end[warm - 1]) if warm > 0 else 0.0
-    w1 = float(step_end.max())
-    window_us = w1 - w0
-    measured = slice(warm, None)
-    latency_ms = (step_end - step_start) / US_PER_MS
+    latency_us = step_end - step_start
+    mode = plan.mode if plan is not None else np.zeros(workload.steps, dtype=np.int8)
+    index = np.arange(workload.steps)
+    measured = (index >= workload.warmup_steps) & (mode != BUILD)
+    if not measured.any():  # every step builds a graph: measure them rather than nothing
+        measured = index >= workload.warmup_steps
+    first, last = np.flatnonzero(measured)[[0, -1]]
+    inside = (index > first) & (index < last) & ~measured
+    window_us = float(step_end[last] - step_start[first] - latency_us[inside].sum())
 
     lane_kind = graph.lane_kinds[tasks["lane"]]
     on_device = lane_kind == LANE_DEVICE
     device_busy = BusyTime(start_us[on_device], end_us[on_device])
-    device_busy_us = float(device_busy.between(w0, w1))
+    device_step_us = device_busy.between(step_start, step_end)
+    device_busy_us = float(device_step_us[measured].sum())
 
-    host_lanes = np.flatnonzero(graph.lane_kinds == LANE_HOST)
     lane_busy = {}
-    for lane in host_lanes:
+    for lane in np.flatnonzero(graph.lane_kinds == LANE_HOST):
         mine = tasks["lane"] == lane
-        lane_busy[graph.lane_names[lane]] = BusyTime(start_us[mine], end_us[mine])
-    host_busy_us = {name: float(b.between(w0, w1)) for name, b in lane_busy.items()}
+        if mine.any():
+            lane_busy[graph.lane_names[lane]] = BusyTime(start_us[mine], end_us[mine])
+    host_step_us = {name: b.between(step_start, step_end) for name, b in lane_busy.items()}
+    host_busy_us = {name: float(v[measured].sum()) for name, v in host_step_us.items()}
 
-    path = result.critical_path()
-    clipped = np.clip(np.minimum(end_us[path], w1) - np.maximum(start_us[path], w0), 0.0, None)
-    per_category = np.bincount(tasks["category"][path], weights=clipped, minlength=len(CATEGORIES))
+    path = result.step_critical_paths()
+    path = path[measured[tasks["step"][path]]]
+    per_category = np.bincount(tasks["category"][path], weights=end_us[path] - start_us[path], minlength=len(CATEGORIES))
     path_us = float(per_category.sum())
     breakdown = per_category / path_us if path_us > 0 else per_category
     host_share = float(sum(breakdown[CATEGORY[c]] for c in HOST_CATEGORIES))
 
-    steps_measured = workload.steps - warm
     tokens_per_step = workload.tokens_out if workload.phase == Phase.decode else workload.tokens
     bubble = 1.0 - device_busy_us / window_us if window_us > 0 else 0.0
     launches = int(np.count_nonzero(tasks["category"] == CATEGORY["launch"]))
+    latency_ms = latency_us / US_PER_MS
     summary: dict = {
         "throughput_tok_s": float(tokens_per_step[measured].sum()) / (window_us / 1e6) if window_us > 0 else 0.0,
         "step_ms_mean": float(latency_ms[measured].mean()),
@@ -117,27 +128,31 @@ def compute_metrics(result: SimulationResult, workload: Workload) -> tuple[dict,
             "launches_per_step": launches / workload.steps,
             "tasks_simulated": graph.n_tasks,
             "window_ms": window_us / US_PER_MS,
-            "steps_measured": steps_measured,
+            "steps_measured": int(measured.sum()),
         }
     )
+    if plan is not None and np.any(mode == BUILD):
+        summary["capture_ms"] = float(latency_ms[mode == BUILD].sum())
     summary.update({f"breakdown_{name}": float(breakdown[i]) for i, name in enumerate(CATEGORIES)})
 
     steps_table = pd.DataFrame(
         {
-            "step": np.arange(workload.steps),
-            "measured": np.arange(workload.steps) >= warm,
+            "step": index,
+            "measured": measured,
+            "mode": [MODE_NAMES[int(m)] for m in mode],
             "start_ms": step_start / US_PER_MS,
             "end_ms": step_end / US_PER_MS,
             "latency_ms": latency_ms,
             "kv_len": workload.kv_len,
-            "batch": workload.batch,
+            "batch": workload.real_batch,
+            "padded_batch": workload.batch,
             "tokens": tokens_per_step,
-            "device_busy_ms": device_busy.between(step_start, step_end) / US_PER_MS,
+            "device_busy_ms": device_step_us / US_PER_MS,
         }
     )
     steps_table["bubble_ratio"] = 1.0 - steps_table["device_busy_ms"] / steps_table["latency_ms"]
-    for name, busy in lane_busy.items():
-        steps_table[f"{name}_busy_ms"] = busy.between(step_start, step_end) / US_PER_MS
+    for name, busy_us in host_step_us.items():
+        steps_table[f"{name}_busy_ms"] = busy_us / US_PER_MS
     steps_table["launches"] = np.bincount(
         tasks["step"][tasks["category"] == CATEGORY["launch"]], minlength=workload.steps
     )

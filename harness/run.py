@@ -9,6 +9,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from harness.config import RunConfig
@@ -17,7 +18,8 @@ from harness.lowering import lower
 from harness.metrics import compute_metrics
 from harness.outputs import write_outputs
 from harness.serving import plan_serving, serving_summary
-from harness.workload import Workload, build_workload, check_memory
+from harness.policies import prepare
+from harness.workload import Workload, check_memory
 
 log = logging.getLogger(__name__)
 
@@ -33,22 +35,19 @@ class RunResult:
 def simulate_run(run: RunConfig) -> RunResult:
     """Build the workload, lower it under the strategy, run the engine, compute the metrics."""
     began = time.perf_counter()
-    plan = plan_serving(run) if run.workload.serving.enabled else None
-    workload = build_workload(
-        run.workload,
-        devices_per_node=run.hardware.link.devices_per_node,
-        batch=plan.batch if plan else None,
-        kv_len=plan.kv_len if plan else None,
-    )
+    serving = plan_serving(run) if run.workload.serving.enabled else None
+    batch = serving.batch if serving else np.full(run.workload.steps, run.workload.batch_size, dtype=np.int64)
+    workload, plan = prepare(run, batch, serving.kv_len if serving else None)
     check_memory(workload, run.hardware.device.hbm_gb)
-    graph = lower(workload, run.hardware, run.strategy, run.seed, step_release_us=plan.release_us if plan else None)
+    graph = lower(workload, run.hardware, run.strategy, run.seed, plan, step_release_us=serving.release_us if serving else None)
     result = simulate(graph)
-    summary, steps = compute_metrics(result, workload)
-    if plan is not None:
-        summary.update(serving_summary(plan))
+    summary, steps = compute_metrics(result, workload, plan)
+    summary.update(plan.info)
     if workload.memory.total_gb > 0:  # cards know their memory; explicit op lists do not
         summary["peak_mem_gb"] = workload.memory.total_gb
     summary["devices"] = run.workload.devices
+    if serving is not None:
+        summary.update(serving_summary(serving))
     summary["sim_wall_s"] = time.perf_counter() - began
     log.info("simulated %d tasks in %.3f s", graph.n_tasks, summary["sim_wall_s"])
     return RunResult(summary=summary, steps=steps, result=result, workload=workload)

@@ -2,7 +2,8 @@
 
 Which requests are in step s depends on simulated time (what has arrived by the end of step s − 1),
 so the batches cannot be fixed before the simulation. Steps are separated by a barrier in the task
-graph (harness/lowering.py), so a step's duration depends only on its own batch; the loop below
+graph (harness/lowering.py), so a step's duration depends only on its own batch (and on the causal
+policy state: graphs captured, cache contents, planned for the prefix of steps); the loop below
 simulates one step at a time with the engine, admits and retires requests, and returns the batch,
 mean KV length and release time of every step. The whole run is then simulated once more as one
 graph, which reproduces these step times exactly (tests check it) and gives the usual metrics.
@@ -19,8 +20,8 @@ import numpy as np
 
 from harness.config import RunConfig, ServingConfig
 from harness.core import simulate
-from harness.lowering import build_template, tile
-from harness.workload import build_workload
+from harness.lowering import lower
+from harness.policies import prepare
 
 US_PER_S = 1e6
 SERVING_STREAM = 1  # generator stream of the request draws: (seed, SERVING_STREAM) — apart from host jitter
@@ -64,8 +65,6 @@ def plan_serving(run: RunConfig) -> ServingPlan:
     serving, steps = run.workload.serving, run.workload.steps
     # Enough requests that the stream never runs dry within the run: every step can admit max_batch.
     requests = draw_requests(serving, run.seed, serving.initial_requests + steps * serving.max_batch + 1)
-    probe = build_workload(run.workload, run.hardware.link.devices_per_node, batch=np.ones(1), kv_len=np.ones(1))
-    template = build_template(probe, run.hardware, run.strategy)
 
     batch = np.zeros(steps, dtype=np.int64)
     kv_len = np.zeros(steps)
@@ -92,8 +91,10 @@ def plan_serving(run: RunConfig) -> ServingPlan:
         batch[s] = ids.size
         kv_len[s] = float(np.mean(requests.prompt_len[ids] + generated[ids] + 1))
         release[s] = now
-        one = build_workload(run.workload, run.hardware.link.devices_per_node, batch=batch[s : s + 1], kv_len=kv_len[s : s + 1])
-        step_us[s] = simulate(tile(template, one, run.hardware, run.strategy, run.seed, first_step=s)).makespan_us
+        # Policies are causal (graph captures, cache contents depend on the steps so far): plan the prefix.
+        workload, plan = prepare(run, batch[: s + 1], kv_len[: s + 1])
+        one = simulate(lower(workload, run.hardware, run.strategy, run.seed, plan, only_steps=np.array([s])))
+        step_us[s] = one.makespan_us
         now += step_us[s]
         generated[ids] += 1
         done = generated[ids] >= requests.output_len[ids]

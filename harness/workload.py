@@ -64,6 +64,14 @@ class Workload:
     tokens: np.ndarray  # int64 per step: tokens through the layers (batch in decode, batch × prompt in prefill)
     warmup_steps: int
     memory: "MemoryPlan"
+    n_kernels: Optional[np.ndarray] = None  # int per op: original ops fused into it (1 unless fused)
+    real_batch: Optional[np.ndarray] = None  # sequences per step before padding to a bucket
+
+    def __post_init__(self) -> None:
+        if self.n_kernels is None:
+            self.n_kernels = np.ones(len(self.op_names), dtype=np.int64)
+        if self.real_batch is None:
+            self.real_batch = self.batch
 
     @property
     def n_ops(self) -> int:
@@ -75,8 +83,8 @@ class Workload:
 
     @property
     def tokens_out(self) -> np.ndarray:
-        """Tokens generated per step (each sequence samples one)."""
-        return self.batch
+        """Tokens generated per step (each real sequence samples one; padding slots do not count)."""
+        return self.real_batch
 
 
 @dataclass
@@ -86,10 +94,11 @@ class MemoryPlan:
     weights_gb: float = 0.0
     kv_cache_gb: float = 0.0
     workspace_gb: float = 0.0
+    graphs_gb: float = 0.0  # captured graphs (capture/replay)
 
     @property
     def total_gb(self) -> float:
-        return self.weights_gb + self.kv_cache_gb + self.workspace_gb
+        return self.weights_gb + self.kv_cache_gb + self.workspace_gb + self.graphs_gb
 
 
 @dataclass
@@ -657,7 +666,7 @@ def check_memory(workload: Workload, hbm_gb: float) -> None:
     if m.total_gb > hbm_gb:
         raise ConfigError(
             f"hardware.device.hbm_gb={hbm_gb:g}: {workload.name} does not fit on one rank: weights {m.weights_gb:.1f} GB"
-            f" + KV cache {m.kv_cache_gb:.1f} GB + workspace {m.workspace_gb:.1f} GB = {m.total_gb:.1f} GB"
+            f" + KV cache {m.kv_cache_gb:.1f} GB + workspace {m.workspace_gb:.1f} GB + graphs {m.graphs_gb:.1f} GB = {m.total_gb:.1f} GB"
             " (raise workload.tp/ep/dp, use workload.quant=w8a8, or shrink batch_size/context_len)"
         )
 

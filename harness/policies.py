@@ -1,0 +1,256 @@
+"""Strategy policies decided before the event loop, in program order: buckets, graph modes, caches, fusion.
+
+None of these decisions depends on simulated time, so they are taken in a pass over the steps and
+ops before lowering (the serving loop calls it again for each prefix of steps, which is causal):
+
+* **Shape bucketing**: KV lengths padded up to a multiple of `strategy.kv_block`; under graph modes
+  the batch is padded up to the smallest bucket (`strategy.graph.buckets`) that holds it. Padded work
+  is real device work; `padding_waste` is the share of device time spent on padding.
+* **Graph modes** (decode by default, `strategy.graph.phases`): each step runs EAGER (host
+  scheduling), BUILD (host scheduling plus the one-time capture or sink load of its graph) or REPLAY.
+  Capture keys a graph by its batch bucket (dynamic arguments such as the KV length are refreshed in
+  place); a batch above the largest bucket runs eagerly; the bucket list is trimmed evenly to the
+  graphs the platform's stream resources allow (`hardware.graph.max_graphs` / (layers + 1)). Sink keys a
+  graph by all its shapes: it refuses when shapes change so often that graphs would not be reused
+  (dynamic shapes without bucketing), and falls back to host scheduling or stops
+  (`strategy.graph.dynamic_fallback`), saying which ops change. A compute-dependent op cannot be in a
+  graph at all.
+* **Tiling cache**: an LRU cache of `tiling_cache_entries` keyed by each op's shape key (op, shapes,
+  dtype), looked up in program order on host-scheduled steps; a hit replaces Tiling by a lookup.
+* **Fusion**: runs of consecutive fusible vector ops (plain data chain, no syncs) become one kernel.
+* **Heterogeneous**: ops of the types in `strategy.heterogeneous` run on host CPU cores.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from harness.config import GraphMode, RunConfig
+from harness.core import lru_hits
+from harness.device import device_times
+from harness.errors import ConfigError
+from harness.workload import (
+    FLAG_COMPUTE_DEPENDENT,
+    FLAG_VALUE_DEPENDENT,
+    KIND_CODE,
+    STREAM_COMPUTE,
+    Workload,
+    build_workload,
+)
+from harness.config import Fallback, OpKind
+
+EAGER, BUILD, REPLAY = 0, 1, 2
+MODE_NAMES = {EAGER: "eager", BUILD: "build", REPLAY: "replay"}
+VECTOR = KIND_CODE[OpKind.vector]
+
+
+@dataclass
+class StepPlan:
+    mode: np.ndarray  # int8 per step: EAGER / BUILD / REPLAY
+    tiling_hit: np.ndarray  # bool (steps, ops)
+    cpu_ops: np.ndarray  # bool per op
+    info: dict = field(default_factory=dict)  # summary keys the policies report
+
+    @staticmethod
+    def host_only(workload: Workload) -> "StepPlan":
+        return StepPlan(
+            mode=np.zeros(workload.steps, dtype=np.int8),
+            tiling_hit=np.zeros((workload.steps, workload.n_ops), dtype=bool),
+            cpu_ops=np.zeros(workload.n_ops, dtype=bool),
+        )
+
+
+def pad_up(values: np.ndarray, block: int) -> np.ndarray:
+    return np.ceil(values / block) * block if block > 0 else values
+
+
+def trim_buckets(buckets: list[int], max_graphs: int) -> list[int]:
+    """At most `max_graphs` buckets, evenly spread over the sorted list, keeping the smallest and largest."""
+    sizes = sorted(set(buckets))
+    if len(sizes) <= max_graphs:
+        return sizes
+    if max_graphs <= 1:
+        return [sizes[-1]]
+    picks = np.unique(np.rint(np.linspace(0, len(sizes) - 1, max_graphs)).astype(int))
+    return [sizes[i] for i in picks]
+
+
+def layer_count(workload: Workload) -> int:
+    layers = {name.split(".")[1] for name in workload.op_names if name.startswith("layers.")}
+    return max(1, len(layers))
+
+
+def prepare(run: RunConfig, batch: np.ndarray, kv_len: np.ndarray | None) -> tuple[Workload, StepPlan]:
+    """The workload as the strategy runs it (padded, fused) and the plan of every step."""
+    cfg, strategy, hardware = run.workload, run.strategy, run.hardware
+    dpn = hardware.link.devices_per_node
+    real = build_workload(cfg, dpn, batch=batch, kv_len=kv_len)
+    kv_padded = pad_up(real.kv_len, strategy.kv_block) if cfg.phase.value == "decode" else real.kv_len
+    steps = real.steps
+    mode = np.zeros(steps, dtype=np.int8)
+    padded = real.batch.copy()
+    info: dict = {}
+    graph = strategy.graph
+    graph_on = graph.mode != GraphMode.none and cfg.phase in graph.phases
+    max_graphs = max(1, hardware.graph.max_graphs // (layer_count(real) + 1))
+    fallback = ""
+    if graph_on and np.any(real.flags & FLAG_COMPUTE_DEPENDENT):
+        names = [real.op_names[j] for j in np.flatnonzero(real.flags & FLAG_COMPUTE_DEPENDENT)[:3]]
+        fallback = f"compute-dependent ops cannot be in a graph ({', '.join(names)})"
+    elif graph_on:
+        buckets = trim_buckets(list(graph.buckets), max_graphs)
+        info["graph_buckets"] = len(buckets)
+        slot = np.searchsorted(buckets, real.batch)
+        fits = slot < len(buckets)
+        padded = np.where(fits, np.array(buckets)[np.minimum(slot, len(buckets) - 1)], real.batch)
+        if graph.mode == GraphMode.capture:
+            keys = np.where(fits, padded, -1)
+        else:
+            probe = build_workload(cfg, dpn, batch=padded, kv_len=kv_padded)
+            keys = _row_keys(probe.shape_key)
+            n_keys = len(set(keys[fits].tolist()))
+            if n_keys > max_graphs or n_keys > max(1, steps // 2):
+                changing = [probe.op_names[j] for j in np.flatnonzero(np.any(probe.shape_key != probe.shape_key[:1], axis=0))[:3]]
+                fallback = (
+                    f"shapes change in {n_keys} of {steps} steps ({', '.join(changing)}, ...): a sunk graph needs static"
+                    " shapes; bucket them (strategy.kv_block, strategy.graph.buckets) or use capture"
+                )
+            keys = np.where(fits, keys, -1)
+        if not fallback:
+            seen: set[int] = set()
+            for s in range(steps):
+                if keys[s] == -1:
+                    continue
+                mode[s] = REPLAY if keys[s] in seen else BUILD
+                seen.add(int(keys[s]))
+    if fallback:
+        if graph.dynamic_fallback == Fallback.error:
+            raise ConfigError(f"strategy.graph.mode={graph.mode.value}: {fallback}")
+        info["graph_note"] = f"{graph.mode.value} not applied, host scheduling instead: {fallback}"
+        padded = real.batch.copy()
+    if graph_on:
+        info["graph_captures"] = int(np.count_nonzero(mode == BUILD))
+
+    workload = build_workload(cfg, dpn, batch=padded, kv_len=kv_padded)
+    workload.real_batch = real.batch
+    workload.memory.graphs_gb = info.get("graph_captures", 0) * hardware.graph.graph_mem_mb / 1e3
+    if graph_on or strategy.kv_block > 0:
+        info["padding_waste"] = _padding_waste(workload, real, run)
+    cpu_ops = _cpu_ops(workload, strategy.heterogeneous)
+    if strategy.fusion:
+        workload, cpu_ops = fuse(workload, strategy.fusion_max_ops, cpu_ops)
+    tiling_hit = np.zeros((steps, workload.n_ops), dtype=bool)
+    if strategy.tiling_cache:
+        host_steps = np.flatnonzero(mode != REPLAY)
+        looked_up = ~cpu_ops
+        keys = workload.shape_key[np.ix_(host_steps, np.flatnonzero(looked_up))]
+        hits = lru_hits(keys.ravel(), strategy.tiling_cache_entries).reshape(keys.shape)
+        tiling_hit[np.ix_(host_steps, np.flatnonzero(looked_up))] = hits
+        info["tiling_cache_hit_rate"] = float(hits.mean()) if hits.size else 0.0
+    return workload, StepPlan(mode=mode, tiling_hit=tiling_hit, cpu_ops=cpu_ops, info=info)
+
+
+def _row_keys(shape_key: np.ndarray) -> np.ndarray:
+    """One int64 per step that changes when any op's shape key does."""
+    mult = np.uint64(1_000_003)
+    key = np.zeros(shape_key.shape[0], dtype=np.uint64)
+    with np.errstate(over="ignore"):
+        for column in shape_key.T.astype(np.uint64):
+            key = (key * mult) ^ column
+    return key.astype(np.int64)
+
+
+def _padding_waste(padded: Workload, real: Workload, run: RunConfig) -> float:
+    """Share of device time spent on padding (batch to bucket, KV to block) over the whole run."""
+    padded_us = device_times(padded, run.hardware)[0].sum()
+    real_us = device_times(real, run.hardware)[0].sum()
+    return float(max(0.0, padded_us - real_us) / padded_us) if padded_us > 0 else 0.0
+
+
+def _cpu_ops(workload: Workload, op_types: list[str]) -> np.ndarray:
+    types = np.array([name.rsplit(".", 1)[-1] for name in workload.op_names])
+    unknown = sorted(set(op_types) - set(types.tolist()))
+    if unknown:
+        raise ConfigError(
+            f"strategy.heterogeneous={list(op_types)}: no op of type {', '.join(unknown)} in this workload"
+            f" (types: {', '.join(sorted(set(types.tolist())))})"
+        )
+    return np.isin(types, list(op_types))
+
+
+def fuse(workload: Workload, max_ops: int, cpu_ops: np.ndarray) -> tuple[Workload, np.ndarray]:
+    """Merge runs of consecutive fusible vector ops into single kernels (seed 004 task fusion)."""
+    n = workload.n_ops
+    referenced_later = np.zeros(n, dtype=bool)  # read by an op other than the next one
+    for j, deps in enumerate(workload.after):
+        for d in deps:
+            if d != j - 1:
+                referenced_later[d] = True
+    fusible = (
+        (workload.kind == VECTOR)
+        & (workload.stream == STREAM_COMPUTE)
+        & ((workload.flags & (FLAG_VALUE_DEPENDENT | FLAG_COMPUTE_DEPENDENT)) == 0)
+        & ~cpu_ops
+    )
+    group_of = np.empty(n, dtype=np.int64)
+    groups: list[list[int]] = []
+    for j in range(n):
+        joins = (
+            groups
+            and fusible[j]
+            and fusible[groups[-1][-1]]
+            and groups[-1][-1] == j - 1
+            and workload.after[j] == [j - 1]
+            and not referenced_later[j - 1]
+            and len(groups[-1]) < max_ops
+        )
+        if joins:
+            groups[-1].append(j)
+        else:
+            groups.append([j])
+        group_of[j] = len(groups) - 1
+    if len(groups) == n:
+        return workload, cpu_ops
+    starts = np.array([g[0] for g in groups])
+    firsts = np.array([g[0] for g in groups])
+
+    def summed(matrix: np.ndarray) -> np.ndarray:
+        return np.add.reduceat(matrix, starts, axis=1)
+
+    fixed_given = ~np.isnan(workload.device_us)
+    all_given = np.logical_and.reduceat(fixed_given, starts, axis=1)
+    device_us = np.where(all_given, summed(np.nan_to_num(workload.device_us)), np.nan)
+    mult = np.int64(1_000_003)
+    shape_key = workload.shape_key[:, starts].copy()
+    with np.errstate(over="ignore"):
+        for g, members in enumerate(groups):
+            for j in members[1:]:
+                shape_key[:, g] = shape_key[:, g] * mult ^ workload.shape_key[:, j]
+    names = [
+        workload.op_names[g[0]] if len(g) == 1 else f"{workload.op_names[g[0]]}+{'+'.join(workload.op_names[j].rsplit('.', 1)[-1] for j in g[1:])}"
+        for g in groups
+    ]
+    fused = Workload(
+        name=workload.name,
+        phase=workload.phase,
+        op_names=names,
+        kind=workload.kind[firsts],
+        stream=workload.stream[firsts],
+        flags=np.bitwise_or.reduceat(workload.flags, starts),
+        after=[sorted({int(group_of[d]) for d in workload.after[g[0]]}) for g in groups],
+        comm=workload.comm[firsts],
+        comm_ranks=workload.comm_ranks[firsts],
+        flops=summed(workload.flops),
+        bytes=summed(workload.bytes),
+        device_us=device_us,
+        shape_key=shape_key,
+        batch=workload.batch,
+        kv_len=workload.kv_len,
+        tokens=workload.tokens,
+        warmup_steps=workload.warmup_steps,
+        memory=workload.memory,
+        n_kernels=np.add.reduceat(workload.n_kernels, starts),
+        real_batch=workload.real_batch,
+    )
+    return fused, cpu_ops[firsts]
