@@ -39,11 +39,13 @@ class Quant(enum.Enum):
 
 
 class OpKind(enum.Enum):
-    """Which unit bounds an op's compute: cube (matmul), vector (element-wise), comm (collective)."""
+    """Which unit bounds an op's compute: cube (matmul), vector (element-wise), comm (collective);
+    host: front-end work on the host thread with no kernel (e.g. a layer's Python code in eager mode)."""
 
     cube = "cube"
     vector = "vector"
     comm = "comm"
+    host = "host"
 
 
 def _check(obj: Any, condition: bool, field_name: str, requirement: str) -> None:
@@ -173,6 +175,7 @@ class OpSpec:
     flops: float = 0.0
     bytes: float = 0.0
     device_us: Optional[float] = None  # fixed device time; replaces the roofline when given
+    host_us: float = 0.0  # host time of a kind=host op
     stream: int = -1  # device stream: 0 compute, 1 communication; -1: by kind
     after: List[int] = field(default_factory=list)  # earlier ops (indices) it waits for; empty: the previous op
     dynamic: bool = False  # shape changes between steps
@@ -181,7 +184,7 @@ class OpSpec:
     compute_dependent: bool = False  # output shape known only after it ran (drain, D2H + sync)
 
     def __post_init__(self) -> None:
-        _non_negative(self, "flops", "bytes")
+        _non_negative(self, "flops", "bytes", "host_us")
         if self.device_us is not None:
             _non_negative(self, "device_us")
 
@@ -283,7 +286,8 @@ class StrategyConfig:
     dispatch: Dispatch = Dispatch.eager
     queue_capacity: int = 64  # bounded queue between host threads (async / pipeline), in ops
     graph: GraphStrategyConfig = field(default_factory=GraphStrategyConfig)
-    kv_block: int = 0  # pad KV lengths up to a multiple of this (shape bucketing); 0: exact lengths
+    shape_buckets: bool = False  # pad dynamic shapes to buckets: KV to kv_block, per-expert tokens to powers of 2
+    kv_block: int = 256  # KV-length bucket when shape_buckets is on
     tiling_cache: bool = False  # cache tiling results under (op, shapes) keys
     tiling_cache_entries: int = 4096
     fusion: bool = False  # schedule runs of consecutive fusible vector ops as one kernel
@@ -294,8 +298,7 @@ class StrategyConfig:
     heterogeneous: List[str] = field(default_factory=list)  # op types run on host CPU cores (e.g. [sampling])
 
     def __post_init__(self) -> None:
-        _positive(self, "queue_capacity", "tiling_cache_entries", "fusion_max_ops")
-        _non_negative(self, "kv_block")
+        _positive(self, "queue_capacity", "tiling_cache_entries", "fusion_max_ops", "kv_block")
 
 
 @dataclass

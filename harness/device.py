@@ -17,7 +17,7 @@ import numpy as np
 from harness.config import DeviceConfig, HardwareConfig, LinkConfig
 from harness.workload import COMM_ALL_GATHER, COMM_ALL_REDUCE, COMM_ALL_TO_ALL, Workload
 
-KIND_CUBE, KIND_VECTOR, KIND_COMM = 0, 1, 2
+KIND_CUBE, KIND_VECTOR, KIND_COMM, KIND_HOST = 0, 1, 2, 3
 
 US_PER_S = 1e6
 
@@ -75,7 +75,9 @@ def device_times(workload: Workload, hardware: HardwareConfig) -> tuple[np.ndarr
     is_comm = kind == KIND_COMM
     model_us = fixed_cost_us(kind, device) + np.where(is_comm, transfer_us, np.maximum(compute_us, memory_us))
     duration = np.where(np.isnan(workload.device_us), model_us, workload.device_us)
-    cores = np.where(is_comm, 0, cores).astype(np.int32)
+    host_only = kind == KIND_HOST
+    duration = np.where(host_only, 0.0, duration)
+    cores = np.where(is_comm | host_only, 0, cores).astype(np.int32)
     return duration, cores
 
 

@@ -45,7 +45,9 @@ from harness.policies import BUILD, EAGER, REPLAY, StepPlan
 from harness.workload import (
     FLAG_COMPUTE_DEPENDENT,
     FLAG_DYNAMIC,
+    FLAG_ROUTED,
     FLAG_VALUE_DEPENDENT,
+    KIND_HOST,
     STREAM_COMM,
     STREAM_COMPUTE,
     TOKEN_ID_BYTES,
@@ -167,6 +169,10 @@ def _host_scheduled_body(tpl, workload, hardware, strategy, lanes, h2d_copy, cos
     device_task = np.full(workload.n_ops, -1, dtype=np.int64)  # where each op's result becomes available
     for j in range(workload.n_ops):
         producers = [int(device_task[d]) for d in workload.after[j]]
+        if workload.kind[j] == KIND_HOST:  # front-end work only: no kernel, results pass through
+            tpl.add(0, "framework", j, _FIXED, float(workload.host_us[j]), host=True)
+            device_task[j] = max(producers) if producers else h2d_copy
+            continue
         if workload.flags[j] & FLAG_VALUE_DEPENDENT and producers:
             _read_back(tpl, producers, lanes.d2h, j, _FIXED, copy_time_us(VALUE_READ_BYTES, hardware.link), host.sync_us)
         stages = CPU_OP_STAGES if cpu_ops[j] else HOST_STAGES
@@ -225,8 +231,9 @@ def _cpu_op(tpl, workload, hardware, lanes, j, producers, dispatched) -> int:
 def _replay_body(tpl, workload, hardware, strategy, lanes, h2d_copy) -> int:
     g = hardware.graph
     if strategy.graph.mode == GraphMode.capture:
-        # In-place argument refresh of every task whose arguments change (attention's KV length, ...).
-        for j in np.flatnonzero(workload.flags & FLAG_DYNAMIC):
+        # In-place argument refresh of every task whose arguments change (attention's KV length); routed
+        # MoE ops run at padded static shapes inside a graph, with no refresh.
+        for j in np.flatnonzero(((workload.flags & FLAG_DYNAMIC) > 0) & ((workload.flags & FLAG_ROUTED) == 0)):
             tpl.add(0, "graph", int(j), _FIXED, g.param_update_us, host=True)
         trigger_us = g.replay_launch_us
     else:
@@ -236,6 +243,9 @@ def _replay_body(tpl, workload, hardware, strategy, lanes, h2d_copy) -> int:
     device_task = np.full(workload.n_ops, -1, dtype=np.int64)
     for j in range(workload.n_ops):
         producers = [int(device_task[d]) for d in workload.after[j]]
+        if workload.kind[j] == KIND_HOST:  # the graph skips front-end code
+            device_task[j] = max(producers) if producers else h2d_copy
+            continue
         device_task[j] = _device_task(tpl, workload, lanes, j, producers, h2d_copy, trigger)
     return int(device_task[-1])
 

@@ -124,7 +124,7 @@ def compute_metrics(result: SimulationResult, workload: Workload, plan: StepPlan
             "host_cpu_load": sum(host_busy_us.values()) / window_us if window_us > 0 else 0.0,
             "bound": "host" if host_share > 0.5 else "device",
             "bound_reason": _bound_reason(host_share, breakdown, bubble),
-            "ops_per_step": workload.n_ops,
+            "ops_per_step": workload.n_kernels_per_step,
             "launches_per_step": launches / workload.steps,
             "tasks_simulated": graph.n_tasks,
             "window_ms": window_us / US_PER_MS,

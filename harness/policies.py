@@ -3,8 +3,10 @@
 None of these decisions depends on simulated time, so they are taken in a pass over the steps and
 ops before lowering (the serving loop calls it again for each prefix of steps, which is causal):
 
-* **Shape bucketing**: KV lengths padded up to a multiple of `strategy.kv_block`; under graph modes
-  the batch is padded up to the smallest bucket (`strategy.graph.buckets`) that holds it. Padded work
+* **Shape bucketing** (`strategy.shape_buckets`): KV lengths padded up to a multiple of
+  `strategy.kv_block`, per-expert token counts up to a power of two, so dynamic ops keep their shapes
+  for many steps; under graph modes the batch is padded up to the smallest bucket
+  (`strategy.graph.buckets`) that holds it. Padded work
   is real device work; `padding_waste` is the share of device time spent on padding.
 * **Graph modes** (decode by default, `strategy.graph.phases`): each step runs EAGER (host
   scheduling), BUILD (host scheduling plus the one-time capture or sink load of its graph) or REPLAY.
@@ -15,8 +17,9 @@ ops before lowering (the serving loop calls it again for each prefix of steps, w
   (dynamic shapes without bucketing), and falls back to host scheduling or stops
   (`strategy.graph.dynamic_fallback`), saying which ops change. A compute-dependent op cannot be in a
   graph at all.
-* **Tiling cache**: an LRU cache of `tiling_cache_entries` keyed by each op's shape key (op, shapes,
-  dtype), looked up in program order on host-scheduled steps; a hit replaces Tiling by a lookup.
+* **Tiling cache**: an LRU cache of `tiling_cache_entries` keyed by node and run-time shapes (the
+  node's shape key: op, shapes, dtype), looked up in program order on host-scheduled steps; a hit
+  replaces Tiling by a lookup.
 * **Fusion**: runs of consecutive fusible vector ops (plain data chain, no syncs) become one kernel.
 * **Heterogeneous**: ops of the types in `strategy.heterogeneous` run on host CPU cores.
 """
@@ -34,6 +37,7 @@ from harness.workload import (
     FLAG_COMPUTE_DEPENDENT,
     FLAG_VALUE_DEPENDENT,
     KIND_CODE,
+    KIND_HOST,
     STREAM_COMPUTE,
     Workload,
     build_workload,
@@ -86,7 +90,8 @@ def prepare(run: RunConfig, batch: np.ndarray, kv_len: np.ndarray | None) -> tup
     cfg, strategy, hardware = run.workload, run.strategy, run.hardware
     dpn = hardware.link.devices_per_node
     real = build_workload(cfg, dpn, batch=batch, kv_len=kv_len)
-    kv_padded = pad_up(real.kv_len, strategy.kv_block) if cfg.phase.value == "decode" else real.kv_len
+    buckets_on = strategy.shape_buckets and cfg.phase.value == "decode"
+    kv_padded = pad_up(real.kv_len, strategy.kv_block) if buckets_on else real.kv_len
     steps = real.steps
     mode = np.zeros(steps, dtype=np.int8)
     padded = real.batch.copy()
@@ -107,14 +112,14 @@ def prepare(run: RunConfig, batch: np.ndarray, kv_len: np.ndarray | None) -> tup
         if graph.mode == GraphMode.capture:
             keys = np.where(fits, padded, -1)
         else:
-            probe = build_workload(cfg, dpn, batch=padded, kv_len=kv_padded)
+            probe = build_workload(cfg, dpn, batch=padded, kv_len=kv_padded, moe_pad=buckets_on)
             keys = _row_keys(probe.shape_key)
             n_keys = len(set(keys[fits].tolist()))
             if n_keys > max_graphs or n_keys > max(1, steps // 2):
                 changing = [probe.op_names[j] for j in np.flatnonzero(np.any(probe.shape_key != probe.shape_key[:1], axis=0))[:3]]
                 fallback = (
                     f"shapes change in {n_keys} of {steps} steps ({', '.join(changing)}, ...): a sunk graph needs static"
-                    " shapes; bucket them (strategy.kv_block, strategy.graph.buckets) or use capture"
+                    " shapes; bucket them (strategy.shape_buckets=true) or use capture"
                 )
             keys = np.where(fits, keys, -1)
         if not fallback:
@@ -132,10 +137,12 @@ def prepare(run: RunConfig, batch: np.ndarray, kv_len: np.ndarray | None) -> tup
     if graph_on:
         info["graph_captures"] = int(np.count_nonzero(mode == BUILD))
 
-    workload = build_workload(cfg, dpn, batch=padded, kv_len=kv_padded)
+    # Inside graphs, routed (MoE) ops run at static shapes: token counts padded like the buckets do.
+    in_graphs = bool(np.any(mode != EAGER))
+    workload = build_workload(cfg, dpn, batch=padded, kv_len=kv_padded, moe_pad=buckets_on or in_graphs)
     workload.real_batch = real.batch
     workload.memory.graphs_gb = info.get("graph_captures", 0) * hardware.graph.graph_mem_mb / 1e3
-    if graph_on or strategy.kv_block > 0:
+    if graph_on or buckets_on:
         info["padding_waste"] = _padding_waste(workload, real, run)
     cpu_ops = _cpu_ops(workload, strategy.heterogeneous)
     if strategy.fusion:
@@ -143,8 +150,11 @@ def prepare(run: RunConfig, batch: np.ndarray, kv_len: np.ndarray | None) -> tup
     tiling_hit = np.zeros((steps, workload.n_ops), dtype=bool)
     if strategy.tiling_cache:
         host_steps = np.flatnonzero(mode != REPLAY)
-        looked_up = ~cpu_ops
-        keys = workload.shape_key[np.ix_(host_steps, np.flatnonzero(looked_up))]
+        looked_up = ~cpu_ops & (workload.kind != KIND_HOST)
+        # Each node caches its own results: the key is the node and its run-time shapes.
+        with np.errstate(over="ignore"):
+            node_keys = workload.shape_key * np.int64(1_000_003) ^ np.arange(workload.n_ops, dtype=np.int64)[None, :]
+        keys = node_keys[np.ix_(host_steps, np.flatnonzero(looked_up))]
         hits = lru_hits(keys.ravel(), strategy.tiling_cache_entries).reshape(keys.shape)
         tiling_hit[np.ix_(host_steps, np.flatnonzero(looked_up))] = hits
         info["tiling_cache_hit_rate"] = float(hits.mean()) if hits.size else 0.0
@@ -251,6 +261,7 @@ def fuse(workload: Workload, max_ops: int, cpu_ops: np.ndarray) -> tuple[Workloa
         warmup_steps=workload.warmup_steps,
         memory=workload.memory,
         n_kernels=np.add.reduceat(workload.n_kernels, starts),
+        host_us=np.add.reduceat(workload.host_us, starts),
         real_batch=workload.real_batch,
     )
     return fused, cpu_ops[firsts]

@@ -5,7 +5,8 @@ Columns (one row per op, in issue order; header names as below):
 | column | required | meaning |
 |---|---|---|
 | `name` | yes | op name |
-| `kind` | yes | `cube`, `vector` or `comm` |
+| `kind` | yes | `cube`, `vector`, `comm`, or `host` (front-end work with no kernel) |
+| `host_us` | no | host time of a `host` op |
 | `device_us` | no | device time in µs; overrides the cost model when given |
 | `flops`, `bytes` | no | work and bytes moved (cost model, AI-core block rule) |
 | `shape_key` | no | integer that changes when the op's shapes change |
@@ -50,7 +51,7 @@ FLAG_COLUMNS = {
     "compute_dependent": FLAG_COMPUTE_DEPENDENT,
     "cpu_eligible": FLAG_CPU_ELIGIBLE,
 }
-NUMBER_COLUMNS = ("device_us", "flops", "bytes")
+NUMBER_COLUMNS = ("device_us", "host_us", "flops", "bytes")
 INT_COLUMNS = ("stream", "ranks", "step", "batch", "tokens", "kv_len")
 KNOWN_COLUMNS = {"name", "kind", "after", "comm", "shape_key", *NUMBER_COLUMNS, *INT_COLUMNS, *FLAG_COLUMNS}
 TRUE, FALSE = {"1", "true", "yes"}, {"0", "false", "no", ""}
@@ -66,6 +67,7 @@ def write_ops_csv(workload: Workload, path: Path, device_us: np.ndarray | None =
             "kind": np.tile(np.array([KIND_NAMES[int(k)] for k in workload.kind], dtype=object), steps),
             "stream": np.tile(workload.stream, steps),
             "device_us": (device_us if device_us is not None else workload.device_us).ravel(),
+            "host_us": np.tile(workload.host_us, steps),
             "flops": workload.flops.ravel(),
             "bytes": workload.bytes.ravel(),
             "shape_key": workload.shape_key.ravel(),
@@ -179,6 +181,7 @@ def read_ops_csv(path: str | Path, cfg: WorkloadConfig) -> Workload:
                 "name": frame["name"].iloc[i],
                 "kind": OpKind(frame["kind"].iloc[i]),
                 "stream": int(stream[i]) if stream is not None and not np.isnan(stream[i]) else -1,
+                "host_us": float(numbers["host_us"][i]) if "host_us" in numbers and not np.isnan(numbers["host_us"][i]) else 0.0,
                 "after": after if after is not None else ([j - 1] if j > 0 else []),
                 "dynamic": bool(flags[i] & FLAG_DYNAMIC),
                 "value_dependent": bool(flags[i] & FLAG_VALUE_DEPENDENT),

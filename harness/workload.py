@@ -26,7 +26,8 @@ from omegaconf import OmegaConf
 from harness.config import WORKLOADS_DIR, OpKind, Phase, Quant, WorkloadConfig
 from harness.errors import ConfigError
 
-KIND_CODE = {OpKind.cube: 0, OpKind.vector: 1, OpKind.comm: 2}
+KIND_CODE = {OpKind.cube: 0, OpKind.vector: 1, OpKind.comm: 2, OpKind.host: 3}
+KIND_HOST = KIND_CODE[OpKind.host]
 STREAM_COMPUTE, STREAM_COMM = 0, 1
 
 # Op flags (bit set per op).
@@ -34,6 +35,7 @@ FLAG_DYNAMIC = 1
 FLAG_VALUE_DEPENDENT = 2
 FLAG_COMPUTE_DEPENDENT = 4
 FLAG_CPU_ELIGIBLE = 8
+FLAG_ROUTED = 16  # shapes follow MoE routing (static inside graphs: padded to capacity)
 
 # Collectives (how the device model prices a comm op).
 COMM_NONE, COMM_ALL_REDUCE, COMM_ALL_GATHER, COMM_ALL_TO_ALL = 0, 1, 2, 3
@@ -65,6 +67,7 @@ class Workload:
     warmup_steps: int
     memory: "MemoryPlan"
     n_kernels: Optional[np.ndarray] = None  # int per op: original ops fused into it (1 unless fused)
+    host_us: Optional[np.ndarray] = None  # float per op: host time of kind=host ops (0 for kernels)
     real_batch: Optional[np.ndarray] = None  # sequences per step before padding to a bucket
 
     def __post_init__(self) -> None:
@@ -72,6 +75,13 @@ class Workload:
             self.n_kernels = np.ones(len(self.op_names), dtype=np.int64)
         if self.real_batch is None:
             self.real_batch = self.batch
+        if self.host_us is None:
+            self.host_us = np.zeros(len(self.op_names))
+
+    @property
+    def n_kernels_per_step(self) -> int:
+        """Ops that launch a kernel (host-only ops excluded)."""
+        return int(np.count_nonzero(self.kind != KIND_HOST))
 
     @property
     def n_ops(self) -> int:
@@ -115,7 +125,8 @@ class Cost:
     value_dependent: bool = False
     comm: int = COMM_NONE
     ranks: int = 1
-    shape: tuple = ()  # what the op's shapes depend on, besides tokens
+    routed: bool = False  # shapes follow the per-expert token counts: they change every step and layer
+    host_us: float = 0.0  # kind=host: time on the host thread
 
 
 @dataclass
@@ -189,7 +200,6 @@ def _linear(s: Shapes, n_in: float, n_out: float, split: float = 1, tokens=None,
         params=params,
         full_params=full,
         weight_bytes=params * width,
-        shape=(n_in, n_out, split),
     )
 
 
@@ -260,6 +270,8 @@ def _moe(s: Shapes) -> dict:
     experts_local = s.n_routed_experts / s.ep
     tokens_moe = np.ceil(s.tokens / s.tp)  # a DP group's tokens are split among its TP ranks before dispatch
     received = tokens_moe * s.num_experts_per_tok * s.devices / s.ep
+    if s.extra.get("moe_pad"):  # shape bucketing: per-expert token counts padded up to a power of two
+        received = 2.0 ** np.ceil(np.log2(np.maximum(received, 1.0)))
     # Expected distinct local experts hit by `received` uniform picks: their weights are read once.
     active = experts_local * (1.0 - (1.0 - 1.0 / experts_local) ** received)
     return {"local": experts_local, "sent": tokens_moe, "received": received, "active": active}
@@ -277,8 +289,8 @@ def _grouped(s: Shapes, n_in: float, n_out: float) -> Cost:
         params=params,
         full_params=s.n_routed_experts * n_in * n_out,
         weight_bytes=params * width,
-        dynamic=True,  # tokens per expert change every step
-        shape=(n_in, n_out),
+        dynamic=True,
+        routed=True,
     )
 
 
@@ -287,7 +299,7 @@ def _dispatch(s: Shapes) -> Optional[Cost]:
     cost = _collective(s, COMM_ALL_TO_ALL, s.ep, m["sent"] * s.num_experts_per_tok * s.hidden_size * (1 if s.quant else s.act))
     if cost is not None:
         cost.value_dependent = True  # the per-expert token counts set the split sizes (host reads them)
-        cost.dynamic = True
+        cost.dynamic = cost.routed = True
     return cost
 
 
@@ -295,7 +307,7 @@ def _combine(s: Shapes) -> Optional[Cost]:
     m = _moe(s)
     cost = _collective(s, COMM_ALL_TO_ALL, s.ep, m["sent"] * s.num_experts_per_tok * s.hidden_size * s.act)
     if cost is not None:
-        cost.dynamic = True
+        cost.dynamic = cost.routed = True
     return cost
 
 
@@ -312,6 +324,8 @@ def _mlp_width(s: Shapes) -> int:
 
 
 OP_FORMULAS: dict[str, Callable[[Shapes], Optional[Cost]]] = {
+    # front-end (Python) work of a decoder layer in eager mode, around its kernels; graphs skip it
+    "layer_overhead": lambda s: Cost(OpKind.host, host_us=s.card["layer_overhead_us"]) if s.card.get("layer_overhead_us") else None,
     # embeddings and heads (vocab-parallel over TP)
     "embedding": lambda s: Cost(
         OpKind.vector,
@@ -366,13 +380,18 @@ OP_FORMULAS: dict[str, Callable[[Shapes], Optional[Cost]]] = {
     "moe_topk": lambda s: _vector(s, s.tokens * s.n_routed_experts, 4.0, 1.0),
     "moe_dispatch": _dispatch,
     "grouped_gate_up": lambda s: _grouped(s, s.hidden_size, 2 * s.moe_intermediate_size),
-    "moe_act": lambda s: _vector(s, _moe(s)["received"] * s.moe_intermediate_size, 5.0, 3.0, dynamic=True),
+    "moe_act": lambda s: _routed(_vector(s, _moe(s)["received"] * s.moe_intermediate_size, 5.0, 3.0, dynamic=True)),
     "grouped_down": lambda s: _grouped(s, s.moe_intermediate_size, s.hidden_size),
     "moe_combine": _combine,
     "shared_gate_up": _if(lambda s: _shared(s) > 0, lambda s: _linear(s, s.hidden_size, 2 * _shared(s), s.tp)),
     "shared_act": _if(lambda s: _shared(s) > 0, lambda s: _vector(s, s.tokens * _shared(s) / s.tp, 5.0, 3.0)),
     "shared_down": _if(lambda s: _shared(s) > 0, lambda s: _linear(s, _shared(s), s.hidden_size, s.tp)),
 }
+
+
+def _routed(cost: Cost) -> Cost:
+    cost.routed = True
+    return cost
 
 
 def _tied_head(s: Shapes) -> Cost:
@@ -454,7 +473,7 @@ def default_kv_len(phase: Phase, context_len: int, steps: int) -> np.ndarray:
 
 def _shapes(
     card: dict, phase: Phase, context_len: int, batch: np.ndarray, tp: int, dp: int, ep: int, quant: bool, devices_per_node: int,
-    kv: Optional[np.ndarray] = None,
+    kv: Optional[np.ndarray] = None, moe_pad: bool = False,
 ) -> Shapes:
     decode = phase == Phase.decode
     if kv is None:
@@ -473,6 +492,7 @@ def _shapes(
         ep=(ep or tp * dp) if is_moe else 1,
         quant=quant,
         devices_per_node=devices_per_node,
+        extra={"moe_pad": moe_pad},
     )
 
 
@@ -480,31 +500,38 @@ def _shapes(
 
 
 def build_workload(
-    cfg: WorkloadConfig, devices_per_node: int = 8, batch: Optional[np.ndarray] = None, kv_len: Optional[np.ndarray] = None
+    cfg: WorkloadConfig,
+    devices_per_node: int = 8,
+    batch: Optional[np.ndarray] = None,
+    kv_len: Optional[np.ndarray] = None,
+    moe_pad: bool = False,
 ) -> Workload:
     """Ops of every step with their costs, for the simulated rank.
 
     `batch` and `kv_len` (per step; default: `batch_size` sequences whose KV grows by one per step)
-    come from the serving loop when the batch changes step by step.
+    come from the serving loop when the batch changes step by step. `moe_pad` pads per-expert token
+    counts to powers of two, which makes routed ops' shapes static (shape bucketing).
     """
     if batch is None:
         batch = np.full(cfg.steps, cfg.batch_size, dtype=np.int64)
     if cfg.card is not None:
-        return _from_card(load_card(cfg.card), cfg, np.asarray(batch, dtype=np.int64), devices_per_node, kv_len)
+        return _from_card(load_card(cfg.card), cfg, np.asarray(batch, dtype=np.int64), devices_per_node, kv_len, moe_pad)
     if cfg.path is not None:
         from harness.trace_io import read_ops_csv
 
         return read_ops_csv(cfg.path, cfg)
     return from_static_ops(cfg, [
         dict(name=op.name, kind=op.kind, flops=op.flops, bytes=op.bytes, device_us=op.device_us, stream=op.stream,
-             after=list(op.after), dynamic=op.dynamic, value_dependent=op.value_dependent,
+             after=list(op.after), host_us=op.host_us, dynamic=op.dynamic, value_dependent=op.value_dependent,
              compute_dependent=op.compute_dependent, cpu_eligible=op.cpu_eligible)
         for op in cfg.ops
     ])
 
 
-def _from_card(card: dict, cfg: WorkloadConfig, batch: np.ndarray, devices_per_node: int, kv_len: Optional[np.ndarray]) -> Workload:
-    s = _shapes(card, cfg.phase, cfg.context_len, batch, cfg.tp, cfg.dp, cfg.ep, cfg.quant == Quant.w8a8, devices_per_node, kv_len)
+def _from_card(
+    card: dict, cfg: WorkloadConfig, batch: np.ndarray, devices_per_node: int, kv_len: Optional[np.ndarray], moe_pad: bool
+) -> Workload:
+    s = _shapes(card, cfg.phase, cfg.context_len, batch, cfg.tp, cfg.dp, cfg.ep, cfg.quant == Quant.w8a8, devices_per_node, kv_len, moe_pad)
     steps = batch.shape[0]
     names: list[str] = []
     templates: list[int] = []  # index into `costs` per op
@@ -552,8 +579,13 @@ def _from_card(card: dict, cfg: WorkloadConfig, batch: np.ndarray, devices_per_n
     flags_t = (
         dynamic_t * FLAG_DYNAMIC
         | np.array([c.value_dependent for c in used], dtype=bool) * FLAG_VALUE_DEPENDENT
+        | np.array([c.routed for c in used], dtype=bool) * FLAG_ROUTED
     ).astype(np.uint8)
-    shape_key_t = _shape_keys(np.arange(len(costs)), s.tokens, np.rint(s.kv * s.batch), s.batch, dynamic_t)
+    # Attention-like ops change with the KV tokens; routed (MoE) ops with the routing, i.e. every step
+    # in decode unless their token counts are padded to buckets.
+    routed_t = np.array([c.routed for c in used], dtype=bool) & s.decode & (not moe_pad)
+    varying = np.where(routed_t[None, :], np.arange(steps)[:, None] + 1, np.rint(s.kv * s.batch)[:, None])
+    shape_key_t = _shape_keys(np.arange(len(costs)), s.tokens, varying, s.batch, dynamic_t & ~(np.array([c.routed for c in used]) & moe_pad))
     kv_per_token = _kv_bytes_per_token(card, s)
     memory = MemoryPlan(
         weights_gb=weights / BYTES_PER_GB,
@@ -574,6 +606,7 @@ def _from_card(card: dict, cfg: WorkloadConfig, batch: np.ndarray, devices_per_n
         bytes=bytes_t[:, template_ids],
         device_us=np.full((steps, n), np.nan),
         shape_key=shape_key_t[:, template_ids],
+        host_us=np.array([used[t].host_us for t in templates], dtype=np.float64),
         batch=batch,
         kv_len=s.kv.copy(),
         tokens=s.tokens.astype(np.int64),
@@ -591,14 +624,18 @@ def _kv_bytes_per_token(card: dict, s: Shapes) -> float:
     return per_layer * card["num_hidden_layers"]
 
 
-def _shape_keys(template_ids: np.ndarray, tokens: np.ndarray, kv: np.ndarray, batch: np.ndarray, dynamic: np.ndarray) -> np.ndarray:
-    """(steps, templates) int64 keys: equal exactly when an op's input shapes are equal."""
+def _shape_keys(template_ids: np.ndarray, tokens: np.ndarray, varying: np.ndarray, batch: np.ndarray, dynamic: np.ndarray) -> np.ndarray:
+    """(steps, templates) int64 keys: equal exactly when an op's input shapes are equal.
+
+    `varying` (steps × 1 or steps × templates) is what a dynamic op's shapes follow besides the batch.
+    """
     mult = np.int64(1_000_003)
+    varying = np.broadcast_to(np.asarray(varying, dtype=np.float64), (tokens.shape[0], template_ids.shape[0]))
     with np.errstate(over="ignore"):
         key = (template_ids.astype(np.int64)[None, :] + 1) * mult
         key = (key ^ tokens.astype(np.int64)[:, None]) * mult
         key = (key ^ batch.astype(np.int64)[:, None]) * mult
-        key = key ^ np.where(dynamic[None, :], kv.astype(np.int64)[:, None], -1)
+        key = key ^ np.where(dynamic[None, :], varying.astype(np.int64), -1)
     return key
 
 
@@ -635,7 +672,7 @@ def from_static_ops(cfg: WorkloadConfig, rows: list[dict], per_step: Optional[di
     shape_key = per_step.get("shape_key")
     if shape_key is None:
         step_ids = np.arange(steps, dtype=np.int64)
-        shape_key = _shape_keys(np.arange(n), np.ones(steps), step_ids, np.ones(steps), dynamic)
+        shape_key = _shape_keys(np.arange(n), np.ones(steps), step_ids[:, None], np.ones(steps), dynamic)
     batch = np.full(steps, cfg.batch_size, dtype=np.int64)
     decode = cfg.phase == Phase.decode
     return Workload(
@@ -652,6 +689,7 @@ def from_static_ops(cfg: WorkloadConfig, rows: list[dict], per_step: Optional[di
         bytes=np.ascontiguousarray(nbytes, dtype=np.float64),
         device_us=np.ascontiguousarray(device_us, dtype=np.float64),
         shape_key=np.ascontiguousarray(shape_key, dtype=np.int64),
+        host_us=np.array([r.get("host_us", 0.0) or 0.0 for r in rows], dtype=np.float64),
         batch=batch,
         kv_len=default_kv_len(cfg.phase, cfg.context_len, steps),
         tokens=batch if decode else batch * cfg.context_len,
