@@ -80,6 +80,13 @@ def trim_buckets(buckets: list[int], max_graphs: int) -> list[int]:
     return [sizes[i] for i in picks]
 
 
+def bucket_batch(batch: np.ndarray, buckets: list[int]) -> tuple[np.ndarray, np.ndarray]:
+    """(batch padded to the smallest bucket holding it, whether one does); too large stays as is."""
+    slot = np.searchsorted(buckets, batch)
+    fits = slot < len(buckets)
+    return np.where(fits, np.array(buckets)[np.minimum(slot, len(buckets) - 1)], batch), fits
+
+
 def layer_count(workload: Workload) -> int:
     layers = {name.split(".")[1] for name in workload.op_names if name.startswith("layers.")}
     return max(1, len(layers))
@@ -94,9 +101,11 @@ def prepare(run: RunConfig, batch: np.ndarray, kv_len: np.ndarray | None) -> tup
     kv_padded = pad_up(real.kv_len, strategy.kv_block) if buckets_on else real.kv_len
     steps = real.steps
     mode = np.zeros(steps, dtype=np.int8)
-    padded = real.batch.copy()
-    info: dict = {}
     graph = strategy.graph
+    # Host scheduling with shape buckets pads the batch too (seed 001: dynamic batch → fixed buckets).
+    host_padded = bucket_batch(real.batch, sorted(set(graph.buckets)))[0] if buckets_on else real.batch.copy()
+    padded = host_padded
+    info: dict = {}
     graph_on = graph.mode != GraphMode.none and cfg.phase in graph.phases
     max_graphs = max(1, hardware.graph.max_graphs // (layer_count(real) + 1))
     fallback = ""
@@ -106,9 +115,7 @@ def prepare(run: RunConfig, batch: np.ndarray, kv_len: np.ndarray | None) -> tup
     elif graph_on:
         buckets = trim_buckets(list(graph.buckets), max_graphs)
         info["graph_buckets"] = len(buckets)
-        slot = np.searchsorted(buckets, real.batch)
-        fits = slot < len(buckets)
-        padded = np.where(fits, np.array(buckets)[np.minimum(slot, len(buckets) - 1)], real.batch)
+        padded, fits = bucket_batch(real.batch, buckets)
         if graph.mode == GraphMode.capture:
             keys = np.where(fits, padded, -1)
         else:
@@ -133,7 +140,7 @@ def prepare(run: RunConfig, batch: np.ndarray, kv_len: np.ndarray | None) -> tup
         if graph.dynamic_fallback == Fallback.error:
             raise ConfigError(f"strategy.graph.mode={graph.mode.value}: {fallback}")
         info["graph_note"] = f"{graph.mode.value} not applied, host scheduling instead: {fallback}"
-        padded = real.batch.copy()
+        padded = host_padded
     if graph_on:
         info["graph_captures"] = int(np.count_nonzero(mode == BUILD))
 
