@@ -266,7 +266,6 @@ class _Piece:
     src: np.ndarray
     dst: np.ndarray
     last_on_lane: np.ndarray  # local ids (in the piece) of each lane's last task of the last step
-    first: int  # local id of the first task of the first step
 
 
 def _tile(
@@ -332,7 +331,7 @@ def _tile(
         if producer_ids.size > capacity:
             src.append(consumer_ids[:-capacity])
             dst.append(producer_ids[capacity:])
-    return _Piece(tasks, np.concatenate(src), np.concatenate(dst), last_on_lane + (count - 1) * m, 0)
+    return _Piece(tasks, np.concatenate(src), np.concatenate(dst), last_on_lane + (count - 1) * m)
 
 
 def lower(

@@ -42,11 +42,11 @@ def write_outputs(run_dir: Path, outcome: "RunResult", names: dict, trace_steps:
 
 
 def chrome_trace(outcome: "RunResult", trace_steps: int) -> dict:
-    """Chrome trace-event JSON (opens in Perfetto) of the first `trace_steps` measured steps."""
+    """Chrome trace-event JSON (opens in Perfetto) of `trace_steps` steps from the first measured one."""
     result = outcome.result
     graph = result.graph
     tasks = graph.tasks
-    first = outcome.workload.warmup_steps
+    first = int(np.flatnonzero(outcome.steps["measured"].to_numpy())[0])
     chosen = np.flatnonzero((tasks["step"] >= first) & (tasks["step"] < first + trace_steps))
     pid_of_kind = {0: 1, LANE_DEVICE: 2, LANE_COPY: 3}
     events: list[dict] = [
@@ -99,6 +99,22 @@ def format_summary(summary: dict, names: dict, run_dir: Path) -> str:
         f"  device busy  {summary['device_busy']:.1%}   bubble {summary['bubble_ratio']:.1%}   host busy (max thread) {summary['host_busy_max']:.1%}",
         f"  bound        {summary['bound']}: {summary['bound_reason']}",
         "  critical path " + ", ".join(f"{k} {v:.1%}" for k, v in breakdown),
+    ]
+    if "graph_captures" in summary:
+        graph = f"  graph        {summary['graph_captures']} built"
+        if "capture_ms" in summary:
+            graph += f" in {summary['capture_ms']:.0f} ms (outside the steady state above)"
+        lines.append(graph + f", padding waste {summary.get('padding_waste', 0.0):.1%}")
+    if "graph_note" in summary:
+        lines.append(f"  note         {summary['graph_note']}")
+    if "tiling_cache_hit_rate" in summary:
+        lines.append(f"  tiling cache hit rate {summary['tiling_cache_hit_rate']:.1%}")
+    if "requests_completed" in summary:
+        serving = f"  serving      {summary['requests_completed']} requests done, batch mean {summary['batch_mean']:.1f}"
+        if "tpot_ms_mean" in summary:
+            serving += f", latency p50 {summary['request_latency_ms_p50']:.0f} ms, TPOT {summary['tpot_ms_mean']:.1f} ms"
+        lines.append(serving)
+    lines += [
         f"  {summary['ops_per_step']} ops/step, {summary['launches_per_step']:.0f} launches/step, "
         f"{summary['tasks_simulated']} tasks in {summary['sim_wall_s']:.2f} s",
         f"  outputs      {run_dir}",
