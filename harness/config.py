@@ -313,10 +313,11 @@ class TrackingConfig:
 class OutputConfig:
     _key: ClassVar[str] = "output"
     trace_steps: int = 2  # steps of the measured window written to trace.json (0: no trace)
+    timeline_steps: int = 1  # steps drawn in timeline.png (0: no picture)
     print_summary: bool = True
 
     def __post_init__(self) -> None:
-        _non_negative(self, "trace_steps")
+        _non_negative(self, "trace_steps", "timeline_steps")
 
 
 @dataclass

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
 SUMMARY_FILE = "summary.json"
 STEPS_FILE = "steps.parquet"
 TRACE_FILE = "trace.json"
+TIMELINE_FILE = "timeline.png"
 
 
 def _atomic_write(path: Path, write) -> None:
@@ -33,12 +34,16 @@ def write_json(path: Path, data: Any) -> None:
     _atomic_write(path, lambda tmp: tmp.write_text(json.dumps(data, indent=2) + "\n"))
 
 
-def write_outputs(run_dir: Path, outcome: "RunResult", names: dict, trace_steps: int) -> None:
+def write_outputs(run_dir: Path, outcome: "RunResult", names: dict, trace_steps: int, timeline_steps: int = 0) -> None:
     run_dir.mkdir(parents=True, exist_ok=True)
     write_json(run_dir / SUMMARY_FILE, {**names, **outcome.summary})
     _atomic_write(run_dir / STEPS_FILE, lambda tmp: outcome.steps.to_parquet(tmp, index=False))
     if trace_steps > 0:
         write_json(run_dir / TRACE_FILE, chrome_trace(outcome, trace_steps))
+    if timeline_steps > 0:
+        from harness.timeline import draw_timeline  # matplotlib only when a picture is asked for
+
+        draw_timeline(outcome, run_dir / TIMELINE_FILE, timeline_steps)
 
 
 def chrome_trace(outcome: "RunResult", trace_steps: int) -> dict:

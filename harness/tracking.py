@@ -71,6 +71,11 @@ def log_run(tracking: TrackingConfig, run_dir: Path, summary: dict, steps: pd.Da
     metrics = {k: float(v) for k, v in summary.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
     metrics = {k: v for k, v in metrics.items() if math.isfinite(v)}
     tags = {**names, "bound": summary["bound"], "run_dir": str(run_dir)}
+    from harness.sweep import parent_run_id
+
+    parent = parent_run_id()
+    if parent:
+        tags["mlflow.parentRunId"] = parent  # shows the job nested under its sweep in the UI
     run_name = f"{names['workload']}·{names['strategy']}·{names['hardware']}"
     with mlflow.start_run(experiment_id=experiment_id, run_name=run_name, tags=tags) as active:
         mlflow.log_params({k: _param_value(v) for k, v in params.items()})

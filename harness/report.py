@@ -1,0 +1,126 @@
+"""`python -m harness.report` — compare runs: speed-up of each strategy over eager, per workload.
+
+Reads runs from sweep or run directories (their summary.json files) or from an MLflow tracking store,
+into a pandas DataFrame, and writes `comparison.csv`, `comparison.md` and plots (`speedup.png`,
+`bubble.png`) to `--out`, printing the Markdown table:
+
+    python -m harness.report outputs/sweeps/2026-11-30/10-00-00
+    python -m harness.report --tracking-uri sqlite:///outputs/mlflow.db [--experiment hostbound] [--parent RUN_ID]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+KEYS = ["hardware", "workload", "strategy"]
+SHOWN = ["throughput_tok_s", "speedup_vs_eager", "step_ms_mean", "bubble_ratio", "bound"]
+
+
+def load_run_dirs(paths: list[Path]) -> pd.DataFrame:
+    """One row per summary.json found under the given directories (a run or a whole sweep)."""
+    rows = []
+    for root in paths:
+        for summary in sorted(Path(root).rglob("summary.json")):
+            row = json.loads(summary.read_text())
+            row["run_dir"] = str(summary.parent)
+            rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def load_mlflow(uri: str, experiment: str = "hostbound", parent: str | None = None) -> pd.DataFrame:
+    """Finished child runs (or all harness runs) of an experiment, with the summary's names."""
+    import os
+
+    os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+    import mlflow
+
+    mlflow.set_tracking_uri(uri)
+    found = mlflow.get_experiment_by_name(experiment)
+    if found is None:
+        raise SystemExit(f"hostbound report: error: no experiment {experiment!r} in {uri}")
+    query = f"tags.mlflow.parentRunId = '{parent}'" if parent else ""
+    runs = mlflow.search_runs([found.experiment_id], filter_string=query)
+    if runs.empty:
+        return runs
+    runs = runs[runs.get("tags.kind", pd.Series(index=runs.index, dtype=object)).ne("sweep")]
+    out = pd.DataFrame({k: runs.get(f"tags.{k}") for k in KEYS + ["bound"]})
+    for column in runs.columns:
+        if column.startswith("metrics."):
+            out[column.removeprefix("metrics.")] = runs[column]
+    out["run_id"] = runs["run_id"]
+    return out.reset_index(drop=True)
+
+
+def comparison(runs: pd.DataFrame) -> pd.DataFrame:
+    """Per (hardware, workload): each strategy's throughput, speed-up over eager, step time, bubble, bound."""
+    if runs.empty:
+        return runs
+    table = runs.copy()
+    eager = table[table["strategy"] == "eager"].groupby(["hardware", "workload"])["throughput_tok_s"].mean()
+    base = table.set_index(["hardware", "workload"]).index.map(lambda key: eager.get(key, np.nan))
+    table["speedup_vs_eager"] = table["throughput_tok_s"].to_numpy() / np.asarray(base, dtype=float)
+    columns = KEYS + [c for c in SHOWN if c in table.columns]
+    return table[columns].sort_values(KEYS).reset_index(drop=True)
+
+
+def plot(table: pd.DataFrame, out: Path) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    written = []
+    for metric, name, label in [("speedup_vs_eager", "speedup.png", "throughput / eager"), ("bubble_ratio", "bubble.png", "bubble ratio")]:
+        if metric not in table or table[metric].isna().all():
+            continue
+        pivot = table.pivot_table(index=["workload", "hardware"], columns="strategy", values=metric, aggfunc="mean")
+        ax = pivot.plot.bar(figsize=(max(6, 1.6 * len(pivot)), 4), rot=0)
+        ax.set_ylabel(label)
+        ax.set_xlabel("")
+        if metric == "speedup_vs_eager":
+            ax.axhline(1.0, color="black", linewidth=0.8)
+        ax.legend(title="strategy", fontsize=8)
+        ax.figure.tight_layout()
+        path = out / name
+        ax.figure.savefig(path, dpi=110)
+        plt.close(ax.figure)
+        written.append(path)
+    return written
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m harness.report", description=__doc__.splitlines()[0])
+    parser.add_argument("dirs", nargs="*", type=Path, help="sweep or run directories")
+    parser.add_argument("--tracking-uri", help="read runs from this MLflow store instead")
+    parser.add_argument("--experiment", default="hostbound")
+    parser.add_argument("--parent", help="only the child runs of this sweep (parent run id)")
+    parser.add_argument("--out", type=Path, help="where to write the table and plots (default: the first directory, or .)")
+    args = parser.parse_args(argv)
+    if not args.dirs and not args.tracking_uri:
+        parser.error("give sweep/run directories or --tracking-uri")
+    for d in args.dirs:
+        if not d.is_dir():
+            print(f"hostbound report: error: {d}: no such directory", file=sys.stderr)
+            raise SystemExit(2)
+    runs = load_mlflow(args.tracking_uri, args.experiment, args.parent) if args.tracking_uri else load_run_dirs(args.dirs)
+    if runs.empty:
+        print("hostbound report: error: no runs found", file=sys.stderr)
+        raise SystemExit(2)
+    table = comparison(runs)
+    out = args.out or (args.dirs[0] if args.dirs else Path("."))
+    out.mkdir(parents=True, exist_ok=True)
+    table.to_csv(out / "comparison.csv", index=False)
+    markdown = table.to_markdown(index=False, floatfmt=".3g")
+    (out / "comparison.md").write_text(markdown + "\n")
+    plots = plot(table, out)
+    print(markdown)
+    print(f"\nwrote {out / 'comparison.csv'}, {out / 'comparison.md'}" + "".join(f", {p}" for p in plots), file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,80 @@
+"""timeline.png: a Gantt chart of a few steps, host threads above device streams, device idle shaded.
+
+The picture a profiler user looks at first (msprof, Nsight): which host thread is busy with what,
+when the device runs, and where it waits. Colours are the breakdown categories; red shading marks
+time when no device stream runs anything (the bubbles).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from harness.graph import CATEGORIES, LANE_DEVICE
+from harness.metrics import BusyTime, step_bounds
+
+if TYPE_CHECKING:
+    from harness.run import RunResult
+
+COLOURS = {
+    "framework": "#8c564b",
+    "infer_shape": "#e377c2",
+    "tiling": "#bcbd22",
+    "alloc": "#7f7f7f",
+    "launch": "#ff7f0e",
+    "copy": "#17becf",
+    "sync": "#d62728",
+    "compute": "#1f77b4",
+    "comm": "#2ca02c",
+    "graph": "#9467bd",
+    "cpu": "#aec7e8",
+}
+
+
+def draw_timeline(outcome: "RunResult", path: Path, steps: int) -> None:
+    """Write a PNG of `steps` steps from the first measured one."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
+
+    result, graph = outcome.result, outcome.result.graph
+    tasks = graph.tasks
+    first = int(np.flatnonzero(outcome.steps["measured"].to_numpy())[0])
+    last = min(first + steps, outcome.workload.steps) - 1
+    step_start, step_end = step_bounds(result)
+    t0, t1 = float(step_start[first]), float(step_end[last])
+    chosen = (tasks["step"] >= first) & (tasks["step"] <= last)
+    used_lanes = [lane for lane in range(len(graph.lane_names)) if np.any(chosen & (tasks["lane"] == lane))]
+    rows = {lane: len(used_lanes) - 1 - k for k, lane in enumerate(used_lanes)}  # first lane on top
+    scale = 1e-3  # µs → ms
+    fig, ax = plt.subplots(figsize=(14, 1.0 + 0.55 * len(used_lanes)))
+    for lane in used_lanes:
+        mine = chosen & (tasks["lane"] == lane)
+        for code in np.unique(tasks["category"][mine]):
+            pick = mine & (tasks["category"] == code)
+            spans = [((s - t0) * scale, max((e - s) * scale, 1e-4)) for s, e in zip(result.start_us[pick], result.end_us[pick])]
+            ax.broken_barh(spans, (rows[lane] - 0.4, 0.8), facecolors=COLOURS[CATEGORIES[code]], linewidth=0)
+    on_device = graph.lane_kinds[tasks["lane"]] == LANE_DEVICE
+    busy = BusyTime(result.start_us[on_device & chosen], result.end_us[on_device & chosen])
+    gaps_start = np.r_[t0, busy.ends]
+    gaps_end = np.r_[busy.starts, t1]
+    for s, e in zip(gaps_start, gaps_end):
+        if e > s:
+            ax.axvspan((s - t0) * scale, (e - t0) * scale, color="#d62728", alpha=0.08, linewidth=0)
+    ax.set_yticks(list(rows.values()), [graph.lane_names[lane] for lane in rows])
+    ax.set_xlim(0, (t1 - t0) * scale)
+    ax.set_xlabel("time (ms)")
+    idle = 1 - float(busy.between(np.array(t0), np.array(t1))) / (t1 - t0) if t1 > t0 else 0.0
+    names = outcome.summary
+    span = f"step {first}" if first == last else f"steps {first}–{last}"
+    ax.set_title(f"{span}: device idle {idle:.0%} (red), bound: {names['bound']}", loc="left")
+    shown = sorted({CATEGORIES[c] for c in np.unique(tasks["category"][chosen])}, key=CATEGORIES.index)
+    ax.legend(handles=[Patch(color=COLOURS[c], label=c) for c in shown], loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
+    fig.tight_layout()
+    tmp = path.with_name(path.name + ".tmp.png")
+    fig.savefig(tmp, dpi=110)
+    plt.close(fig)
+    tmp.replace(path)

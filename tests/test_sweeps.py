@@ -1,0 +1,131 @@
+"""Sweeps and comparison: joblib multirun into one MLflow parent with child runs, the report, the
+timeline files, and a real MLflow server on loopback."""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sqlite3
+import subprocess
+import sys
+import time
+import urllib.request
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from conftest import run_cli
+
+SWEEP = ["-m", "hydra/launcher=joblib", "strategy=eager,acl_graph", "workload=llama2_7b_decode,qwen25_7b_decode",
+         "workload.steps=4", "output.print_summary=false"]
+
+
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory):
+    cwd = tmp_path_factory.mktemp("sweep")
+    proc = run_cli(*SWEEP, "hydra.sweep.dir=sweep", cwd=cwd, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return cwd
+
+
+def test_joblib_sweep_makes_one_parent_and_four_finished_children(sweep):
+    with sqlite3.connect(sweep / "outputs" / "mlflow.db") as con:
+        runs = con.execute("select run_uuid, status from runs").fetchall()
+        parent = (sweep / "sweep" / "mlflow_parent_run_id").read_text().strip()
+        children = [r for (r,) in con.execute("select run_uuid from tags where key='mlflow.parentRunId' and value=?", (parent,))]
+        metrics = {r: dict(con.execute("select key, value from latest_metrics where run_uuid=?", (r,)).fetchall()) for r in children}
+    assert len(runs) == 5 and all(status == "FINISHED" for _, status in runs)
+    assert len(children) == 4
+    for values in metrics.values():
+        assert {"throughput_tok_s", "bubble_ratio", "breakdown_launch"} <= values.keys()
+    artifacts = list((sweep / "outputs" / "mlartifacts").rglob("summary.json"))
+    assert len(artifacts) == 4
+    assert (sweep / "sweep" / "results.md").read_text().count("atlas_a2") == 4
+
+
+def test_report_prints_the_speedup_table(sweep):
+    out = sweep / "report"
+    proc = subprocess.run([sys.executable, "-m", "harness.report", "sweep", "--out", str(out)], cwd=sweep, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert "speedup_vs_eager" in proc.stdout and "acl_graph" in proc.stdout
+    table = pd.read_csv(out / "comparison.csv")
+    eager = table[table.strategy == "eager"]
+    assert np.allclose(eager.speedup_vs_eager, 1.0)
+    graph = table[table.strategy == "acl_graph"].set_index("workload")
+    assert graph.loc["llama2_7b_decode", "speedup_vs_eager"] > 1
+    assert (out / "speedup.png").read_bytes()[:4] == b"\x89PNG"
+    # The same table from the tracking store, restricted to the sweep's children.
+    parent = (sweep / "sweep" / "mlflow_parent_run_id").read_text().strip()
+    proc = subprocess.run(
+        [sys.executable, "-m", "harness.report", "--tracking-uri", f"sqlite:///{sweep / 'outputs' / 'mlflow.db'}", "--parent", parent,
+         "--out", str(sweep / "report2")], cwd=sweep, capture_output=True, text=True,
+    )
+    assert proc.returncode == 0, proc.stderr
+    again = pd.read_csv(sweep / "report2" / "comparison.csv")
+    assert np.allclose(again.sort_values(["workload", "strategy"]).speedup_vs_eager, table.sort_values(["workload", "strategy"]).speedup_vs_eager)
+
+
+def test_trace_events_match_the_steps_table(tmp_path):
+    run_dir = tmp_path / "run"
+    proc = run_cli("tracking.enabled=false", f"hydra.run.dir={run_dir}", "workload.steps=4", "output.trace_steps=2", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    events = json.loads((run_dir / "trace.json").read_text())["traceEvents"]
+    steps = pd.read_parquet(run_dir / "steps.parquet")
+    tracks = {e["tid"]: e["args"]["name"] for e in events if e.get("name") == "thread_name"}
+    spans = [e for e in events if e.get("ph") == "X"]
+    assert {e["args"]["step"] for e in spans} == {0, 1}
+    for step in (0, 1):
+        mine = [e for e in spans if e["args"]["step"] == step]
+        device = sorted((e["ts"], e["ts"] + e["dur"]) for e in mine if tracks[e["tid"]].startswith("device."))
+        busy, reach = 0.0, -1.0
+        for start, end in device:  # union of device intervals
+            busy += max(0.0, end - max(start, reach))
+            reach = max(reach, end)
+        assert busy / 1e3 == pytest.approx(steps.device_busy_ms[step])
+        span = max(e["ts"] + e["dur"] for e in mine) - min(e["ts"] for e in mine)
+        assert span / 1e3 == pytest.approx(steps.latency_ms[step])
+    assert (run_dir / "timeline.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_mlflow_server_on_loopback_serves_the_runs(tmp_path):
+    db = tmp_path / "store.db"
+    proc = run_cli(f"tracking.uri=sqlite:///{db}", f"hydra.run.dir={tmp_path / 'run'}", "workload.steps=2", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    port = _free_port()
+    env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false", "MLFLOW_DISABLE_TELEMETRY": "true"}
+    server = subprocess.Popen(
+        [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", f"sqlite:///{db}", "--host", "127.0.0.1",
+         "--port", str(port), "--workers", "1"],
+        cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    try:
+        base = f"http://127.0.0.1:{port}"
+        deadline = time.time() + 60
+        while True:
+            try:
+                urllib.request.urlopen(f"{base}/health", timeout=2)
+                break
+            except OSError:
+                if time.time() > deadline or server.poll() is not None:
+                    raise
+                time.sleep(0.5)
+        request = urllib.request.Request(
+            f"{base}/api/2.0/mlflow/experiments/get-by-name?experiment_name=hostbound", method="GET"
+        )
+        experiment = json.load(urllib.request.urlopen(request, timeout=10))["experiment"]["experiment_id"]
+        body = json.dumps({"experiment_ids": [experiment]}).encode()
+        search = urllib.request.Request(f"{base}/api/2.0/mlflow/runs/search", data=body, headers={"Content-Type": "application/json"})
+        runs = json.load(urllib.request.urlopen(search, timeout=10))["runs"]
+        assert len(runs) == 1
+        metrics = {m["key"]: m["value"] for m in runs[0]["data"]["metrics"]}
+        assert metrics["throughput_tok_s"] > 0 and "bubble_ratio" in metrics
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
