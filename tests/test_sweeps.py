@@ -129,3 +129,12 @@ def test_mlflow_server_on_loopback_serves_the_runs(tmp_path):
     finally:
         server.terminate()
         server.wait(timeout=30)
+
+
+def test_submitit_local_launcher_runs_the_jobs(tmp_path):
+    # The SLURM launcher's local mode: the same code path as hydra/launcher=submitit_slurm, no cluster.
+    proc = run_cli("-m", "hydra/launcher=submitit_local", "strategy=eager,async", "workload.steps=2", "tracking.enabled=false",
+                   "output.print_summary=false", "hydra.sweep.dir=sw", cwd=tmp_path, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    summaries = sorted((tmp_path / "sw").glob("*/summary.json"))
+    assert [json.loads(p.read_text())["strategy"] for p in summaries] == ["eager", "async"]
