@@ -19,6 +19,7 @@ from harness.metrics import compute_metrics
 from harness.outputs import write_outputs
 from harness.serving import plan_serving, serving_summary
 from harness.policies import prepare
+from harness.progress import Progress
 from harness.workload import Workload, check_memory
 
 log = logging.getLogger(__name__)
@@ -35,13 +36,19 @@ class RunResult:
 def simulate_run(run: RunConfig) -> RunResult:
     """Build the workload, lower it under the strategy, run the engine, compute the metrics."""
     began = time.perf_counter()
-    serving = plan_serving(run) if run.workload.serving.enabled else None
+    progress = Progress("hostbound")
+    progress.update("planning serving batches" if run.workload.serving.enabled else "building the workload", force=True)
+    serving = plan_serving(run, progress) if run.workload.serving.enabled else None
     batch = serving.batch if serving else np.full(run.workload.steps, run.workload.batch_size, dtype=np.int64)
     workload, plan = prepare(run, batch, serving.kv_len if serving else None)
     check_memory(workload, run.hardware.device.hbm_gb)
+    progress.update(f"lowering {workload.steps} steps × {workload.n_ops} ops", force=True)
     graph = lower(workload, run.hardware, run.strategy, run.seed, plan, step_release_us=serving.release_us if serving else None)
+    progress.update(f"simulating {graph.n_tasks:,} tasks", force=True)
     result = simulate(graph)
+    progress.update("computing metrics", force=True)
     summary, steps = compute_metrics(result, workload, plan)
+    progress.done()
     summary.update(plan.info)
     if workload.memory.total_gb > 0:  # cards know their memory; explicit op lists do not
         summary["peak_mem_gb"] = workload.memory.total_gb

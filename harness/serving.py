@@ -61,7 +61,7 @@ def draw_requests(serving: ServingConfig, seed: int, count: int) -> Requests:
     return Requests(arrival, lengths(serving.prompt_len_mean), lengths(serving.output_len_mean))
 
 
-def plan_serving(run: RunConfig) -> ServingPlan:
+def plan_serving(run: RunConfig, progress=None) -> ServingPlan:
     serving, steps = run.workload.serving, run.workload.steps
     # Enough requests that the stream never runs dry within the run: every step can admit max_batch.
     requests = draw_requests(serving, run.seed, serving.initial_requests + steps * serving.max_batch + 1)
@@ -96,6 +96,8 @@ def plan_serving(run: RunConfig) -> ServingPlan:
         one = simulate(lower(workload, run.hardware, run.strategy, run.seed, plan, only_steps=np.array([s])))
         step_us[s] = one.makespan_us
         now += step_us[s]
+        if progress is not None:
+            progress.update(f"serving step {s + 1}/{steps}, batch {batch[s]}")
         generated[ids] += 1
         done = generated[ids] >= requests.output_len[ids]
         finished[ids[done]] = now

@@ -15,6 +15,8 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
+from harness.progress import Progress
+
 log = logging.getLogger(__name__)
 
 PARENT_FILE = "mlflow_parent_run_id"
@@ -45,6 +47,11 @@ def warm_numba_cache() -> None:
 
 
 class SweepTracking(Callback):
+    def on_job_end(self, config: DictConfig, job_return: Any, **kwargs: Any) -> None:
+        # Runs in whichever process ran the job (the launcher's for the basic launcher, a worker's for joblib).
+        overrides = " ".join(getattr(job_return, "overrides", None) or [])
+        Progress("hostbound sweep").update(f"done: {overrides}", force=True)
+
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         warm_numba_cache()
         tracking = _tracking(config)
@@ -69,6 +76,7 @@ class SweepTracking(Callback):
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         sweep_dir = Path(config.hydra.sweep.dir)
+        Progress("hostbound sweep").done()
         from harness.report import comparison, load_run_dirs
 
         table = load_run_dirs([sweep_dir])
