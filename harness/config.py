@@ -294,6 +294,7 @@ class StrategyConfig:
     fusion_max_ops: int = 4
     param_packing: bool = False  # write a kernel's parameters at once
     memory_pool: bool = True  # allocations come from a pool (False: every one from the driver)
+    free_on_main: bool = False  # async/pipeline: frees go back to the main thread (later) instead of the allocating one
     stream_local_pool: bool = False  # per-stream pools: no lock, cheaper alloc/free
     heterogeneous: List[str] = field(default_factory=list)  # op types run on host CPU cores (e.g. [sampling])
 

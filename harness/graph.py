@@ -45,6 +45,7 @@ TASK_DTYPE = np.dtype(
         ("step", np.int32),
         ("op", np.int32),
         ("category", np.int8),
+        ("stage", np.int8),  # host stage + 1 (harness.lowering.HOST_STAGES), 0 for other tasks
     ],
     align=True,
 )

@@ -89,7 +89,10 @@ class StepTemplate:
     # (producer lane, consumer lane) → (producer's first task, consumer's first task) per op
     queue_items: dict = field(default_factory=dict)
 
-    def add(self, lane: int, category: str, op: int, source: int, value: float, host: bool = False) -> int:
+    stage: list[int] = field(default_factory=list)
+
+    def add(self, lane: int, category: str, op: int, source: int, value: float, host: bool = False, stage: int = 0) -> int:
+        self.stage.append(stage)
         self.lane.append(lane)
         self.category.append(CATEGORY[category])
         self.op.append(op)
@@ -166,8 +169,16 @@ def build_template(workload: Workload, hardware: HardwareConfig, strategy: Strat
 def _host_scheduled_body(tpl, workload, hardware, strategy, lanes, h2d_copy, costs, cpu_ops) -> int:
     host = hardware.host
     launch_stage = HOST_STAGES.index("launch")
+    free_stage = HOST_STAGES.index("free")
+    # Frees handed back to the main thread run there one queue length later (seed 000: frees delayed,
+    # peak memory up) instead of on the allocating thread right after the launch.
+    deferred = strategy.free_on_main and lanes.stage_lane[free_stage] != 0
+    pending: list[tuple[int, int]] = []  # (op, its launch task) whose free waits for the main thread
+    launch_of = np.full(workload.n_ops, -1, dtype=np.int64)
     device_task = np.full(workload.n_ops, -1, dtype=np.int64)  # where each op's result becomes available
     for j in range(workload.n_ops):
+        while deferred and pending and pending[0][0] <= j - strategy.queue_capacity:
+            _deferred_free(tpl, costs, *pending.pop(0))
         producers = [int(device_task[d]) for d in workload.after[j]]
         if workload.kind[j] == KIND_HOST:  # front-end work only: no kernel, results pass through
             tpl.add(0, "framework", j, _FIXED, float(workload.host_us[j]), host=True)
@@ -180,9 +191,12 @@ def _host_scheduled_body(tpl, workload, hardware, strategy, lanes, h2d_copy, cos
         previous = -1
         for stage in stages:
             k = HOST_STAGES.index(stage)
+            if deferred and k == free_stage:
+                pending.append((j, int(launch_of[j])))
+                continue
             lane = lanes.stage_lane[k]
             source, value = (_TILING, j) if stage == "tiling" else (_FIXED, float(costs[stage][j]))
-            task = tpl.add(lane, STAGE_CATEGORY[stage], j, source, value, host=True)
+            task = tpl.add(lane, STAGE_CATEGORY[stage], j, source, value, host=True, stage=k + 1)
             if lane not in first_on_lane:
                 first_on_lane[lane] = task
                 if previous >= 0:
@@ -192,13 +206,21 @@ def _host_scheduled_body(tpl, workload, hardware, strategy, lanes, h2d_copy, cos
                     items[0].append(first_on_lane[producer_lane])
                     items[1].append(task)
             if k == launch_stage:
+                launch_of[j] = task
                 device_task[j] = _device_task(tpl, workload, lanes, j, producers, h2d_copy, task)
             previous = task
         if cpu_ops[j]:
             device_task[j] = _cpu_op(tpl, workload, hardware, lanes, j, producers, previous)
         if workload.flags[j] & FLAG_COMPUTE_DEPENDENT:
             _read_back(tpl, [int(device_task[j])], lanes.d2h, j, _FIXED, copy_time_us(SHAPE_READ_BYTES, hardware.link), host.sync_us)
+    for op, launch in pending:
+        _deferred_free(tpl, costs, op, launch)
     return int(device_task[-1])
+
+
+def _deferred_free(tpl: StepTemplate, costs: dict, op: int, launch: int) -> None:
+    free = tpl.add(0, "alloc", op, _FIXED, float(costs["free"][op]), host=True, stage=HOST_STAGES.index("free") + 1)
+    tpl.edge(launch, free)
 
 
 def _device_task(tpl, workload, lanes, j, producers, h2d_copy, launch) -> int:
@@ -294,6 +316,7 @@ def _tile(
     tasks["category"] = np.tile(np.array(tpl.category, dtype=np.int8), count)
     tasks["op"] = np.tile(np.array(tpl.op, dtype=np.int32), count)
     tasks["step"] = np.repeat(steps.astype(np.int32), m)
+    tasks["stage"] = np.tile(np.array(tpl.stage, dtype=np.int8), count)
 
     duration = np.tile(value, (count, 1))
     device = source == _DEVICE

@@ -13,6 +13,7 @@ import pandas as pd
 from harness.config import Phase
 from harness.core import SimulationResult
 from harness.graph import CATEGORIES, CATEGORY, LANE_DEVICE, LANE_HOST
+from harness.lowering import HOST_STAGES
 from harness.policies import BUILD, MODE_NAMES, StepPlan
 from harness.workload import Workload
 
@@ -133,6 +134,7 @@ def compute_metrics(result: SimulationResult, workload: Workload, plan: StepPlan
     )
     if plan is not None and np.any(mode == BUILD):
         summary["capture_ms"] = float(latency_ms[mode == BUILD].sum())
+    summary["peak_activation_gb"] = peak_activation_bytes(result, workload) / 1e9
     summary.update({f"breakdown_{name}": float(breakdown[i]) for i, name in enumerate(CATEGORIES)})
 
     steps_table = pd.DataFrame(
@@ -157,6 +159,23 @@ def compute_metrics(result: SimulationResult, workload: Workload, plan: StepPlan
         tasks["step"][tasks["category"] == CATEGORY["launch"]], minlength=workload.steps
     )
     return summary, steps_table
+
+
+ALLOC_STAGE, FREE_STAGE = HOST_STAGES.index("alloc") + 1, HOST_STAGES.index("free") + 1  # tasks' `stage` field
+
+
+def peak_activation_bytes(result: SimulationResult, workload: Workload) -> float:
+    """Most activation memory live at once: an op's outputs count from its alloc's end to its free's end."""
+    tasks = result.graph.tasks
+    allocs = np.flatnonzero(tasks["stage"] == ALLOC_STAGE)
+    frees = np.flatnonzero(tasks["stage"] == FREE_STAGE)
+    if allocs.size == 0:
+        return 0.0
+    size = workload.activation_bytes()
+    times = np.concatenate([result.end_us[allocs], result.end_us[frees]])
+    deltas = np.concatenate([size[tasks["step"][allocs], tasks["op"][allocs]], -size[tasks["step"][frees], tasks["op"][frees]]])
+    order = np.lexsort((deltas, times))  # at equal times frees (negative) first
+    return float(np.cumsum(deltas[order]).max(initial=0.0))
 
 
 def _bound_reason(host_share: float, breakdown: np.ndarray, bubble: float) -> str:

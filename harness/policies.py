@@ -269,6 +269,7 @@ def fuse(workload: Workload, max_ops: int, cpu_ops: np.ndarray) -> tuple[Workloa
         memory=workload.memory,
         n_kernels=np.add.reduceat(workload.n_kernels, starts),
         host_us=np.add.reduceat(workload.host_us, starts),
+        weight_bytes=np.add.reduceat(workload.weight_bytes, starts),
         real_batch=workload.real_batch,
     )
     return fused, cpu_ops[firsts]

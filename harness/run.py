@@ -51,7 +51,9 @@ def simulate_run(run: RunConfig) -> RunResult:
     progress.done()
     summary.update(plan.info)
     if workload.memory.total_gb > 0:  # cards know their memory; explicit op lists do not
-        summary["peak_mem_gb"] = workload.memory.total_gb
+        m = workload.memory
+        # Resident weights, KV cache and graphs, plus the activations live at the worst moment of the run.
+        summary["peak_mem_gb"] = m.weights_gb + m.kv_cache_gb + m.graphs_gb + summary["peak_activation_gb"]
     summary["devices"] = run.workload.devices
     if serving is not None:
         summary.update(serving_summary(serving))

@@ -68,6 +68,7 @@ class Workload:
     memory: "MemoryPlan"
     n_kernels: Optional[np.ndarray] = None  # int per op: original ops fused into it (1 unless fused)
     host_us: Optional[np.ndarray] = None  # float per op: host time of kind=host ops (0 for kernels)
+    weight_bytes: Optional[np.ndarray] = None  # float per op: resident weights it reads (not activations)
     real_batch: Optional[np.ndarray] = None  # sequences per step before padding to a bucket
 
     def __post_init__(self) -> None:
@@ -77,6 +78,12 @@ class Workload:
             self.real_batch = self.batch
         if self.host_us is None:
             self.host_us = np.zeros(len(self.op_names))
+        if self.weight_bytes is None:
+            self.weight_bytes = np.zeros(len(self.op_names))
+
+    def activation_bytes(self) -> np.ndarray:
+        """(steps, ops) bytes an op allocates: its outputs, taken as half its non-weight traffic."""
+        return np.maximum(self.bytes - self.weight_bytes[None, :], 0.0) / 2.0
 
     @property
     def n_kernels_per_step(self) -> int:
@@ -607,6 +614,7 @@ def _from_card(
         device_us=np.full((steps, n), np.nan),
         shape_key=shape_key_t[:, template_ids],
         host_us=np.array([used[t].host_us for t in templates], dtype=np.float64),
+        weight_bytes=np.array([used[t].weight_bytes for t in templates], dtype=np.float64),
         batch=batch,
         kv_len=s.kv.copy(),
         tokens=s.tokens.astype(np.int64),
