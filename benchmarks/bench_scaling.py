@@ -1,0 +1,174 @@
+"""Speed and scale of the simulator: one table, written as CSV and Markdown.
+
+    python benchmarks/bench_scaling.py [--out benchmarks/results] [--quick]
+
+Rows:
+* kernel / end to end / Python oracle / SimPy on the same graph (Llama-2-7B eager decode); the SimPy
+  model below implements the engine's semantics (lanes FIFO, FIFO pools, ready at the latest
+  predecessor end) and its start times are checked against the kernel's;
+* Numba compile time with a cold cache and load time with a warm one (fresh processes);
+* scaling: end-to-end time against steps and against ops per step (rows named `scale`);
+* a whole `python -m harness workload=deepseek_v3 strategy=eager workload.steps=1000` process: wall
+  time and peak memory.
+SimPy is a benchmark-only dependency (`pip install simpy`), not part of the package.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+
+from hydra import compose, initialize_config_dir  # noqa: E402
+
+from harness.config import CONF_DIR, register_configs, to_run_config  # noqa: E402
+from harness.core import _simulate, links, simulate  # noqa: E402
+from harness.lowering import lower  # noqa: E402
+from harness.run import simulate_run  # noqa: E402
+from harness.workload import build_workload  # noqa: E402
+
+
+def compose_run(*overrides: str):
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        return to_run_config(compose(config_name="config", overrides=list(overrides)))
+
+
+def best_of(repeat: int, fn) -> float:
+    times = []
+    for _ in range(repeat):
+        began = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - began)
+    return min(times)
+
+
+def simpy_model(graph) -> np.ndarray:
+    """The engine's semantics in SimPy: one process per task. Returns start times."""
+    import simpy
+
+    tasks = graph.tasks
+    n = tasks.shape[0]
+    env = simpy.Environment()
+    pools = [simpy.Container(env, capacity=int(c), init=int(c)) for c in graph.pool_capacity]
+    done = [env.event() for _ in range(n)]
+    start = np.zeros(n)
+    last_on_lane: dict[int, int] = {}
+    preds: list[list[int]] = []
+    for i in range(n):
+        p = list(graph.dep_idx[graph.dep_ptr[i]:graph.dep_ptr[i + 1]])
+        lane = int(tasks["lane"][i])
+        if lane in last_on_lane:
+            p.append(last_on_lane[lane])
+        last_on_lane[lane] = i
+        preds.append(p)
+
+    def task(i: int):
+        if preds[i]:
+            yield env.all_of([done[p] for p in preds[i]])
+        release = float(tasks["release_us"][i])
+        if release > env.now:
+            yield env.timeout(release - env.now)
+        pool, units = int(tasks["pool"][i]), int(tasks["units"][i])
+        if pool >= 0 and units > 0:
+            yield pools[pool].get(units)
+        start[i] = env.now
+        yield env.timeout(float(tasks["duration_us"][i]))
+        if pool >= 0 and units > 0:
+            yield pools[pool].put(units)
+        done[i].succeed()
+
+    for i in range(n):
+        env.process(task(i))
+    env.run()
+    return start
+
+
+def run_process(args: list[str], env: dict | None = None) -> tuple[float, float]:
+    """(wall seconds, peak RSS GiB of the child) of one command."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    began = time.perf_counter()
+    subprocess.run(args, check=True, capture_output=True, env={**os.environ, **(env or {})}, cwd=tempfile.gettempdir())
+    wall = time.perf_counter() - began
+    peak_kib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    return wall, max(peak_kib, before) / 2**20
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
+    parser.add_argument("--quick", action="store_true", help="smaller graphs, no 1000-step process")
+    args = parser.parse_args()
+    register_configs()
+    rows: list[dict] = []
+
+    def row(what: str, tasks: int, seconds: float, **extra) -> None:
+        rows.append({"what": what, "tasks": tasks, "seconds": seconds, "M_tasks_per_s": tasks / seconds / 1e6 if seconds else np.nan, **extra})
+        print(f"{what:55s} {tasks:>10d} tasks {seconds:8.3f} s", file=sys.stderr)
+
+    steps = 64 if args.quick else 256
+    run = compose_run("workload=llama2_7b_decode", "strategy=eager", f"workload.steps={steps}")
+    graph = lower(build_workload(run.workload), run.hardware, run.strategy, run.seed)
+    simulate(graph)
+    lane_prev, lane_next, succ_ptr, succ_idx = links(graph)
+    n = graph.n_tasks
+    start, end, decider = np.zeros(n), np.zeros(n), np.empty(n, dtype=np.int64)
+    row("kernel (Llama-2-7B eager decode)", n, best_of(5, lambda: _simulate(graph.tasks, lane_prev, lane_next, graph.dep_ptr, succ_ptr, succ_idx, graph.pool_capacity, start, end, decider)))
+    row("end to end: build + lower + kernel + metrics", n, best_of(3, lambda: simulate_run(run)))
+
+    small = compose_run("workload=llama2_7b_decode", "strategy=eager", "workload.steps=8")
+    small_graph = lower(build_workload(small.workload), small.hardware, small.strategy, small.seed)
+    from oracle import simulate_reference
+
+    t = small_graph.tasks
+    deps = [d.tolist() for d in np.split(small_graph.dep_idx, small_graph.dep_ptr[1:-1])]
+    inputs = (t["lane"].tolist(), t["pool"].tolist(), t["units"].tolist(), t["duration_us"].tolist(), deps, small_graph.pool_capacity.tolist())
+    kernel_small = best_of(5, lambda: simulate(small_graph))
+    row("kernel + wrapper, small graph", small_graph.n_tasks, kernel_small)
+    row("Python oracle, small graph", small_graph.n_tasks, best_of(1, lambda: simulate_reference(*inputs)))
+    try:
+        simpy_start = simpy_model(small_graph)
+        same = bool(np.allclose(simpy_start, simulate(small_graph).start_us))
+        row("SimPy model, small graph", small_graph.n_tasks, best_of(1, lambda: simpy_model(small_graph)), agrees_with_kernel=same)
+    except ImportError:
+        print("simpy not installed: skipping the SimPy row (pip install simpy)", file=sys.stderr)
+
+    probe = [sys.executable, "-c", "import sys; sys.path.insert(0, 'tests'); from harness.sweep import warm_numba_cache; warm_numba_cache()"]
+    with tempfile.TemporaryDirectory() as cache:
+        cold, _ = run_process(probe, {"NUMBA_CACHE_DIR": cache})
+        warm, _ = run_process(probe, {"NUMBA_CACHE_DIR": cache})
+    row("process: import + compile all kernels, cold cache", 0, cold)
+    row("process: import + load all kernels, warm cache", 0, warm)
+
+    for scale_steps in ([16, 32, 64] if args.quick else [64, 128, 256, 512]):
+        r = compose_run("workload=llama2_7b_decode", "strategy=eager", f"workload.steps={scale_steps}")
+        outcome = simulate_run(r)
+        row(f"scale: llama2_7b_decode, {scale_steps} steps", outcome.summary["tasks_simulated"], best_of(2, lambda: simulate_run(r)))
+    for preset in ("qwen25_7b_decode", "llama2_7b_decode", "qwen3_30b_decode", "deepseek_v3"):
+        r = compose_run(f"workload={preset}", "strategy=eager", "workload.steps=32")
+        outcome = simulate_run(r)
+        row(f"scale: {preset}, 32 steps, {outcome.summary['ops_per_step']} ops/step", outcome.summary["tasks_simulated"], best_of(2, lambda: simulate_run(r)))
+
+    if not args.quick:
+        wall, peak = run_process([sys.executable, "-m", "harness", "workload=deepseek_v3", "strategy=eager", "workload.steps=1000",
+                                  "tracking.enabled=false", "output.print_summary=false", f"hydra.run.dir={tempfile.mkdtemp()}"])
+        row("process: deepseek_v3 eager, 1000 steps (whole run)", 11_612_000, wall, peak_rss_gib=round(peak, 2))
+
+    table = pd.DataFrame(rows)
+    args.out.mkdir(parents=True, exist_ok=True)
+    table.to_csv(args.out / "scaling.csv", index=False)
+    (args.out / "scaling.md").write_text(table.to_markdown(index=False, floatfmt=".4g") + "\n")
+    print(table.to_markdown(index=False, floatfmt=".4g"))
+
+
+if __name__ == "__main__":
+    main()
