@@ -10,6 +10,7 @@ import logging
 import sys
 from pathlib import Path
 
+import numpy as np
 from hydra import compose, initialize_config_dir
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -105,8 +106,14 @@ def preflight(argv: list[str]) -> None:
 
 
 def check_run(run: RunConfig) -> None:
-    """What can fail before simulating: the model card or trace file, and whether the rank fits in HBM."""
-    workload = build_workload(run.workload, devices_per_node=run.hardware.link.devices_per_node)
+    """What can fail before simulating: the model card or trace file, and whether the rank fits in HBM
+    (for serving batches: max_batch sequences of mean prompt + output length)."""
+    batch = kv = None
+    serving = run.workload.serving
+    if serving.enabled:
+        batch = np.full(run.workload.steps, serving.max_batch)
+        kv = np.full(run.workload.steps, serving.prompt_len_mean + serving.output_len_mean)
+    workload = build_workload(run.workload, devices_per_node=run.hardware.link.devices_per_node, batch=batch, kv_len=kv)
     check_memory(workload, run.hardware.device.hbm_gb)
 
 

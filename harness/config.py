@@ -93,6 +93,13 @@ class HostConfig:
             "kernel_params", "param_write_us", "packed_params_us", "driver_alloc_us", "stream_pool_speedup", "tiling_lookup_us",
         )
         _check(self, self.stream_pool_speedup < 1, "stream_pool_speedup", "must be < 1")
+        # launch_us covers a kernel's own parameters written one by one: the call itself cannot be negative.
+        _check(
+            self,
+            self.launch_us >= self.kernel_params * self.param_write_us,
+            "launch_us",
+            f"must be >= kernel_params × param_write_us = {self.kernel_params * self.param_write_us:g}",
+        )
 
 
 @dataclass
@@ -109,10 +116,9 @@ class DeviceConfig:
     vector_fixed_us: float = 2.0
     comm_fixed_us: float = 10.0
     block_quantum_us: float = 10.0  # time base of "one core's capacity" in the block-split rule
-    streams: int = 1  # compute streams used by the strategy (more come with the multi-stream policy)
 
     def __post_init__(self) -> None:
-        _positive(self, "ai_cores", "cube_tflops", "vector_tflops", "hbm_gb", "hbm_gbps", "block_quantum_us", "streams")
+        _positive(self, "ai_cores", "cube_tflops", "vector_tflops", "hbm_gb", "hbm_gbps", "block_quantum_us")
         _non_negative(self, "matmul_fixed_us", "vector_fixed_us", "comm_fixed_us")
 
 
@@ -140,7 +146,7 @@ class GraphCostConfig:
 
     _key: ClassVar[str] = "hardware.graph"
     capture_ms: float = 50.0  # capturing one graph (on top of the eager step that records it)
-    graph_mem_mb: float = 26.0  # device memory one captured graph holds
+    graph_mem_mib: float = 26.0  # device memory one captured graph holds
     replay_launch_us: float = 10.0  # one launch of a whole captured graph
     task_dispatch_us: float = 0.6  # device-side scheduling of each task of a graph (replay or sink)
     param_update_us: float = 50.0  # host refresh of one dynamic task's arguments before a replay
@@ -150,7 +156,7 @@ class GraphCostConfig:
     max_graphs: int = 1800  # graph resources (streams) available; a graph of L layers uses L + 1
 
     def __post_init__(self) -> None:
-        _non_negative(self, "capture_ms", "graph_mem_mb", "replay_launch_us", "task_dispatch_us", "param_update_us",
+        _non_negative(self, "capture_ms", "graph_mem_mib", "replay_launch_us", "task_dispatch_us", "param_update_us",
                       "sink_load_ms", "sink_trigger_us", "address_update_us")
         _positive(self, "max_graphs")
 
@@ -185,6 +191,7 @@ class OpSpec:
 
     def __post_init__(self) -> None:
         _non_negative(self, "flops", "bytes", "host_us")
+        _check(self, self.stream in (-1, 0, 1), "stream", "must be 0 (compute), 1 (communication) or -1 (by kind)")
         if self.device_us is not None:
             _non_negative(self, "device_us")
 
@@ -286,7 +293,7 @@ class StrategyConfig:
     dispatch: Dispatch = Dispatch.eager
     queue_capacity: int = 64  # bounded queue between host threads (async / pipeline), in ops
     graph: GraphStrategyConfig = field(default_factory=GraphStrategyConfig)
-    shape_buckets: bool = False  # pad dynamic shapes to buckets: KV to kv_block, per-expert tokens to powers of 2
+    shape_buckets: bool = False  # decode: pad KV to kv_block, per-expert tokens to powers of 2, batch to graph.buckets
     kv_block: int = 256  # KV-length bucket when shape_buckets is on
     tiling_cache: bool = False  # cache tiling results under (op, shapes) keys
     tiling_cache_entries: int = 4096
@@ -296,7 +303,7 @@ class StrategyConfig:
     memory_pool: bool = True  # allocations come from a pool (False: every one from the driver)
     free_on_main: bool = False  # async/pipeline: frees go back to the main thread (later) instead of the allocating one
     stream_local_pool: bool = False  # per-stream pools: no lock, cheaper alloc/free
-    heterogeneous: List[str] = field(default_factory=list)  # op types run on host CPU cores (e.g. [sampling])
+    heterogeneous: List[str] = field(default_factory=list)  # op types run on host CPU cores (e.g. [sampling]); "flagged": cpu_eligible ops
 
     def __post_init__(self) -> None:
         _positive(self, "queue_capacity", "tiling_cache_entries", "fusion_max_ops", "kv_block")
@@ -331,6 +338,11 @@ class RunConfig:
     seed: int = 0
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     output: OutputConfig = field(default_factory=OutputConfig)
+    _key: ClassVar[str] = "run"
+
+    def __post_init__(self) -> None:
+        if self.seed < 0:
+            raise ConfigError(f"seed={self.seed}: must be >= 0")
 
 
 def register_configs() -> None:

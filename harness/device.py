@@ -15,9 +15,10 @@ from __future__ import annotations
 import numpy as np
 
 from harness.config import DeviceConfig, HardwareConfig, LinkConfig
-from harness.workload import COMM_ALL_GATHER, COMM_ALL_REDUCE, COMM_ALL_TO_ALL, Workload
+from harness.config import OpKind
+from harness.workload import COMM_ALL_GATHER, COMM_ALL_REDUCE, COMM_ALL_TO_ALL, KIND_CODE, Workload
 
-KIND_CUBE, KIND_VECTOR, KIND_COMM, KIND_HOST = 0, 1, 2, 3
+KIND_CUBE, KIND_VECTOR, KIND_COMM, KIND_HOST = (KIND_CODE[k] for k in (OpKind.cube, OpKind.vector, OpKind.comm, OpKind.host))
 
 US_PER_S = 1e6
 

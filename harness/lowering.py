@@ -41,7 +41,7 @@ import numpy as np
 from harness.config import Dispatch, GraphMode, HardwareConfig, StrategyConfig
 from harness.device import copy_time_us, device_times
 from harness.graph import CATEGORY, LANE_COPY, LANE_DEVICE, LANE_HOST, NO_POOL, TASK_DTYPE, TaskGraph, csr_from_edges
-from harness.policies import BUILD, EAGER, REPLAY, StepPlan
+from harness.policies import BUILD, REPLAY, StepPlan
 from harness.workload import (
     FLAG_COMPUTE_DEPENDENT,
     FLAG_DYNAMIC,
@@ -67,11 +67,12 @@ HOST_LAYOUT: dict[Dispatch, tuple[tuple[str, ...], tuple[int, ...]]] = {
 }
 
 POOL_HOST, POOL_AI_CORES = 0, 1
+JITTER_STREAM = 0  # generator streams: (seed, 0, step) host jitter; (seed, 1) serving requests
 VALUE_READ_BYTES = 64  # a value-dependent InferShape reads a small tensor (a shape, a count) back
 SHAPE_READ_BYTES = 64  # a compute-dependent op's output shape copied back to the host
 
 # Where a template task's duration comes from.
-_FIXED, _DEVICE, _TILING, _H2D_TOKENS, _D2H_TOKENS = 0, 1, 2, 3, 4
+_FIXED, _DEVICE, _TILING, _H2D_TOKENS, _D2H_TOKENS, _CPU_COMPUTE, _CPU_COPY = 0, 1, 2, 3, 4, 5, 6
 
 
 @dataclass
@@ -237,16 +238,13 @@ def _device_task(tpl, workload, lanes, j, producers, h2d_copy, launch) -> int:
 
 def _cpu_op(tpl, workload, hardware, lanes, j, producers, dispatched) -> int:
     """Input D2H → compute on a host core → result H2D; returns the H2D (where consumers find it)."""
-    link = hardware.link
-    nbytes = float(np.max(workload.bytes[:, j])) if workload.bytes.size else 0.0
-    fetch = tpl.add(lanes.d2h, "copy", j, _FIXED, copy_time_us(nbytes / 2, link))
+    fetch = tpl.add(lanes.d2h, "copy", j, _CPU_COPY, j)  # per-step sizes: half the op's traffic each way
     for producer in producers:
         tpl.edge(producer, fetch)
-    flops = float(np.max(workload.flops[:, j])) if workload.flops.size else 0.0
-    compute = tpl.add(lanes.cpu, "cpu", j, _FIXED, flops / (hardware.host.cpu_gflops * 1e3), host=True)
+    compute = tpl.add(lanes.cpu, "cpu", j, _CPU_COMPUTE, j, host=True)
     tpl.edge(fetch, compute)
     tpl.edge(dispatched, compute)
-    put = tpl.add(lanes.h2d, "copy", j, _FIXED, copy_time_us(nbytes / 2, link))
+    put = tpl.add(lanes.h2d, "copy", j, _CPU_COPY, j)
     tpl.edge(compute, put)
     return put
 
@@ -262,7 +260,7 @@ def _replay_body(tpl, workload, hardware, strategy, lanes, h2d_copy) -> int:
     else:
         tpl.add(0, "graph", -1, _FIXED, g.address_update_us, host=True)
         trigger_us = g.sink_trigger_us
-    trigger = tpl.add(0, "launch", -1, _FIXED, trigger_us, host=True)
+    trigger = tpl.add(0, "launch", -1, _FIXED, trigger_us, host=True, stage=HOST_STAGES.index("launch") + 1)
     device_task = np.full(workload.n_ops, -1, dtype=np.int64)
     for j in range(workload.n_ops):
         producers = [int(device_task[d]) for d in workload.after[j]]
@@ -327,6 +325,11 @@ def _tile(
     link = hardware.link
     duration[:, source == _H2D_TOKENS] = np.array([copy_time_us(t * 2 * TOKEN_ID_BYTES, link) for t in workload.tokens[steps]])[:, None]
     duration[:, source == _D2H_TOKENS] = np.array([copy_time_us(t * TOKEN_ID_BYTES, link) for t in workload.tokens_out[steps]])[:, None]
+    cpu = source == _CPU_COMPUTE
+    duration[:, cpu] = workload.flops[np.ix_(steps, value[cpu].astype(np.int64))] / (hardware.host.cpu_gflops * 1e3)
+    cpu_copy = source == _CPU_COPY
+    half_bytes = workload.bytes[np.ix_(steps, value[cpu_copy].astype(np.int64))] / 2
+    duration[:, cpu_copy] = link.pcie_latency_us + half_bytes / (link.pcie_gbps * 1e3)
     duration[:, is_host] *= _jitter(seed, steps, hardware.host.jitter_cv, int(is_host.sum()))
     tasks["duration_us"] = duration.ravel()
     if step_release_us is not None:
@@ -369,8 +372,8 @@ def lower(
 ) -> TaskGraph:
     """The task graph of the run (or of `only_steps`), step modes and policies from `plan`.
 
-    Host jitter of step s is drawn from a generator seeded with (seed, s), so simulating steps one at
-    a time or all at once gives the same numbers.
+    Host jitter of step s is drawn from a generator seeded with (seed, JITTER_STREAM, s), so simulating
+    steps one at a time or all at once gives the same numbers.
     """
     plan = plan or StepPlan.host_only(workload)
     lanes = lanes_for(strategy)
@@ -421,5 +424,5 @@ def _jitter(seed: int, steps: np.ndarray, cv: float, count: int) -> np.ndarray:
         return np.ones((steps.size, count))
     sigma2 = np.log1p(cv * cv)
     return np.stack(
-        [np.random.default_rng([seed, int(s)]).lognormal(mean=-sigma2 / 2, sigma=np.sqrt(sigma2), size=count) for s in steps]
+        [np.random.default_rng([seed, JITTER_STREAM, int(s)]).lognormal(mean=-sigma2 / 2, sigma=np.sqrt(sigma2), size=count) for s in steps]
     ).reshape(steps.size, count)

@@ -107,7 +107,10 @@ def compute_metrics(result: SimulationResult, workload: Workload, plan: StepPlan
 
     tokens_per_step = workload.tokens_out if workload.phase == Phase.decode else workload.tokens
     bubble = 1.0 - device_busy_us / window_us if window_us > 0 else 0.0
-    launches = int(np.count_nonzero(tasks["category"] == CATEGORY["launch"]))
+    # Kernel launches and graph triggers (the launch stage); the per-step H2D issue of the input tokens
+    # is a copy call and does not count.
+    launch_tasks = tasks["stage"] == LAUNCH_STAGE
+    launches_per_step = np.bincount(tasks["step"][launch_tasks], minlength=workload.steps)
     latency_ms = latency_us / US_PER_MS
     summary: dict = {
         "throughput_tok_s": float(tokens_per_step[measured].sum()) / (window_us / 1e6) if window_us > 0 else 0.0,
@@ -126,7 +129,7 @@ def compute_metrics(result: SimulationResult, workload: Workload, plan: StepPlan
             "bound": "host" if host_share > 0.5 else "device",
             "bound_reason": _bound_reason(host_share, breakdown, bubble),
             "ops_per_step": workload.n_kernels_per_step,
-            "launches_per_step": launches / workload.steps,
+            "launches_per_step": float(launches_per_step[measured].mean()),
             "tasks_simulated": graph.n_tasks,
             "window_ms": window_us / US_PER_MS,
             "steps_measured": int(measured.sum()),
@@ -145,7 +148,8 @@ def compute_metrics(result: SimulationResult, workload: Workload, plan: StepPlan
             "start_ms": step_start / US_PER_MS,
             "end_ms": step_end / US_PER_MS,
             "latency_ms": latency_ms,
-            "kv_len": workload.kv_len,
+            "kv_len": workload.real_kv_len,
+            "padded_kv_len": workload.kv_len,
             "batch": workload.real_batch,
             "padded_batch": workload.batch,
             "tokens": tokens_per_step,
@@ -155,13 +159,12 @@ def compute_metrics(result: SimulationResult, workload: Workload, plan: StepPlan
     steps_table["bubble_ratio"] = 1.0 - steps_table["device_busy_ms"] / steps_table["latency_ms"]
     for name, busy_us in host_step_us.items():
         steps_table[f"{name}_busy_ms"] = busy_us / US_PER_MS
-    steps_table["launches"] = np.bincount(
-        tasks["step"][tasks["category"] == CATEGORY["launch"]], minlength=workload.steps
-    )
+    steps_table["launches"] = launches_per_step
     return summary, steps_table
 
 
-ALLOC_STAGE, FREE_STAGE = HOST_STAGES.index("alloc") + 1, HOST_STAGES.index("free") + 1  # tasks' `stage` field
+# Values of the tasks' `stage` field (HOST_STAGES index + 1).
+ALLOC_STAGE, LAUNCH_STAGE, FREE_STAGE = (HOST_STAGES.index(s) + 1 for s in ("alloc", "launch", "free"))
 
 
 def peak_activation_bytes(result: SimulationResult, workload: Workload) -> float:

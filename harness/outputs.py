@@ -81,7 +81,7 @@ def chrome_trace(outcome: "RunResult", trace_steps: int) -> dict:
                 "args": {"task": int(i), "step": int(task["step"]), "decided_by": int(result.decider[i])},
             }
         )
-    step_start, step_end = step_bounds(result)
+    _, step_end = step_bounds(result)
     for s in range(first, min(first + trace_steps, len(step_end))):
         events.append({"ph": "i", "s": "g", "name": f"step {s} end", "pid": 1, "tid": 0, "ts": float(step_end[s])})
     return {"traceEvents": events, "displayTimeUnit": "ms"}

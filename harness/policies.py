@@ -3,20 +3,21 @@
 None of these decisions depends on simulated time, so they are taken in a pass over the steps and
 ops before lowering (the serving loop calls it again for each prefix of steps, which is causal):
 
-* **Shape bucketing** (`strategy.shape_buckets`): KV lengths padded up to a multiple of
-  `strategy.kv_block`, per-expert token counts up to a power of two, so dynamic ops keep their shapes
-  for many steps; under graph modes the batch is padded up to the smallest bucket
-  (`strategy.graph.buckets`) that holds it. Padded work
+* **Shape bucketing** (decode, `strategy.shape_buckets`): KV lengths padded up to a multiple of
+  `strategy.kv_block`, per-expert token counts up to a power of two and the batch up to the smallest
+  bucket (`strategy.graph.buckets`) that holds it, so dynamic ops keep their shapes for many steps.
+  Graph modes pad the batch to its bucket in any case. Padded work
   is real device work; `padding_waste` is the share of device time spent on padding.
 * **Graph modes** (decode by default, `strategy.graph.phases`): each step runs EAGER (host
   scheduling), BUILD (host scheduling plus the one-time capture or sink load of its graph) or REPLAY.
   Capture keys a graph by its batch bucket (dynamic arguments such as the KV length are refreshed in
   place); a batch above the largest bucket runs eagerly; the bucket list is trimmed evenly to the
   graphs the platform's stream resources allow (`hardware.graph.max_graphs` / (layers + 1)). Sink keys a
-  graph by all its shapes: it refuses when shapes change so often that graphs would not be reused
-  (dynamic shapes without bucketing), and falls back to host scheduling or stops
-  (`strategy.graph.dynamic_fallback`), saying which ops change. A compute-dependent op cannot be in a
-  graph at all.
+  graph by all its shapes: it refuses dynamic ops unless shape bucketing makes them static, and
+  falls back to host scheduling or stops (`strategy.graph.dynamic_fallback`), saying which ops are
+  dynamic. Graphs are built in program order while the budget lasts (a step whose new graph would
+  exceed it runs eagerly), so the plan of a step never depends on later steps. A compute-dependent op
+  cannot be in a graph at all.
 * **Tiling cache**: an LRU cache of `tiling_cache_entries` keyed by node and run-time shapes (the
   node's shape key: op, shapes, dtype), looked up in program order on host-scheduled steps; a hit
   replaces Tiling by a lookup.
@@ -29,22 +30,25 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from harness.config import GraphMode, RunConfig
+from harness.config import Fallback, GraphMode, OpKind, RunConfig
 from harness.core import lru_hits
 from harness.device import device_times
 from harness.errors import ConfigError
 from harness.workload import (
     FLAG_COMPUTE_DEPENDENT,
+    FLAG_CPU_ELIGIBLE,
+    FLAG_DYNAMIC,
     FLAG_VALUE_DEPENDENT,
     KIND_CODE,
     KIND_HOST,
     STREAM_COMPUTE,
     Workload,
     build_workload,
+    mix_keys,
 )
-from harness.config import Fallback, OpKind
 
 EAGER, BUILD, REPLAY = 0, 1, 2
+MIB = 2**20
 MODE_NAMES = {EAGER: "eager", BUILD: "build", REPLAY: "replay"}
 VECTOR = KIND_CODE[OpKind.vector]
 
@@ -70,7 +74,8 @@ def pad_up(values: np.ndarray, block: int) -> np.ndarray:
 
 
 def trim_buckets(buckets: list[int], max_graphs: int) -> list[int]:
-    """At most `max_graphs` buckets, evenly spread over the sorted list, keeping the smallest and largest."""
+    """At most `max_graphs` buckets, evenly spread over the sorted list (the smallest and the largest
+    kept when two or more fit; the largest alone otherwise)."""
     sizes = sorted(set(buckets))
     if len(sizes) <= max_graphs:
         return sizes
@@ -119,23 +124,26 @@ def prepare(run: RunConfig, batch: np.ndarray, kv_len: np.ndarray | None) -> tup
         if graph.mode == GraphMode.capture:
             keys = np.where(fits, padded, -1)
         else:
-            probe = build_workload(cfg, dpn, batch=padded, kv_len=kv_padded, moe_pad=buckets_on)
-            keys = _row_keys(probe.shape_key)
-            n_keys = len(set(keys[fits].tolist()))
-            if n_keys > max_graphs or n_keys > max(1, steps // 2):
-                changing = [probe.op_names[j] for j in np.flatnonzero(np.any(probe.shape_key != probe.shape_key[:1], axis=0))[:3]]
+            dynamic = (real.flags & FLAG_DYNAMIC) > 0
+            if np.any(dynamic) and not buckets_on:
+                names = [real.op_names[j] for j in np.flatnonzero(dynamic)[:3]]
                 fallback = (
-                    f"shapes change in {n_keys} of {steps} steps ({', '.join(changing)}, ...): a sunk graph needs static"
-                    " shapes; bucket them (strategy.shape_buckets=true) or use capture"
+                    f"dynamic shapes ({', '.join(names)}, ...) change every step: a sunk graph needs static shapes;"
+                    " bucket them (strategy.shape_buckets=true) or use capture"
                 )
-            keys = np.where(fits, keys, -1)
+            probe = build_workload(cfg, dpn, batch=padded, kv_len=kv_padded, moe_pad=buckets_on)
+            keys = np.where(fits, _row_keys(probe.shape_key), -1)
         if not fallback:
+            # In program order: a new shape set builds a graph while the budget lasts, else runs eagerly.
             seen: set[int] = set()
             for s in range(steps):
                 if keys[s] == -1:
                     continue
-                mode[s] = REPLAY if keys[s] in seen else BUILD
-                seen.add(int(keys[s]))
+                if keys[s] in seen:
+                    mode[s] = REPLAY
+                elif len(seen) < max_graphs:
+                    mode[s] = BUILD
+                    seen.add(int(keys[s]))
     if fallback:
         if graph.dynamic_fallback == Fallback.error:
             raise ConfigError(f"strategy.graph.mode={graph.mode.value}: {fallback}")
@@ -148,7 +156,8 @@ def prepare(run: RunConfig, batch: np.ndarray, kv_len: np.ndarray | None) -> tup
     in_graphs = bool(np.any(mode != EAGER))
     workload = build_workload(cfg, dpn, batch=padded, kv_len=kv_padded, moe_pad=buckets_on or in_graphs)
     workload.real_batch = real.batch
-    workload.memory.graphs_gb = info.get("graph_captures", 0) * hardware.graph.graph_mem_mb / 1e3
+    workload.memory.graphs_gb = info.get("graph_captures", 0) * hardware.graph.graph_mem_mib * MIB / 1e9
+    workload.real_kv_len = real.kv_len
     if graph_on or buckets_on:
         info["padding_waste"] = _padding_waste(workload, real, run)
     cpu_ops = _cpu_ops(workload, strategy.heterogeneous)
@@ -159,8 +168,7 @@ def prepare(run: RunConfig, batch: np.ndarray, kv_len: np.ndarray | None) -> tup
         host_steps = np.flatnonzero(mode != REPLAY)
         looked_up = ~cpu_ops & (workload.kind != KIND_HOST)
         # Each node caches its own results: the key is the node and its run-time shapes.
-        with np.errstate(over="ignore"):
-            node_keys = workload.shape_key * np.int64(1_000_003) ^ np.arange(workload.n_ops, dtype=np.int64)[None, :]
+        node_keys = mix_keys(workload.shape_key, np.arange(workload.n_ops, dtype=np.int64)[None, :])
         keys = node_keys[np.ix_(host_steps, np.flatnonzero(looked_up))]
         hits = lru_hits(keys.ravel(), strategy.tiling_cache_entries).reshape(keys.shape)
         tiling_hit[np.ix_(host_steps, np.flatnonzero(looked_up))] = hits
@@ -170,12 +178,10 @@ def prepare(run: RunConfig, batch: np.ndarray, kv_len: np.ndarray | None) -> tup
 
 def _row_keys(shape_key: np.ndarray) -> np.ndarray:
     """One int64 per step that changes when any op's shape key does."""
-    mult = np.uint64(1_000_003)
-    key = np.zeros(shape_key.shape[0], dtype=np.uint64)
-    with np.errstate(over="ignore"):
-        for column in shape_key.T.astype(np.uint64):
-            key = (key * mult) ^ column
-    return key.astype(np.int64)
+    key = np.zeros(shape_key.shape[0], dtype=np.int64)
+    for column in shape_key.T:
+        key = mix_keys(key, column)
+    return key
 
 
 def _padding_waste(padded: Workload, real: Workload, run: RunConfig) -> float:
@@ -185,15 +191,28 @@ def _padding_waste(padded: Workload, real: Workload, run: RunConfig) -> float:
     return float(max(0.0, padded_us - real_us) / padded_us) if padded_us > 0 else 0.0
 
 
+FLAGGED = "flagged"  # strategy.heterogeneous entry selecting the ops flagged cpu_eligible
+
+
 def _cpu_ops(workload: Workload, op_types: list[str]) -> np.ndarray:
+    """Ops run on the CPU: those of the listed types, plus the ops flagged cpu_eligible with `flagged`."""
     types = np.array([name.rsplit(".", 1)[-1] for name in workload.op_names])
-    unknown = sorted(set(op_types) - set(types.tolist()))
+    unknown = sorted(set(op_types) - set(types.tolist()) - {FLAGGED})
     if unknown:
         raise ConfigError(
             f"strategy.heterogeneous={list(op_types)}: no op of type {', '.join(unknown)} in this workload"
-            f" (types: {', '.join(sorted(set(types.tolist())))})"
+            f" (types: {', '.join(sorted(set(types.tolist())))}, or '{FLAGGED}' for ops flagged cpu_eligible)"
         )
-    return np.isin(types, list(op_types))
+    chosen = np.isin(types, list(op_types))
+    if FLAGGED in op_types:
+        chosen |= (workload.flags & FLAG_CPU_ELIGIBLE) > 0
+    misplaced = chosen & ((workload.kind == KIND_CODE[OpKind.comm]) | (workload.kind == KIND_HOST))
+    if misplaced.any():
+        raise ConfigError(
+            f"strategy.heterogeneous={list(op_types)}: {workload.op_names[int(np.argmax(misplaced))]} is a collective or"
+            " host-only op and cannot run as a CPU kernel"
+        )
+    return chosen
 
 
 def fuse(workload: Workload, max_ops: int, cpu_ops: np.ndarray) -> tuple[Workload, np.ndarray]:
@@ -217,7 +236,6 @@ def fuse(workload: Workload, max_ops: int, cpu_ops: np.ndarray) -> tuple[Workloa
             groups
             and fusible[j]
             and fusible[groups[-1][-1]]
-            and groups[-1][-1] == j - 1
             and workload.after[j] == [j - 1]
             and not referenced_later[j - 1]
             and len(groups[-1]) < max_ops
@@ -230,7 +248,7 @@ def fuse(workload: Workload, max_ops: int, cpu_ops: np.ndarray) -> tuple[Workloa
     if len(groups) == n:
         return workload, cpu_ops
     starts = np.array([g[0] for g in groups])
-    firsts = np.array([g[0] for g in groups])
+    firsts = starts
 
     def summed(matrix: np.ndarray) -> np.ndarray:
         return np.add.reduceat(matrix, starts, axis=1)
@@ -238,12 +256,10 @@ def fuse(workload: Workload, max_ops: int, cpu_ops: np.ndarray) -> tuple[Workloa
     fixed_given = ~np.isnan(workload.device_us)
     all_given = np.logical_and.reduceat(fixed_given, starts, axis=1)
     device_us = np.where(all_given, summed(np.nan_to_num(workload.device_us)), np.nan)
-    mult = np.int64(1_000_003)
     shape_key = workload.shape_key[:, starts].copy()
-    with np.errstate(over="ignore"):
-        for g, members in enumerate(groups):
-            for j in members[1:]:
-                shape_key[:, g] = shape_key[:, g] * mult ^ workload.shape_key[:, j]
+    for g, members in enumerate(groups):
+        for j in members[1:]:
+            shape_key[:, g] = mix_keys(shape_key[:, g], workload.shape_key[:, j])
     names = [
         workload.op_names[g[0]] if len(g) == 1 else f"{workload.op_names[g[0]]}+{'+'.join(workload.op_names[j].rsplit('.', 1)[-1] for j in g[1:])}"
         for g in groups
@@ -271,5 +287,6 @@ def fuse(workload: Workload, max_ops: int, cpu_ops: np.ndarray) -> tuple[Workloa
         host_us=np.add.reduceat(workload.host_us, starts),
         weight_bytes=np.add.reduceat(workload.weight_bytes, starts),
         real_batch=workload.real_batch,
+        real_kv_len=workload.real_kv_len,
     )
     return fused, cpu_ops[firsts]

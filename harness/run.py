@@ -50,7 +50,7 @@ def simulate_run(run: RunConfig) -> RunResult:
     summary, steps = compute_metrics(result, workload, plan)
     progress.done()
     summary.update(plan.info)
-    if workload.memory.total_gb > 0:  # cards know their memory; explicit op lists do not
+    if workload.memory.weights_gb > 0:  # cards know their memory; explicit op lists and traces do not
         m = workload.memory
         # Resident weights, KV cache and graphs, plus the activations live at the worst moment of the run.
         summary["peak_mem_gb"] = m.weights_gb + m.kv_cache_gb + m.graphs_gb + summary["peak_activation_gb"]

@@ -20,11 +20,11 @@ import numpy as np
 
 from harness.config import RunConfig, ServingConfig
 from harness.core import simulate
+from harness.device import US_PER_S
 from harness.lowering import lower
 from harness.policies import prepare
 
-US_PER_S = 1e6
-SERVING_STREAM = 1  # generator stream of the request draws: (seed, SERVING_STREAM) — apart from host jitter
+SERVING_STREAM = 1  # generator stream of the request draws: (seed, 1); host jitter uses (seed, 0, step)
 
 
 @dataclass

@@ -7,12 +7,13 @@ Columns (one row per op, in issue order; header names as below):
 | `name` | yes | op name |
 | `kind` | yes | `cube`, `vector`, `comm`, or `host` (front-end work with no kernel) |
 | `host_us` | no | host time of a `host` op |
+| `weight_bytes` | no | resident weights the op reads (the rest of `bytes` is activations) |
 | `device_us` | no | device time in µs; overrides the cost model when given |
 | `flops`, `bytes` | no | work and bytes moved (cost model, AI-core block rule) |
 | `shape_key` | no | integer that changes when the op's shapes change |
-| `dynamic`, `value_dependent`, `compute_dependent`, `cpu_eligible` | no | flags: 1/0, true/false |
+| `dynamic`, `value_dependent`, `compute_dependent`, `cpu_eligible`, `routed` | no | flags: 1/0, true/false (`routed`: shapes follow MoE routing; static, not refreshed, inside graphs) |
 | `stream` | no | device stream: 0 compute, 1 communication (default: by kind) |
-| `after` | no | earlier ops (0-based indices within the step, space separated) it waits for; default the previous op |
+| `after` | no | earlier ops (0-based indices within the step, space separated) it waits for; empty: the previous op; `-`: none |
 | `comm`, `ranks` | no | collective (`all_reduce`, `all_gather`, `all_to_all`) and group size, to price a comm op without `device_us` |
 | `step`, `batch`, `tokens`, `kv_len` | no | with `step`, rows are per step (every step lists the same ops) and may carry that step's sizes |
 
@@ -36,6 +37,7 @@ from harness.workload import (
     FLAG_COMPUTE_DEPENDENT,
     FLAG_CPU_ELIGIBLE,
     FLAG_DYNAMIC,
+    FLAG_ROUTED,
     FLAG_VALUE_DEPENDENT,
     KIND_CODE,
     Workload,
@@ -50,8 +52,11 @@ FLAG_COLUMNS = {
     "value_dependent": FLAG_VALUE_DEPENDENT,
     "compute_dependent": FLAG_COMPUTE_DEPENDENT,
     "cpu_eligible": FLAG_CPU_ELIGIBLE,
+    "routed": FLAG_ROUTED,
 }
-NUMBER_COLUMNS = ("device_us", "host_us", "flops", "bytes")
+NUMBER_COLUMNS = ("device_us", "host_us", "weight_bytes", "flops", "bytes")
+NO_DEPENDENCY = "-"
+MAX_STEPS = 1_000_000
 INT_COLUMNS = ("stream", "ranks", "step", "batch", "tokens", "kv_len")
 KNOWN_COLUMNS = {"name", "kind", "after", "comm", "shape_key", *NUMBER_COLUMNS, *INT_COLUMNS, *FLAG_COLUMNS}
 TRUE, FALSE = {"1", "true", "yes"}, {"0", "false", "no", ""}
@@ -68,10 +73,11 @@ def write_ops_csv(workload: Workload, path: Path, device_us: np.ndarray | None =
             "stream": np.tile(workload.stream, steps),
             "device_us": (device_us if device_us is not None else workload.device_us).ravel(),
             "host_us": np.tile(workload.host_us, steps),
+            "weight_bytes": np.tile(workload.weight_bytes, steps),
             "flops": workload.flops.ravel(),
             "bytes": workload.bytes.ravel(),
             "shape_key": workload.shape_key.ravel(),
-            "after": np.tile(np.array([" ".join(map(str, a)) for a in workload.after], dtype=object), steps),
+            "after": np.tile(np.array([" ".join(map(str, a)) if a else NO_DEPENDENCY for a in workload.after], dtype=object), steps),
             "comm": np.tile(np.array([COMM_NAMES[int(c)] for c in workload.comm], dtype=object), steps),
             "ranks": np.tile(workload.comm_ranks, steps),
             "batch": np.repeat(workload.batch, n),
@@ -123,6 +129,27 @@ def read_ops_csv(path: str | Path, cfg: WorkloadConfig) -> Workload:
         if (values < 0).any():
             i = int(np.flatnonzero((values < 0).to_numpy())[0])
             raise bad(i, column, text.iloc[i], "must be >= 0")
+        if np.isinf(values).any():
+            i = int(np.flatnonzero(np.isinf(values).to_numpy())[0])
+            raise bad(i, column, text.iloc[i], "must be finite")
+        if column in INT_COLUMNS:
+            fractional = values.notna() & (values != np.floor(values))
+            if fractional.any():
+                i = int(np.flatnonzero(fractional.to_numpy())[0])
+                raise bad(i, column, text.iloc[i], "must be a whole number")
+        if column == "ranks" and (values < 1).any():
+            i = int(np.flatnonzero((values < 1).to_numpy())[0])
+            raise bad(i, column, text.iloc[i], "must be >= 1")
+        if column == "stream" and (values > 1).any():
+            i = int(np.flatnonzero((values > 1).to_numpy())[0])
+            raise bad(i, column, text.iloc[i], "must be 0 (compute) or 1 (communication)")
+        if column == "step":
+            if values.isna().any():
+                i = int(np.flatnonzero(values.isna().to_numpy())[0])
+                raise bad(i, column, "", "is empty: every row needs its step")
+            if (values >= MAX_STEPS).any():
+                i = int(np.flatnonzero((values >= MAX_STEPS).to_numpy())[0])
+                raise bad(i, column, text.iloc[i], f"must be < {MAX_STEPS}")
         numbers[column] = values.to_numpy(dtype=np.float64)
     shape_key = None
     if "shape_key" in frame.columns:  # any 64-bit integer, parsed exactly (not through float)
@@ -170,7 +197,7 @@ def read_ops_csv(path: str | Path, cfg: WorkloadConfig) -> Workload:
     for j, i in enumerate(first):
         after_text = frame["after"].iloc[i].strip() if "after" in frame.columns else ""
         try:
-            after = [int(a) for a in after_text.split()] if after_text else None
+            after = [] if after_text == NO_DEPENDENCY else [int(a) for a in after_text.split()] if after_text else None
         except ValueError:
             raise bad(int(i), "after", after_text, "is not a list of op indices") from None
         if after is not None and any(not 0 <= a < j for a in after):
@@ -182,6 +209,7 @@ def read_ops_csv(path: str | Path, cfg: WorkloadConfig) -> Workload:
                 "kind": OpKind(frame["kind"].iloc[i]),
                 "stream": int(stream[i]) if stream is not None and not np.isnan(stream[i]) else -1,
                 "host_us": float(numbers["host_us"][i]) if "host_us" in numbers and not np.isnan(numbers["host_us"][i]) else 0.0,
+                "routed": bool(flags[i] & FLAG_ROUTED),
                 "after": after if after is not None else ([j - 1] if j > 0 else []),
                 "dynamic": bool(flags[i] & FLAG_DYNAMIC),
                 "value_dependent": bool(flags[i] & FLAG_VALUE_DEPENDENT),
@@ -204,6 +232,8 @@ def read_ops_csv(path: str | Path, cfg: WorkloadConfig) -> Workload:
     run_cfg = dataclasses.replace(cfg, steps=steps, warmup_steps=min(cfg.warmup_steps, steps - 1))
     workload = from_static_ops(run_cfg, rows, per_step)
     workload.comm = comm[first]
+    if "weight_bytes" in numbers:
+        workload.weight_bytes = np.nan_to_num(numbers["weight_bytes"][first])
     if "ranks" in numbers:
         workload.comm_ranks = np.nan_to_num(numbers["ranks"][first], nan=1).astype(np.int32)
     if step is not None:

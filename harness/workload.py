@@ -51,7 +51,7 @@ class Workload:
     name: str
     phase: Phase
     op_names: list[str]
-    kind: np.ndarray  # int8 per op: 0 cube, 1 vector, 2 comm
+    kind: np.ndarray  # int8 per op: 0 cube, 1 vector, 2 comm, 3 host
     stream: np.ndarray  # int8 per op: 0 compute, 1 communication
     flags: np.ndarray  # uint8 per op
     after: list[list[int]]  # per op: earlier ops of the step it waits for (data dependencies)
@@ -67,6 +67,7 @@ class Workload:
     warmup_steps: int
     memory: "MemoryPlan"
     n_kernels: Optional[np.ndarray] = None  # int per op: original ops fused into it (1 unless fused)
+    real_kv_len: Optional[np.ndarray] = None  # KV length per step before padding to a block
     host_us: Optional[np.ndarray] = None  # float per op: host time of kind=host ops (0 for kernels)
     weight_bytes: Optional[np.ndarray] = None  # float per op: resident weights it reads (not activations)
     real_batch: Optional[np.ndarray] = None  # sequences per step before padding to a bucket
@@ -76,6 +77,8 @@ class Workload:
             self.n_kernels = np.ones(len(self.op_names), dtype=np.int64)
         if self.real_batch is None:
             self.real_batch = self.batch
+        if self.real_kv_len is None:
+            self.real_kv_len = self.kv_len
         if self.host_us is None:
             self.host_us = np.zeros(len(self.op_names))
         if self.weight_bytes is None:
@@ -231,7 +234,7 @@ def _norm(dim_attr: str, fused_add: bool = False):
     return formula
 
 
-def _collective(s: Shapes, comm: int, ranks: int, nbytes) -> Optional[Cost]:
+def _collective(comm: int, ranks: int, nbytes) -> Optional[Cost]:
     if ranks <= 1:
         return None
     return Cost(OpKind.comm, bytes=nbytes, comm=comm, ranks=ranks)
@@ -303,7 +306,7 @@ def _grouped(s: Shapes, n_in: float, n_out: float) -> Cost:
 
 def _dispatch(s: Shapes) -> Optional[Cost]:
     m = _moe(s)
-    cost = _collective(s, COMM_ALL_TO_ALL, s.ep, m["sent"] * s.num_experts_per_tok * s.hidden_size * (1 if s.quant else s.act))
+    cost = _collective(COMM_ALL_TO_ALL, s.ep, m["sent"] * s.num_experts_per_tok * s.hidden_size * (1 if s.quant else s.act))
     if cost is not None:
         cost.value_dependent = True  # the per-expert token counts set the split sizes (host reads them)
         cost.dynamic = cost.routed = True
@@ -312,7 +315,7 @@ def _dispatch(s: Shapes) -> Optional[Cost]:
 
 def _combine(s: Shapes) -> Optional[Cost]:
     m = _moe(s)
-    cost = _collective(s, COMM_ALL_TO_ALL, s.ep, m["sent"] * s.num_experts_per_tok * s.hidden_size * s.act)
+    cost = _collective(COMM_ALL_TO_ALL, s.ep, m["sent"] * s.num_experts_per_tok * s.hidden_size * s.act)
     if cost is not None:
         cost.dynamic = cost.routed = True
     return cost
@@ -375,7 +378,7 @@ OP_FORMULAS: dict[str, Callable[[Shapes], Optional[Cost]]] = {
     ),
     "mla_attention": _mla_attention,
     "v_absorb_bmm": lambda s: _linear(s, s.kv_lora_rank * s.num_attention_heads, s.v_head_dim, s.tp, quantised=False),
-    "tp_all_reduce": lambda s: _collective(s, COMM_ALL_REDUCE, s.tp, s.tokens * s.hidden_size * s.act),
+    "tp_all_reduce": lambda s: _collective(COMM_ALL_REDUCE, s.tp, s.tokens * s.hidden_size * s.act),
     # dense MLP
     "gate_proj": lambda s: _linear(s, s.hidden_size, _mlp_width(s), s.tp),
     "up_proj": lambda s: _linear(s, s.hidden_size, _mlp_width(s), s.tp),
@@ -560,12 +563,17 @@ def _from_card(
                     costs.append(OP_FORMULAS[op](s))
                 cost = costs[template_of[key]]
                 if cost is None:
+                    # Not issued here: an op naming it in `after` waits for what it would have waited for.
+                    if after_name is not None and after_name in issued:
+                        issued[op] = issued[after_name]
+                    elif after_name is None:
+                        issued[op] = previous
                     continue
                 weights += cost.weight_bytes
                 names.append(f"layers.{layer}.{op}" if in_layers else op)
                 templates.append(template_of[key])
                 if after_name is not None:
-                    after.append([issued[after_name]] if after_name in issued else [])
+                    after.append([issued[after_name]] if issued.get(after_name, -1) >= 0 else [])
                 else:
                     after.append([previous] if previous >= 0 else [])
                 issued[op] = previous = len(names) - 1
@@ -632,19 +640,24 @@ def _kv_bytes_per_token(card: dict, s: Shapes) -> float:
     return per_layer * card["num_hidden_layers"]
 
 
+KEY_MULTIPLIER = np.int64(1_000_003)
+
+
+def mix_keys(key, value):
+    """Fold `value` into a 64-bit key (wrapping arithmetic): the one hash of shape keys in the harness."""
+    with np.errstate(over="ignore"):
+        return np.asarray(key, dtype=np.int64) * KEY_MULTIPLIER ^ np.asarray(value, dtype=np.int64)
+
+
 def _shape_keys(template_ids: np.ndarray, tokens: np.ndarray, varying: np.ndarray, batch: np.ndarray, dynamic: np.ndarray) -> np.ndarray:
     """(steps, templates) int64 keys: equal exactly when an op's input shapes are equal.
 
     `varying` (steps × 1 or steps × templates) is what a dynamic op's shapes follow besides the batch.
     """
-    mult = np.int64(1_000_003)
     varying = np.broadcast_to(np.asarray(varying, dtype=np.float64), (tokens.shape[0], template_ids.shape[0]))
-    with np.errstate(over="ignore"):
-        key = (template_ids.astype(np.int64)[None, :] + 1) * mult
-        key = (key ^ tokens.astype(np.int64)[:, None]) * mult
-        key = (key ^ batch.astype(np.int64)[:, None]) * mult
-        key = key ^ np.where(dynamic[None, :], varying.astype(np.int64), -1)
-    return key
+    key = mix_keys(template_ids.astype(np.int64)[None, :] + 1, tokens.astype(np.int64)[:, None])
+    key = mix_keys(key, batch.astype(np.int64)[:, None])
+    return mix_keys(key, np.where(dynamic[None, :], varying.astype(np.int64), -1))
 
 
 def from_static_ops(cfg: WorkloadConfig, rows: list[dict], per_step: Optional[dict] = None) -> Workload:
@@ -653,7 +666,7 @@ def from_static_ops(cfg: WorkloadConfig, rows: list[dict], per_step: Optional[di
     n = len(rows)
     kind = np.array([KIND_CODE[r["kind"]] for r in rows], dtype=np.int8)
     stream = np.array(
-        [r["stream"] if r.get("stream", -1) >= 0 else (STREAM_COMM if KIND_CODE[r["kind"]] == 2 else STREAM_COMPUTE) for r in rows],
+        [r["stream"] if r.get("stream", -1) >= 0 else (STREAM_COMM if r["kind"] == OpKind.comm else STREAM_COMPUTE) for r in rows],
         dtype=np.int8,
     )
     flags = np.array(
@@ -662,6 +675,7 @@ def from_static_ops(cfg: WorkloadConfig, rows: list[dict], per_step: Optional[di
             | r.get("value_dependent", False) * FLAG_VALUE_DEPENDENT
             | r.get("compute_dependent", False) * FLAG_COMPUTE_DEPENDENT
             | r.get("cpu_eligible", False) * FLAG_CPU_ELIGIBLE
+            | r.get("routed", False) * FLAG_ROUTED
             for r in rows
         ],
         dtype=np.uint8,

@@ -13,7 +13,7 @@ from harness.graph import CATEGORY
 from harness.run import simulate_run
 
 # Three ops with known device times; every host stage costs 1 µs, a sync 2 µs.
-UNIT_HOST = HostConfig(threads=4, framework_us=1, infer_shape_us=1, tiling_us=1, alloc_us=1, launch_us=1, free_us=1, sync_us=2)
+UNIT_HOST = HostConfig(threads=4, framework_us=1, infer_shape_us=1, tiling_us=1, alloc_us=1, launch_us=1, free_us=1, sync_us=2, kernel_params=0)
 LINK = LinkConfig(pcie_gbps=32, pcie_latency_us=1)
 THREE_OPS = [OpSpec(name="a", device_us=2.0), OpSpec(name="b", device_us=10.0), OpSpec(name="c", device_us=3.0)]
 

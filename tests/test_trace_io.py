@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
+
 import pytest
 
 from conftest import compose_run, run_cli
@@ -87,3 +89,33 @@ def test_export_command_and_bad_trace_on_the_command_line(tmp_path):
     out.write_text("name,kind\na,cube\nb,quantum\n")
     proc = run_cli("workload=trace", f"workload.path={out}", "tracking.enabled=false", cwd=tmp_path)
     assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1 and "line 3" in proc.stderr
+
+
+@pytest.mark.parametrize(
+    "content,fragments",
+    [
+        ("step,name,kind\n0,a,cube\n,b,cube\n", ["line 3", "'step'", "empty"]),
+        ("step,name,kind\n1e12,a,cube\n", ["line 2", "'step'"]),
+        ("step,name,kind\n0.5,a,cube\n", ["line 2", "whole number"]),
+        ("name,kind,flops\na,cube,inf\n", ["line 2", "'flops'", "finite"]),
+        ("name,kind,comm,ranks,bytes\na,comm,all_reduce,0,100\n", ["line 2", "'ranks'", ">= 1"]),
+        ("name,kind,stream\na,cube,3\n", ["line 2", "'stream'"]),
+    ],
+)
+def test_bad_step_rank_stream_and_infinite_cells(tmp_path, content, fragments):
+    path = tmp_path / "ops.csv"
+    path.write_text(content)
+    with pytest.raises(ConfigError) as err:
+        build_workload(compose_run("workload=trace", f"workload.path={path}").workload)
+    for fragment in fragments:
+        assert fragment in str(err.value)
+
+
+def test_ops_without_dependencies_and_routed_flags_survive_the_round_trip(tmp_path):
+    run = compose_run("workload=deepseek_v3", "workload.quant=bf16", "workload.steps=2", "hardware.device.hbm_gb=128")
+    wl = build_workload(run.workload)
+    path = tmp_path / "ops.csv"
+    write_ops_csv(wl, path)
+    back = build_workload(compose_run("workload=trace", f"workload.path={path}").workload)
+    assert back.after == wl.after
+    assert np.array_equal(back.flags, wl.flags) and np.array_equal(back.weight_bytes, wl.weight_bytes)

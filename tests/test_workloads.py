@@ -84,7 +84,9 @@ def test_tensor_parallelism_splits_weights_and_adds_all_reduces():
     assert np.all(split.stream[reduces] == 1)
 
 
-FREE_HOST = [f"hardware.host.{stage}_us=0" for stage in ("framework", "infer_shape", "tiling", "alloc", "launch", "free", "sync")]
+FREE_HOST = [f"hardware.host.{stage}_us=0" for stage in ("framework", "infer_shape", "tiling", "alloc", "launch", "free", "sync")] + [
+    "hardware.host.kernel_params=0"
+]
 
 
 def test_collectives_run_on_the_comm_stream_and_the_shared_expert_overlaps_dispatch():
