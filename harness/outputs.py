@@ -30,8 +30,8 @@ def _atomic_write(path: Path, write) -> None:
     os.replace(tmp, path)
 
 
-def write_json(path: Path, data: Any) -> None:
-    _atomic_write(path, lambda tmp: tmp.write_text(json.dumps(data, indent=2) + "\n"))
+def write_json(path: Path, data: Any, indent: int | None = 2) -> None:
+    _atomic_write(path, lambda tmp: tmp.write_text(json.dumps(data, indent=indent) + "\n"))
 
 
 def write_outputs(run_dir: Path, outcome: "RunResult", names: dict, trace_steps: int, timeline_steps: int = 0) -> None:
@@ -39,7 +39,7 @@ def write_outputs(run_dir: Path, outcome: "RunResult", names: dict, trace_steps:
     write_json(run_dir / SUMMARY_FILE, {**names, **outcome.summary})
     _atomic_write(run_dir / STEPS_FILE, lambda tmp: outcome.steps.to_parquet(tmp, index=False))
     if trace_steps > 0:
-        write_json(run_dir / TRACE_FILE, chrome_trace(outcome, trace_steps))
+        write_json(run_dir / TRACE_FILE, chrome_trace(outcome, trace_steps), indent=None)  # compact: tens of thousands of events
     if timeline_steps > 0:
         from harness.timeline import draw_timeline  # matplotlib only when a picture is asked for
 

@@ -46,19 +46,21 @@ def draw_timeline(outcome: "RunResult", path: Path, steps: int) -> None:
     last = min(first + steps, outcome.workload.steps) - 1
     step_start, step_end = step_bounds(result)
     t0, t1 = float(step_start[first]), float(step_end[last])
-    chosen = (tasks["step"] >= first) & (tasks["step"] <= last)
-    used_lanes = [lane for lane in range(len(graph.lane_names)) if np.any(chosen & (tasks["lane"] == lane))]
+    # Work on the drawn steps only (a long run has millions of tasks).
+    picked = np.flatnonzero((tasks["step"] >= first) & (tasks["step"] <= last))
+    tasks, start_us, end_us = tasks[picked], result.start_us[picked], result.end_us[picked]
+    used_lanes = sorted(set(tasks["lane"].tolist()))
     rows = {lane: len(used_lanes) - 1 - k for k, lane in enumerate(used_lanes)}  # first lane on top
     scale = 1e-3  # µs → ms
     fig, ax = plt.subplots(figsize=(14, 1.0 + 0.55 * len(used_lanes)))
     for lane in used_lanes:
-        mine = chosen & (tasks["lane"] == lane)
+        mine = tasks["lane"] == lane
         for code in np.unique(tasks["category"][mine]):
             pick = mine & (tasks["category"] == code)
-            spans = [((s - t0) * scale, max((e - s) * scale, 1e-4)) for s, e in zip(result.start_us[pick], result.end_us[pick])]
+            spans = list(zip((start_us[pick] - t0) * scale, np.maximum((end_us[pick] - start_us[pick]) * scale, 1e-4)))
             ax.broken_barh(spans, (rows[lane] - 0.4, 0.8), facecolors=COLOURS[CATEGORIES[code]], linewidth=0)
     on_device = graph.lane_kinds[tasks["lane"]] == LANE_DEVICE
-    busy = BusyTime(result.start_us[on_device & chosen], result.end_us[on_device & chosen])
+    busy = BusyTime(start_us[on_device], end_us[on_device])
     gaps_start = np.r_[t0, busy.ends]
     gaps_end = np.r_[busy.starts, t1]
     open_gap = gaps_end > gaps_start
@@ -78,7 +80,7 @@ def draw_timeline(outcome: "RunResult", path: Path, steps: int) -> None:
     names = outcome.summary
     span = f"step {first}" if first == last else f"steps {first}–{last}"
     ax.set_title(f"{span}: device idle {idle:.0%} (red), bound: {names['bound']}", loc="left")
-    shown = sorted({CATEGORIES[c] for c in np.unique(tasks["category"][chosen])}, key=CATEGORIES.index)
+    shown = sorted({CATEGORIES[c] for c in np.unique(tasks["category"])}, key=CATEGORIES.index)
     ax.legend(handles=[Patch(color=COLOURS[c], label=c) for c in shown], loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
     fig.tight_layout()
     tmp = path.with_name(path.name + ".tmp.png")
