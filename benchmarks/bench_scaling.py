@@ -28,6 +28,9 @@ import pandas as pd
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_engine import best_of  # noqa: E402
 
 from hydra import compose, initialize_config_dir  # noqa: E402
 
@@ -41,15 +44,6 @@ from harness.workload import build_workload  # noqa: E402
 def compose_run(*overrides: str):
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         return to_run_config(compose(config_name="config", overrides=list(overrides)))
-
-
-def best_of(repeat: int, fn) -> float:
-    times = []
-    for _ in range(repeat):
-        began = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - began)
-    return min(times)
 
 
 def simpy_model(graph) -> np.ndarray:

@@ -60,6 +60,12 @@ def test_minimal_csv_runs(tmp_path):
         ("name,kind,after\na,cube,\nb,cube,5\n", ["line 3", "'after'", "'5'"]),
         ("name,kind,color\na,cube,red\n", ["unknown column", "color"]),
         ("name,kind\n", ["no rows"]),
+        ("step,name,kind\n0,a,cube\n,b,cube\n", ["line 3", "'step'", "empty"]),
+        ("step,name,kind\n1e12,a,cube\n", ["line 2", "'step'"]),
+        ("step,name,kind\n0.5,a,cube\n", ["line 2", "whole number"]),
+        ("name,kind,flops\na,cube,inf\n", ["line 2", "'flops'", "finite"]),
+        ("name,kind,comm,ranks,bytes\na,comm,all_reduce,0,100\n", ["line 2", "'ranks'", ">= 1"]),
+        ("name,kind,stream\na,cube,3\n", ["line 2", "'stream'"]),
     ],
 )
 def test_bad_files_name_row_and_column(tmp_path, content, fragments):
@@ -89,26 +95,6 @@ def test_export_command_and_bad_trace_on_the_command_line(tmp_path):
     out.write_text("name,kind\na,cube\nb,quantum\n")
     proc = run_cli("workload=trace", f"workload.path={out}", "tracking.enabled=false", cwd=tmp_path)
     assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1 and "line 3" in proc.stderr
-
-
-@pytest.mark.parametrize(
-    "content,fragments",
-    [
-        ("step,name,kind\n0,a,cube\n,b,cube\n", ["line 3", "'step'", "empty"]),
-        ("step,name,kind\n1e12,a,cube\n", ["line 2", "'step'"]),
-        ("step,name,kind\n0.5,a,cube\n", ["line 2", "whole number"]),
-        ("name,kind,flops\na,cube,inf\n", ["line 2", "'flops'", "finite"]),
-        ("name,kind,comm,ranks,bytes\na,comm,all_reduce,0,100\n", ["line 2", "'ranks'", ">= 1"]),
-        ("name,kind,stream\na,cube,3\n", ["line 2", "'stream'"]),
-    ],
-)
-def test_bad_step_rank_stream_and_infinite_cells(tmp_path, content, fragments):
-    path = tmp_path / "ops.csv"
-    path.write_text(content)
-    with pytest.raises(ConfigError) as err:
-        build_workload(compose_run("workload=trace", f"workload.path={path}").workload)
-    for fragment in fragments:
-        assert fragment in str(err.value)
 
 
 def test_ops_without_dependencies_and_routed_flags_survive_the_round_trip(tmp_path):
