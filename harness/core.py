@@ -82,19 +82,14 @@ def _simulate(tasks, lane_prev, lane_next, dep_ptr, succ_ptr, succ_idx, pool_cap
     wait_head = np.full(n_pools, -1, np.int64)
     wait_tail = np.full(n_pools, -1, np.int64)
     wait_next = np.full(n, -1, np.int64)
-    max_fanout = 0
+    # Each lane has at most one task pending (ready, waiting or running): its lane successor cannot
+    # become ready before it ends. So the heap never holds more events than there are lanes, and
+    # needs no growth (re-binding arrays inside the loop costs reference counting on every pass).
+    n_lanes = 0
     for i in range(n):
-        if succ_ptr[i + 1] - succ_ptr[i] > max_fanout:
-            max_fanout = succ_ptr[i + 1] - succ_ptr[i]
-    # At most one READY event per task is pending at the start.
-    capacity = 1024
-    n_initial = 0
-    for i in range(n):
-        if dep_ptr[i + 1] == dep_ptr[i] and lane_prev[i] < 0:
-            n_initial += 1
-    while capacity < n_initial + 2 + max_fanout:
-        capacity *= 2
-    n_waiting = 0
+        if tasks[i]["lane"] >= n_lanes:
+            n_lanes = tasks[i]["lane"] + 1
+    capacity = n_lanes + 1
     heap_t = np.empty(capacity, np.float64)
     heap_k = np.empty(capacity, np.int64)
     size = 0
@@ -107,16 +102,6 @@ def _simulate(tasks, lane_prev, lane_next, dep_ptr, succ_ptr, succ_idx, pool_cap
             size = _heap_push(heap_t, heap_k, size, tasks[i]["release_us"], n + i)
     ended = 0
     while size > 0:
-        # One iteration pushes at most 1 end, the waiters it starts, a lane successor and its
-        # dependents: grow before, so the pushes below never overflow.
-        if size + 2 + n_waiting + max_fanout >= capacity:
-            capacity *= 2
-            new_t = np.empty(capacity, np.float64)
-            new_k = np.empty(capacity, np.int64)
-            new_t[:size] = heap_t[:size]
-            new_k[:size] = heap_k[:size]
-            heap_t = new_t
-            heap_k = new_k
         t = heap_t[0]
         k = heap_k[0]
         size = _heap_pop(heap_t, heap_k, size)
@@ -134,7 +119,6 @@ def _simulate(tasks, lane_prev, lane_next, dep_ptr, succ_ptr, succ_idx, pool_cap
                 else:
                     wait_next[wait_tail[pool]] = i
                 wait_tail[pool] = i
-                n_waiting += 1
             continue
         i = k
         end[i] = t
@@ -148,7 +132,6 @@ def _simulate(tasks, lane_prev, lane_next, dep_ptr, succ_ptr, succ_idx, pool_cap
                 if wait_head[pool] < 0:
                     wait_tail[pool] = -1
                 free_units[pool] -= tasks[j]["units"]
-                n_waiting -= 1
                 start[j] = t
                 decider[j] = i
                 size = _heap_push(heap_t, heap_k, size, t + tasks[j]["duration_us"], j)
@@ -273,23 +256,24 @@ def links(graph: TaskGraph) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndar
 
 
 @njit(cache=True)
-def _step_paths(end, decider, step, n_steps):
-    """Critical path of every step: from the step's last task back to its first, following deciders."""
-    n = end.shape[0]
+def _step_path_us(start, end, decider, step, category, counted, n_categories):
+    """Time per category on the critical paths of the counted steps (each step's path runs from its
+    last task back to its first, following deciders)."""
+    n_steps = counted.shape[0]
     last = np.full(n_steps, -1, np.int64)
-    for i in range(n):
+    for i in range(end.shape[0]):
         s = step[i]
         if last[s] < 0 or end[i] >= end[last[s]]:
             last[s] = i
-    path = np.empty(n, np.int64)
-    length = 0
+    per_category = np.zeros(n_categories, np.float64)
     for s in range(n_steps):
+        if not counted[s]:
+            continue
         i = last[s]
         while i >= 0 and step[i] == s:
-            path[length] = i
-            length += 1
+            per_category[category[i]] += end[i] - start[i]
             i = decider[i]
-    return path[:length]
+    return per_category
 
 
 def lru_hits(keys: np.ndarray, capacity: int) -> np.ndarray:
@@ -301,6 +285,25 @@ def lru_hits(keys: np.ndarray, capacity: int) -> np.ndarray:
     return hits
 
 
+@njit(cache=True)
+def _integer_columns(tasks):
+    """lane, step, op, category, stage of every task as contiguous arrays, reading each record once."""
+    n = tasks.shape[0]
+    lane = np.empty(n, np.int32)
+    step = np.empty(n, np.int32)
+    op = np.empty(n, np.int32)
+    category = np.empty(n, np.int8)
+    stage = np.empty(n, np.int8)
+    for i in range(n):
+        rec = tasks[i]
+        lane[i] = rec["lane"]
+        step[i] = rec["step"]
+        op[i] = rec["op"]
+        category[i] = rec["category"]
+        stage[i] = rec["stage"]
+    return lane, step, op, category, stage
+
+
 class SimulationResult:
     """Start, end and decider per task, plus the graph they belong to."""
 
@@ -309,6 +312,17 @@ class SimulationResult:
         self.start_us = start_us
         self.end_us = end_us
         self.decider = decider
+        self._columns: dict[str, np.ndarray] = {}
+
+    def column(self, name: str) -> np.ndarray:
+        """A task field as a contiguous array (lane, step, op, category or stage), extracted once.
+
+        Metrics read these fields many times; a field of the record array is a strided view, and each
+        numpy pass over it reads every 48-byte record.
+        """
+        if not self._columns:
+            self._columns = dict(zip(("lane", "step", "op", "category", "stage"), _integer_columns(self.graph.tasks)))
+        return self._columns[name]
 
     @property
     def makespan_us(self) -> float:
@@ -317,10 +331,40 @@ class SimulationResult:
     def critical_path(self) -> np.ndarray:
         return _critical_path(self.end_us, self.decider)
 
-    def step_critical_paths(self) -> np.ndarray:
-        """Tasks on the critical path of each step (a step's path spans it from start to end)."""
-        steps = self.graph.tasks["step"].astype(np.int64)
-        return _step_paths(self.end_us, self.decider, steps, int(steps.max()) + 1)
+    def step_path_us(self, counted_steps: np.ndarray, n_categories: int) -> np.ndarray:
+        """Time per task category on the critical paths of the steps where `counted_steps` is true
+        (a step's path spans it from start to end, so this sums to their latencies)."""
+        counted = np.asarray(counted_steps, dtype=np.bool_)
+        return _step_path_us(self.start_us, self.end_us, self.decider, self.column("step"), self.column("category"), counted, n_categories)
+
+
+# Codes of the first problem `_check_graph` finds (0: none).
+_BAD_DEP, _BAD_LANE, _BAD_POOL, _TOO_MANY_UNITS, _BAD_DURATION, _BAD_RELEASE = 1, 2, 3, 4, 5, 6
+
+
+@njit(cache=True)
+def _check_graph(tasks, dep_ptr, dep_idx, n_lanes, pool_capacity):
+    """(code, task) of the first invalid task, in one pass over the records (a numpy expression per
+    field would read every record again: they are 48 bytes apart)."""
+    n_pools = pool_capacity.shape[0]
+    for i in range(tasks.shape[0]):
+        for e in range(dep_ptr[i], dep_ptr[i + 1]):
+            if dep_idx[e] >= i or dep_idx[e] < 0:
+                return _BAD_DEP, i
+        rec = tasks[i]
+        if rec["lane"] < 0 or rec["lane"] >= n_lanes:
+            return _BAD_LANE, i
+        if rec["pool"] >= n_pools:
+            return _BAD_POOL, i
+        if rec["pool"] >= 0 and rec["units"] > pool_capacity[rec["pool"]]:
+            return _TOO_MANY_UNITS, i
+        d = rec["duration_us"]
+        if not (d >= 0 and d < np.inf):  # also false for NaN
+            return _BAD_DURATION, i
+        r = rec["release_us"]
+        if not (r >= 0 and r < np.inf):
+            return _BAD_RELEASE, i
+    return 0, -1
 
 
 def validate_graph(graph: TaskGraph) -> None:
@@ -330,24 +374,28 @@ def validate_graph(graph: TaskGraph) -> None:
         raise HarnessError("task graph is empty: nothing to simulate")
     if graph.dep_ptr.shape[0] != n + 1:
         raise HarnessError(f"dep_ptr has {graph.dep_ptr.shape[0]} entries, expected {n + 1}")
-    owner = np.repeat(np.arange(n), np.diff(graph.dep_ptr))
-    if np.any(graph.dep_idx >= owner) or np.any(graph.dep_idx < 0):
+    code, bad = _check_graph(
+        tasks,
+        graph.dep_ptr.astype(np.int64, copy=False),
+        graph.dep_idx.astype(np.int64, copy=False),
+        len(graph.lane_names),
+        graph.pool_capacity.astype(np.int64, copy=False),
+    )
+    if code == _BAD_DEP:
         raise HarnessError("every dependency must point to a lower task id (the graph must be topologically numbered)")
-    if tasks["lane"].min() < 0 or tasks["lane"].max() >= len(graph.lane_names):
+    if code == _BAD_LANE:
         raise HarnessError("task lane out of range")
-    pools = tasks["pool"]
-    uses_pool = pools >= 0
-    if np.any(pools >= len(graph.pool_capacity)):
+    if code == _BAD_POOL:
         raise HarnessError("task pool out of range")
-    if np.any(tasks["units"][uses_pool] > graph.pool_capacity[pools[uses_pool]]):
-        bad = int(np.argmax(uses_pool & (tasks["units"] > graph.pool_capacity[np.maximum(pools, 0)])))
+    if code == _TOO_MANY_UNITS:
+        pool = int(tasks["pool"][bad])
         raise HarnessError(
-            f"task {bad} needs {int(tasks['units'][bad])} units of pool {graph.pool_names[pools[bad]]!r}, "
-            f"which has {int(graph.pool_capacity[pools[bad]])}"
+            f"task {bad} needs {int(tasks['units'][bad])} units of pool {graph.pool_names[pool]!r}, "
+            f"which has {int(graph.pool_capacity[pool])}"
         )
-    if np.any(tasks["duration_us"] < 0) or not np.all(np.isfinite(tasks["duration_us"])):
+    if code == _BAD_DURATION:
         raise HarnessError("task durations must be finite and >= 0")
-    if np.any(tasks["release_us"] < 0) or not np.all(np.isfinite(tasks["release_us"])):
+    if code == _BAD_RELEASE:
         raise HarnessError("task release times must be finite and >= 0")
 
 

@@ -37,6 +37,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
+from numba import njit
 
 from harness.config import Dispatch, GraphMode, HardwareConfig, StrategyConfig
 from harness.device import copy_time_us, device_times
@@ -281,15 +282,66 @@ def _read_back(tpl, device_tasks: list[int], d2h_lane: int, op: int, source: int
     return copy
 
 
+@njit(cache=True)
+def _fill_records(
+    out, steps, lane, category, op, stage, source, value, host_slot,
+    device_us, device_cores, extra_device_us, tiling_us, h2d_us, d2h_us, cpu_flops_per_us, flops,
+    cpu_copy_latency_us, cpu_copy_bytes_per_us, op_bytes, jitter,
+):
+    """Write the records of `steps` (template repeated) into `out`, in one pass.
+
+    One pass matters: records are 48 bytes apart, so a numpy expression per field re-reads them all.
+    """
+    m = lane.shape[0]
+    for c in range(steps.shape[0]):
+        s = steps[c]
+        for j in range(m):
+            rec = out[c * m + j]
+            rec["lane"] = lane[j]
+            rec["category"] = category[j]
+            rec["op"] = op[j]
+            rec["stage"] = stage[j]
+            rec["step"] = s
+            rec["release_us"] = 0.0
+            src = source[j]
+            pool = NO_POOL
+            units = 0
+            if src == _DEVICE:
+                k = np.int64(value[j])
+                duration = device_us[s, k] + extra_device_us
+                units = device_cores[s, k]
+                if units > 0:  # collectives hold no AI core
+                    pool = POOL_AI_CORES
+            elif src == _TILING:
+                duration = tiling_us[s, np.int64(value[j])]
+            elif src == _H2D_TOKENS:
+                duration = h2d_us[c]
+            elif src == _D2H_TOKENS:
+                duration = d2h_us[c]
+            elif src == _CPU_COMPUTE:
+                duration = flops[s, np.int64(value[j])] / cpu_flops_per_us
+            elif src == _CPU_COPY:
+                duration = cpu_copy_latency_us + op_bytes[s, np.int64(value[j])] / 2 / cpu_copy_bytes_per_us
+            else:
+                duration = value[j]
+            if host_slot[j] >= 0:
+                duration *= jitter[c, host_slot[j]]
+                pool = POOL_HOST
+                units = 1
+            rec["duration_us"] = duration
+            rec["pool"] = pool
+            rec["units"] = units
+
+
 @dataclass
 class _Piece:
-    tasks: np.ndarray
     src: np.ndarray
     dst: np.ndarray
     last_on_lane: np.ndarray  # local ids (in the piece) of each lane's last task of the last step
 
 
 def _tile(
+    out: np.ndarray,
     tpl: StepTemplate,
     steps: np.ndarray,
     workload: Workload,
@@ -302,47 +354,39 @@ def _tile(
     step_release_us: np.ndarray | None,
     extra_device_us: float,
 ) -> _Piece:
-    """The template repeated over consecutive `steps`, with each step's durations and AI cores."""
+    """The template repeated over consecutive `steps` (records written into `out`), with each step's
+    durations and AI cores; returns the piece's edges in local ids."""
     count = steps.size
     m = len(tpl.lane)
     offsets = (np.arange(count, dtype=np.int64) * m)[:, None]
-    source = np.array(tpl.source, dtype=np.int8)
-    value = np.array(tpl.value, dtype=np.float64)
     is_host = np.array(tpl.host, dtype=bool)
-    tasks = np.zeros(count * m, dtype=TASK_DTYPE)
-    tasks["lane"] = np.tile(np.array(tpl.lane, dtype=np.int32), count)
-    tasks["category"] = np.tile(np.array(tpl.category, dtype=np.int8), count)
-    tasks["op"] = np.tile(np.array(tpl.op, dtype=np.int32), count)
-    tasks["step"] = np.repeat(steps.astype(np.int32), m)
-    tasks["stage"] = np.tile(np.array(tpl.stage, dtype=np.int8), count)
-
-    duration = np.tile(value, (count, 1))
-    device = source == _DEVICE
-    device_ops = value[device].astype(np.int64)
-    duration[:, device] = device_us[np.ix_(steps, device_ops)] + extra_device_us
-    tiling = source == _TILING
-    duration[:, tiling] = tiling_us[np.ix_(steps, value[tiling].astype(np.int64))]
+    host_slot = np.where(is_host, np.cumsum(is_host) - 1, -1).astype(np.int64)
     link = hardware.link
-    duration[:, source == _H2D_TOKENS] = np.array([copy_time_us(t * 2 * TOKEN_ID_BYTES, link) for t in workload.tokens[steps]])[:, None]
-    duration[:, source == _D2H_TOKENS] = np.array([copy_time_us(t * TOKEN_ID_BYTES, link) for t in workload.tokens_out[steps]])[:, None]
-    cpu = source == _CPU_COMPUTE
-    duration[:, cpu] = workload.flops[np.ix_(steps, value[cpu].astype(np.int64))] / (hardware.host.cpu_gflops * 1e3)
-    cpu_copy = source == _CPU_COPY
-    half_bytes = workload.bytes[np.ix_(steps, value[cpu_copy].astype(np.int64))] / 2
-    duration[:, cpu_copy] = link.pcie_latency_us + half_bytes / (link.pcie_gbps * 1e3)
-    duration[:, is_host] *= _jitter(seed, steps, hardware.host.jitter_cv, int(is_host.sum()))
-    tasks["duration_us"] = duration.ravel()
+    _fill_records(
+        out,
+        steps.astype(np.int64),
+        np.array(tpl.lane, dtype=np.int32),
+        np.array(tpl.category, dtype=np.int8),
+        np.array(tpl.op, dtype=np.int32),
+        np.array(tpl.stage, dtype=np.int8),
+        np.array(tpl.source, dtype=np.int8),
+        np.array(tpl.value, dtype=np.float64),
+        host_slot,
+        np.ascontiguousarray(device_us, dtype=np.float64),
+        np.ascontiguousarray(device_cores, dtype=np.int32),
+        float(extra_device_us),
+        np.ascontiguousarray(tiling_us, dtype=np.float64),
+        np.array([copy_time_us(t * 2 * TOKEN_ID_BYTES, link) for t in workload.tokens[steps]], dtype=np.float64),
+        np.array([copy_time_us(t * TOKEN_ID_BYTES, link) for t in workload.tokens_out[steps]], dtype=np.float64),
+        hardware.host.cpu_gflops * 1e3,
+        np.ascontiguousarray(workload.flops, dtype=np.float64),
+        float(link.pcie_latency_us),
+        link.pcie_gbps * 1e3,
+        np.ascontiguousarray(workload.bytes, dtype=np.float64),
+        _jitter(seed, steps, hardware.host.jitter_cv, int(is_host.sum())),
+    )
     if step_release_us is not None:
-        tasks["release_us"][offsets[:, 0]] = step_release_us[steps]
-
-    pool = np.full((count, m), NO_POOL, dtype=np.int32)
-    units = np.zeros((count, m), dtype=np.int32)
-    pool[:, is_host] = POOL_HOST
-    units[:, is_host] = 1
-    units[:, device] = device_cores[np.ix_(steps, device_ops)]
-    pool[:, device] = np.where(units[:, device] > 0, POOL_AI_CORES, NO_POOL)  # collectives hold no AI core
-    tasks["pool"] = pool.ravel()
-    tasks["units"] = units.ravel()
+        out["release_us"][offsets[:, 0]] = step_release_us[steps]
 
     src = [(np.array(tpl.src, dtype=np.int64)[None, :] + offsets).ravel()]
     dst = [(np.array(tpl.dst, dtype=np.int64)[None, :] + offsets).ravel()]
@@ -358,7 +402,7 @@ def _tile(
         if producer_ids.size > capacity:
             src.append(consumer_ids[:-capacity])
             dst.append(producer_ids[capacity:])
-    return _Piece(tasks, np.concatenate(src), np.concatenate(dst), last_on_lane + (count - 1) * m)
+    return _Piece(np.concatenate(src), np.concatenate(dst), last_on_lane + (count - 1) * m)
 
 
 def lower(
@@ -381,30 +425,32 @@ def lower(
     costs = host_stage_costs(workload, hardware, strategy)
     tiling_us = np.where(plan.tiling_hit, hardware.host.tiling_lookup_us, costs["tiling"][None, :])
     steps = np.arange(workload.steps) if only_steps is None else np.asarray(only_steps, dtype=np.int64)
-    templates: dict[int, StepTemplate] = {}
-    pieces: list[_Piece] = []
     mode = plan.mode[steps]
     breaks = np.flatnonzero(np.diff(mode)) + 1
-    for run in np.split(np.arange(steps.size), breaks):
+    runs = np.split(np.arange(steps.size), breaks)
+    templates: dict[int, StepTemplate] = {}
+    for run in runs:
         m = int(mode[run[0]])
         if m not in templates:
             templates[m] = build_template(workload, hardware, strategy, m, plan.cpu_ops)
-        extra = hardware.graph.task_dispatch_us if m == REPLAY else 0.0
-        pieces.append(_tile(templates[m], steps[run], workload, hardware, strategy, seed, device_us, device_cores, tiling_us, step_release_us, extra))
-    # Concatenate the pieces; a barrier joins each piece's last step to the next piece's first.
+    sizes = [run.size * len(templates[int(mode[run[0]])].lane) for run in runs]
+    all_tasks = np.empty(sum(sizes), dtype=TASK_DTYPE)
+    # Tile each run of equal-mode steps in place; a barrier joins each piece's last step to the next
+    # piece's first.
     offset = 0
-    tasks, src, dst = [], [], []
+    src, dst = [], []
     previous_last: np.ndarray | None = None
-    for piece in pieces:
-        tasks.append(piece.tasks)
+    for run, size in zip(runs, sizes):
+        m = int(mode[run[0]])
+        extra = hardware.graph.task_dispatch_us if m == REPLAY else 0.0
+        piece = _tile(all_tasks[offset : offset + size], templates[m], steps[run], workload, hardware, strategy, seed, device_us, device_cores, tiling_us, step_release_us, extra)
         src.append(piece.src + offset)
         dst.append(piece.dst + offset)
         if previous_last is not None:
             src.append(previous_last)
             dst.append(np.full(previous_last.size, offset, dtype=np.int64))
         previous_last = piece.last_on_lane + offset
-        offset += piece.tasks.size
-    all_tasks = np.concatenate(tasks)
+        offset += size
     dep_ptr, dep_idx = csr_from_edges(offset, np.concatenate(src), np.concatenate(dst))
     return TaskGraph(
         tasks=all_tasks,

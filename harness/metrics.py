@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
+from numba import njit
 
 from harness.config import Phase
 from harness.core import SimulationResult
@@ -19,6 +20,54 @@ from harness.workload import Workload
 
 US_PER_MS = 1e3
 HOST_CATEGORIES = ("framework", "infer_shape", "tiling", "alloc", "launch", "sync", "graph", "cpu")
+
+
+@njit(cache=True)
+def _merge_lanes(lane, take, key, n_lanes):
+    """Ids of the taken tasks in increasing `key`, for a key that increases along each lane (start or
+    end times: lanes are FIFO). A merge of the lanes: O(tasks × lanes), no sort."""
+    ptr = np.zeros(n_lanes + 1, np.int64)
+    for i in range(lane.shape[0]):
+        if take[i]:
+            ptr[lane[i] + 1] += 1
+    for k in range(n_lanes):
+        ptr[k + 1] += ptr[k]
+    fill = ptr[:-1].copy()
+    by_lane = np.empty(ptr[n_lanes], np.int64)
+    for i in range(lane.shape[0]):
+        if take[i]:
+            by_lane[fill[lane[i]]] = i
+            fill[lane[i]] += 1
+    head = ptr[:-1].copy()
+    order = np.empty(ptr[n_lanes], np.int64)
+    for e in range(order.shape[0]):
+        best = -1
+        for k in range(n_lanes):
+            if head[k] < ptr[k + 1] and (best < 0 or key[by_lane[head[k]]] < key[by_lane[head[best]]]):
+                best = k
+        order[e] = by_lane[head[best]]
+        head[best] += 1
+    return order
+
+
+@njit(cache=True)
+def _lanes_union(start, end, lane, selected):
+    """The union of the intervals of the tasks on the selected lanes, as disjoint groups in order."""
+    take = np.empty(lane.shape[0], np.bool_)
+    for i in range(lane.shape[0]):
+        take[i] = selected[lane[i]]
+    order = _merge_lanes(lane, take, start, selected.shape[0])
+    group_start = np.empty(order.shape[0], np.float64)
+    group_end = np.empty(order.shape[0], np.float64)
+    g = -1
+    for i in order:
+        if g < 0 or start[i] > group_end[g]:
+            g += 1
+            group_start[g] = start[i]
+            group_end[g] = end[i]
+        elif end[i] > group_end[g]:
+            group_end[g] = end[i]
+    return group_start[: g + 1], group_end[: g + 1]
 
 
 class BusyTime:
@@ -35,6 +84,18 @@ class BusyTime:
             group_end = np.maximum.reduceat(e, np.flatnonzero(new_group))
         else:
             group_start = group_end = np.zeros(0)
+        self._set_groups(group_start, group_end)
+
+    @classmethod
+    def of_lanes(cls, result: SimulationResult, lanes) -> "BusyTime":
+        """Busy time of the tasks on `lanes` (lane ids) of a simulated graph, without sorting them."""
+        selected = np.zeros(len(result.graph.lane_names), dtype=np.bool_)
+        selected[np.asarray(lanes, dtype=np.int64)] = True
+        busy = cls.__new__(cls)
+        busy._set_groups(*_lanes_union(result.start_us, result.end_us, result.column("lane"), selected))
+        return busy
+
+    def _set_groups(self, group_start: np.ndarray, group_end: np.ndarray) -> None:
         self.starts = group_start
         self.ends = group_end
         self.before = np.concatenate([[0.0], np.cumsum(group_end - group_start)])
@@ -56,10 +117,10 @@ class BusyTime:
 def step_bounds(result: SimulationResult) -> tuple[np.ndarray, np.ndarray]:
     """(start_us, end_us) of each step: it ends when its last task ends; it starts when the previous
     step ended, or at its release if the server was idle until then (waiting for requests)."""
-    tasks = result.graph.tasks
-    first = np.flatnonzero(np.r_[True, tasks["step"][1:] != tasks["step"][:-1]])
+    step = result.column("step")
+    first = np.flatnonzero(np.r_[True, step[1:] != step[:-1]])
     end = np.maximum.reduceat(result.end_us, first)
-    start = np.maximum(np.r_[0.0, end[:-1]], tasks["release_us"][first])
+    start = np.maximum(np.r_[0.0, end[:-1]], result.graph.tasks["release_us"][first])
     return start, end
 
 
@@ -84,23 +145,19 @@ def compute_metrics(result: SimulationResult, workload: Workload, plan: StepPlan
     inside = (index > first) & (index < last) & ~measured
     window_us = float(step_end[last] - step_start[first] - latency_us[inside].sum())
 
-    lane_kind = graph.lane_kinds[tasks["lane"]]
-    on_device = lane_kind == LANE_DEVICE
-    device_busy = BusyTime(start_us[on_device], end_us[on_device])
+    task_lane, task_step = result.column("lane"), result.column("step")
+    device_busy = BusyTime.of_lanes(result, np.flatnonzero(graph.lane_kinds == LANE_DEVICE))
     device_step_us = device_busy.between(step_start, step_end)
     device_busy_us = float(device_step_us[measured].sum())
 
     lane_busy = {}
-    for lane in np.flatnonzero(graph.lane_kinds == LANE_HOST):
-        mine = tasks["lane"] == lane
-        if mine.any():
-            lane_busy[graph.lane_names[lane]] = BusyTime(start_us[mine], end_us[mine])
+    used_lanes = np.bincount(task_lane, minlength=len(graph.lane_names)) > 0
+    for lane in np.flatnonzero((graph.lane_kinds == LANE_HOST) & used_lanes):
+        lane_busy[graph.lane_names[lane]] = BusyTime.of_lanes(result, [lane])
     host_step_us = {name: b.between(step_start, step_end) for name, b in lane_busy.items()}
     host_busy_us = {name: float(v[measured].sum()) for name, v in host_step_us.items()}
 
-    path = result.step_critical_paths()
-    path = path[measured[tasks["step"][path]]]
-    per_category = np.bincount(tasks["category"][path], weights=end_us[path] - start_us[path], minlength=len(CATEGORIES))
+    per_category = result.step_path_us(measured, len(CATEGORIES))
     path_us = float(per_category.sum())
     breakdown = per_category / path_us if path_us > 0 else per_category
     host_share = float(sum(breakdown[CATEGORY[c]] for c in HOST_CATEGORIES))
@@ -109,8 +166,7 @@ def compute_metrics(result: SimulationResult, workload: Workload, plan: StepPlan
     bubble = 1.0 - device_busy_us / window_us if window_us > 0 else 0.0
     # Kernel launches and graph triggers (the launch stage); the per-step H2D issue of the input tokens
     # is a copy call and does not count.
-    launch_tasks = tasks["stage"] == LAUNCH_STAGE
-    launches_per_step = np.bincount(tasks["step"][launch_tasks], minlength=workload.steps)
+    launches_per_step = np.bincount(task_step[result.column("stage") == LAUNCH_STAGE], minlength=workload.steps)
     latency_ms = latency_us / US_PER_MS
     summary: dict = {
         "throughput_tok_s": float(tokens_per_step[measured].sum()) / (window_us / 1e6) if window_us > 0 else 0.0,
@@ -167,18 +223,36 @@ def compute_metrics(result: SimulationResult, workload: Workload, plan: StepPlan
 ALLOC_STAGE, LAUNCH_STAGE, FREE_STAGE = (HOST_STAGES.index(s) + 1 for s in ("alloc", "launch", "free"))
 
 
+@njit(cache=True)
+def _peak_live_bytes(end, lane, stage, step, op, size, n_lanes, alloc_stage, free_stage):
+    """Most bytes live at once, given alloc/free tasks (an op's outputs live from its alloc's end to its
+    free's end); events at one time count together, frees before allocs."""
+    take = np.empty(end.shape[0], np.bool_)
+    for i in range(end.shape[0]):
+        take[i] = stage[i] == alloc_stage or stage[i] == free_stage
+    order = _merge_lanes(lane, take, end, n_lanes)
+    live = 0.0
+    peak = 0.0
+    for e in range(order.shape[0]):
+        i = order[e]
+        if stage[i] == free_stage:
+            live -= size[step[i], op[i]]
+        else:
+            live += size[step[i], op[i]]
+        if e == order.shape[0] - 1 or end[order[e + 1]] > end[i]:  # the level after the time's last event
+            peak = max(peak, live)
+    return peak
+
+
 def peak_activation_bytes(result: SimulationResult, workload: Workload) -> float:
-    """Most activation memory live at once: an op's outputs count from its alloc's end to its free's end."""
-    tasks = result.graph.tasks
-    allocs = np.flatnonzero(tasks["stage"] == ALLOC_STAGE)
-    frees = np.flatnonzero(tasks["stage"] == FREE_STAGE)
-    if allocs.size == 0:
-        return 0.0
-    size = workload.activation_bytes()
-    times = np.concatenate([result.end_us[allocs], result.end_us[frees]])
-    deltas = np.concatenate([size[tasks["step"][allocs], tasks["op"][allocs]], -size[tasks["step"][frees], tasks["op"][frees]]])
-    order = np.lexsort((deltas, times))  # at equal times frees (negative) first
-    return float(np.cumsum(deltas[order]).max(initial=0.0))
+    """Most activation memory live at once: an op's outputs count from its alloc's end to its free's end
+    (at equal times memory is released before it is taken)."""
+    return float(
+        _peak_live_bytes(
+            result.end_us, result.column("lane"), result.column("stage"), result.column("step"), result.column("op"),
+            np.ascontiguousarray(workload.activation_bytes(), dtype=np.float64), len(result.graph.lane_names), ALLOC_STAGE, FREE_STAGE,
+        )
+    )
 
 
 def _bound_reason(host_share: float, breakdown: np.ndarray, bubble: float) -> str:

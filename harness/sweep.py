@@ -12,6 +12,8 @@ import logging
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
@@ -32,17 +34,16 @@ def _tracking(config: DictConfig):
 
 
 def warm_numba_cache() -> None:
-    """Compile (or load) the kernels once, so parallel jobs only read the cache."""
-    import numpy as np
+    """Compile (or load) every kernel once, so parallel jobs only read the cache: a two-step run of
+    the built-in defaults goes through lowering, the engine and the metrics."""
+    from harness.config import RunConfig
+    from harness.core import lru_hits
+    from harness.run import simulate_run
 
-    from harness.core import lru_hits, simulate
-    from harness.graph import TASK_DTYPE, TaskGraph
-
-    tasks = np.zeros(2, dtype=TASK_DTYPE)
-    tasks["pool"] = -1
-    graph = TaskGraph(tasks, np.zeros(3, dtype=np.int64), np.zeros(0, dtype=np.int64), ["lane"], np.zeros(1, np.int8), ["pool"], np.ones(1, np.int64))
-    result = simulate(graph)
-    result.step_critical_paths()
+    run = RunConfig()
+    run.workload.steps = 2
+    outcome = simulate_run(run)
+    outcome.result.critical_path()
     lru_hits(np.arange(3), 2)
 
 

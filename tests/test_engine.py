@@ -119,3 +119,33 @@ def test_forward_dependency_is_rejected():
 def test_task_larger_than_its_pool_is_rejected():
     with pytest.raises(HarnessError, match="needs 3 units"):
         simulate(make_graph([0], [0], [3], [1.0], [[]], [2]))
+
+
+@pytest.mark.parametrize(
+    "field, value, message",
+    [
+        ("lane", 5, "lane out of range"),
+        ("pool", 3, "pool out of range"),
+        ("duration_us", -1.0, "durations must be finite"),
+        ("duration_us", np.nan, "durations must be finite"),
+        ("duration_us", np.inf, "durations must be finite"),
+        ("release_us", -2.0, "release times must be finite"),
+        ("release_us", np.nan, "release times must be finite"),
+    ],
+)
+def test_invalid_task_field_is_rejected(field, value, message):
+    g = make_graph([0, 0, 1], [-1, 0, -1], [0, 1, 0], [1.0, 1.0, 1.0], [[], [0], [1]], [2])
+    g.tasks[field][2] = value  # the last task: the check must look at every record
+    with pytest.raises(HarnessError, match=message):
+        simulate(g)
+
+
+def test_many_lanes_all_pending_at_once():
+    # Every lane's task is ready at t=0 and ends at the same time: the event heap holds one event per
+    # lane at its fullest (its fixed capacity), and the pool queue orders the starts.
+    n_lanes = 300
+    lanes = list(range(n_lanes)) * 2
+    case = (lanes, [0] * len(lanes), [1] * len(lanes), [1.0] * len(lanes), [[] for _ in lanes], [7])
+    result = simulate(make_graph(*case))
+    start, end, decider = simulate_reference(*case, [0.0] * len(lanes))
+    assert result.start_us.tolist() == start and result.end_us.tolist() == end and result.decider.tolist() == decider

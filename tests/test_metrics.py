@@ -66,3 +66,38 @@ def test_throughput_counts_tokens_per_phase():
     assert prefill["throughput_tok_s"] == pytest.approx(512 * 2 / (prefill["window_ms"] / 1e3))
     assert prefill["ttft_ms"] == pytest.approx(prefill["step_ms_mean"])
     assert "ttft_ms" not in decode
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ("strategy=eager",),
+        ("strategy=pipeline", "workload=qwen3_30b_decode"),
+        ("strategy=async", "strategy.free_on_main=true"),  # allocs and frees on different threads
+        ("strategy=acl_graph", "workload=qwen3_30b_decode"),
+    ],
+)
+def test_lane_merges_agree_with_sorting(overrides):
+    """BusyTime.of_lanes and the peak-activation merge rely on FIFO lanes instead of sorting: they must
+    give what sorting every interval/event gives."""
+    from harness.metrics import ALLOC_STAGE, FREE_STAGE, peak_activation_bytes
+
+    outcome = simulate_run(compose_run(*overrides, "workload.steps=4"))
+    result, graph = outcome.result, outcome.result.graph
+    lane = graph.tasks["lane"]
+    probe = np.linspace(0.0, result.makespan_us, 97)
+    for lanes in [np.flatnonzero(graph.lane_kinds == LANE_DEVICE), *[[k] for k in np.unique(lane)]]:
+        mine = np.isin(lane, lanes)
+        reference = BusyTime(result.start_us[mine], result.end_us[mine])
+        merged = BusyTime.of_lanes(result, lanes)
+        assert np.array_equal(merged.starts, reference.starts) and np.array_equal(merged.ends, reference.ends)
+        assert np.allclose(merged.covered_until(probe), reference.covered_until(probe))
+    # Peak live activation bytes by sorting all alloc (+) and free (−) events, frees first at equal times.
+    stage, step, op = graph.tasks["stage"], graph.tasks["step"], graph.tasks["op"]
+    size = outcome.workload.activation_bytes()
+    allocs, frees = np.flatnonzero(stage == ALLOC_STAGE), np.flatnonzero(stage == FREE_STAGE)
+    times = np.concatenate([result.end_us[allocs], result.end_us[frees]])
+    deltas = np.concatenate([size[step[allocs], op[allocs]], -size[step[frees], op[frees]]])
+    expected = np.cumsum(deltas[np.lexsort((deltas, times))]).max(initial=0.0)
+    assert allocs.size > 0 and expected > 0
+    assert peak_activation_bytes(result, outcome.workload) == pytest.approx(expected, rel=1e-12)
