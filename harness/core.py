@@ -256,22 +256,19 @@ def links(graph: TaskGraph) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndar
 
 
 @njit(cache=True)
-def _step_path_us(start, end, decider, step, category, counted, n_categories):
-    """Time per category on the critical paths of the counted steps (each step's path runs from its
-    last task back to its first, following deciders)."""
-    n_steps = counted.shape[0]
+def _step_path_us(start, end, decider, step, category, first_step, n_steps, n_categories):
+    """(n_steps, n_categories) time per category on the critical path of each step first_step, …
+    (a step's path runs from its last task back to its first, following deciders)."""
     last = np.full(n_steps, -1, np.int64)
     for i in range(end.shape[0]):
-        s = step[i]
+        s = step[i] - first_step
         if last[s] < 0 or end[i] >= end[last[s]]:
             last[s] = i
-    per_category = np.zeros(n_categories, np.float64)
+    per_category = np.zeros((n_steps, n_categories), np.float64)
     for s in range(n_steps):
-        if not counted[s]:
-            continue
         i = last[s]
-        while i >= 0 and step[i] == s:
-            per_category[category[i]] += end[i] - start[i]
+        while i >= 0 and step[i] == s + first_step:
+            per_category[s, category[i]] += end[i] - start[i]
             i = decider[i]
     return per_category
 
@@ -331,11 +328,12 @@ class SimulationResult:
     def critical_path(self) -> np.ndarray:
         return _critical_path(self.end_us, self.decider)
 
-    def step_path_us(self, counted_steps: np.ndarray, n_categories: int) -> np.ndarray:
-        """Time per task category on the critical paths of the steps where `counted_steps` is true
-        (a step's path spans it from start to end, so this sums to their latencies)."""
-        counted = np.asarray(counted_steps, dtype=np.bool_)
-        return _step_path_us(self.start_us, self.end_us, self.decider, self.column("step"), self.column("category"), counted, n_categories)
+    def step_path_us(self, n_categories: int) -> np.ndarray:
+        """(steps, categories): time per task category on the critical path of each step the result
+        holds, from its first step on (a step's path spans it from start to end: rows sum to latencies)."""
+        step = self.column("step")
+        first, last = int(step.min()), int(step.max())
+        return _step_path_us(self.start_us, self.end_us, self.decider, step, self.column("category"), first, last - first + 1, n_categories)
 
 
 # Codes of the first problem `_check_graph` finds (0: none).

@@ -405,6 +405,63 @@ def _tile(
     return _Piece(np.concatenate(src), np.concatenate(dst), last_on_lane + (count - 1) * m)
 
 
+class Lowering:
+    """Lowers steps of one run: what all steps share (device times, host costs, step templates) is
+    computed once, so a long run can be lowered chunk by chunk."""
+
+    def __init__(self, workload: Workload, hardware: HardwareConfig, strategy: StrategyConfig, seed: int, plan: StepPlan | None = None):
+        self.workload, self.hardware, self.strategy, self.seed = workload, hardware, strategy, seed
+        self.plan = plan or StepPlan.host_only(workload)
+        self.lanes = lanes_for(strategy)
+        self.device_us, self.device_cores = device_times(workload, hardware)
+        costs = host_stage_costs(workload, hardware, strategy)
+        self.tiling_us = np.where(self.plan.tiling_hit, hardware.host.tiling_lookup_us, costs["tiling"][None, :])
+        self.templates: dict[int, StepTemplate] = {}
+
+    def graph(self, steps: np.ndarray, step_release_us: np.ndarray | None = None) -> TaskGraph:
+        """The task graph of consecutive `steps` (global step numbers)."""
+        workload, hardware, strategy, plan = self.workload, self.hardware, self.strategy, self.plan
+        mode = plan.mode[steps]
+        breaks = np.flatnonzero(np.diff(mode)) + 1
+        runs = np.split(np.arange(steps.size), breaks)
+        for run in runs:
+            m = int(mode[run[0]])
+            if m not in self.templates:
+                self.templates[m] = build_template(workload, hardware, strategy, m, plan.cpu_ops)
+        sizes = [run.size * len(self.templates[int(mode[run[0]])].lane) for run in runs]
+        all_tasks = np.empty(sum(sizes), dtype=TASK_DTYPE)
+        # Tile each run of equal-mode steps in place; a barrier joins each piece's last step to the
+        # next piece's first.
+        offset = 0
+        src, dst = [], []
+        previous_last: np.ndarray | None = None
+        for run, size in zip(runs, sizes):
+            m = int(mode[run[0]])
+            extra = hardware.graph.task_dispatch_us if m == REPLAY else 0.0
+            piece = _tile(
+                all_tasks[offset : offset + size], self.templates[m], steps[run], workload, hardware, strategy, self.seed,
+                self.device_us, self.device_cores, self.tiling_us, step_release_us, extra,
+            )
+            src.append(piece.src + offset)
+            dst.append(piece.dst + offset)
+            if previous_last is not None:
+                src.append(previous_last)
+                dst.append(np.full(previous_last.size, offset, dtype=np.int64))
+            previous_last = piece.last_on_lane + offset
+            offset += size
+        dep_ptr, dep_idx = csr_from_edges(offset, np.concatenate(src), np.concatenate(dst))
+        return TaskGraph(
+            tasks=all_tasks,
+            dep_ptr=dep_ptr,
+            dep_idx=dep_idx,
+            lane_names=self.lanes.names,
+            lane_kinds=self.lanes.kinds,
+            pool_names=["host_cores", "ai_cores"],
+            pool_capacity=np.array([hardware.host.threads, hardware.device.ai_cores], dtype=np.int64),
+            op_names=list(workload.op_names),
+        )
+
+
 def lower(
     workload: Workload,
     hardware: HardwareConfig,
@@ -419,49 +476,8 @@ def lower(
     Host jitter of step s is drawn from a generator seeded with (seed, JITTER_STREAM, s), so simulating
     steps one at a time or all at once gives the same numbers.
     """
-    plan = plan or StepPlan.host_only(workload)
-    lanes = lanes_for(strategy)
-    device_us, device_cores = device_times(workload, hardware)
-    costs = host_stage_costs(workload, hardware, strategy)
-    tiling_us = np.where(plan.tiling_hit, hardware.host.tiling_lookup_us, costs["tiling"][None, :])
     steps = np.arange(workload.steps) if only_steps is None else np.asarray(only_steps, dtype=np.int64)
-    mode = plan.mode[steps]
-    breaks = np.flatnonzero(np.diff(mode)) + 1
-    runs = np.split(np.arange(steps.size), breaks)
-    templates: dict[int, StepTemplate] = {}
-    for run in runs:
-        m = int(mode[run[0]])
-        if m not in templates:
-            templates[m] = build_template(workload, hardware, strategy, m, plan.cpu_ops)
-    sizes = [run.size * len(templates[int(mode[run[0]])].lane) for run in runs]
-    all_tasks = np.empty(sum(sizes), dtype=TASK_DTYPE)
-    # Tile each run of equal-mode steps in place; a barrier joins each piece's last step to the next
-    # piece's first.
-    offset = 0
-    src, dst = [], []
-    previous_last: np.ndarray | None = None
-    for run, size in zip(runs, sizes):
-        m = int(mode[run[0]])
-        extra = hardware.graph.task_dispatch_us if m == REPLAY else 0.0
-        piece = _tile(all_tasks[offset : offset + size], templates[m], steps[run], workload, hardware, strategy, seed, device_us, device_cores, tiling_us, step_release_us, extra)
-        src.append(piece.src + offset)
-        dst.append(piece.dst + offset)
-        if previous_last is not None:
-            src.append(previous_last)
-            dst.append(np.full(previous_last.size, offset, dtype=np.int64))
-        previous_last = piece.last_on_lane + offset
-        offset += size
-    dep_ptr, dep_idx = csr_from_edges(offset, np.concatenate(src), np.concatenate(dst))
-    return TaskGraph(
-        tasks=all_tasks,
-        dep_ptr=dep_ptr,
-        dep_idx=dep_idx,
-        lane_names=lanes.names,
-        lane_kinds=lanes.kinds,
-        pool_names=["host_cores", "ai_cores"],
-        pool_capacity=np.array([hardware.host.threads, hardware.device.ai_cores], dtype=np.int64),
-        op_names=list(workload.op_names),
-    )
+    return Lowering(workload, hardware, strategy, seed, plan).graph(steps, step_release_us)
 
 
 def _jitter(seed: int, steps: np.ndarray, cv: float, count: int) -> np.ndarray:

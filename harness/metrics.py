@@ -7,6 +7,8 @@ measured step by task category; it sums to 1 because a step's path covers it wit
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import pandas as pd
 from numba import njit
@@ -124,49 +126,106 @@ def step_bounds(result: SimulationResult) -> tuple[np.ndarray, np.ndarray]:
     return start, end
 
 
+@dataclass
+class StepMeasures:
+    """Per-step numbers of the steps a simulation result holds (µs). A long run is simulated in chunks
+    of steps; their measures are joined with `concat` and summarised once."""
+
+    start_us: np.ndarray
+    end_us: np.ndarray
+    device_busy_us: np.ndarray
+    host_busy_us: dict[str, np.ndarray]  # per host thread that ran anything
+    path_us: np.ndarray  # (steps, categories): the step's critical path by category
+    launches: np.ndarray
+    peak_activation_bytes: float  # live activations are freed within their step (steps end in a barrier)
+    tasks: int
+
+    @staticmethod
+    def of(result: SimulationResult, workload: Workload) -> "StepMeasures":
+        graph = result.graph
+        step_start, step_end = step_bounds(result)
+        device_busy = BusyTime.of_lanes(result, np.flatnonzero(graph.lane_kinds == LANE_DEVICE))
+        used_lanes = np.bincount(result.column("lane"), minlength=len(graph.lane_names)) > 0
+        host_busy = {
+            graph.lane_names[lane]: BusyTime.of_lanes(result, [lane]).between(step_start, step_end)
+            for lane in np.flatnonzero((graph.lane_kinds == LANE_HOST) & used_lanes)
+        }
+        step = result.column("step")
+        # Kernel launches and graph triggers (the launch stage); the per-step H2D issue of the input
+        # tokens is a copy call and does not count.
+        launches = np.bincount(step[result.column("stage") == LAUNCH_STAGE] - step.min(), minlength=step_start.size)
+        return StepMeasures(
+            start_us=step_start,
+            end_us=step_end,
+            device_busy_us=device_busy.between(step_start, step_end),
+            host_busy_us=host_busy,
+            path_us=result.step_path_us(len(CATEGORIES)),
+            launches=launches,
+            peak_activation_bytes=peak_activation_bytes(result, workload),
+            tasks=result.graph.n_tasks,
+        )
+
+    @staticmethod
+    def concat(parts: list["StepMeasures"]) -> "StepMeasures":
+        lanes = list(dict.fromkeys(name for p in parts for name in p.host_busy_us))
+        return StepMeasures(
+            start_us=np.concatenate([p.start_us for p in parts]),
+            end_us=np.concatenate([p.end_us for p in parts]),
+            device_busy_us=np.concatenate([p.device_busy_us for p in parts]),
+            host_busy_us={
+                name: np.concatenate([p.host_busy_us.get(name, np.zeros(p.start_us.size)) for p in parts]) for name in lanes
+            },
+            path_us=np.concatenate([p.path_us for p in parts]),
+            launches=np.concatenate([p.launches for p in parts]),
+            peak_activation_bytes=max(p.peak_activation_bytes for p in parts),
+            tasks=sum(p.tasks for p in parts),
+        )
+
+
+def measured_steps(workload: Workload, plan: StepPlan | None = None) -> np.ndarray:
+    """Which steps the summary measures: after the warm-up, and not building a graph."""
+    index = np.arange(workload.steps)
+    mode = plan.mode if plan is not None else np.zeros(workload.steps, dtype=np.int8)
+    measured = (index >= workload.warmup_steps) & (mode != BUILD)
+    if not measured.any():  # every step builds a graph: measure them rather than nothing
+        measured = index >= workload.warmup_steps
+    return measured
+
+
 def compute_metrics(result: SimulationResult, workload: Workload, plan: StepPlan | None = None) -> tuple[dict, pd.DataFrame]:
+    """The summary and per-step table of a run simulated in one piece."""
+    return summarize(StepMeasures.of(result, workload), workload, plan)
+
+
+def summarize(measures: StepMeasures, workload: Workload, plan: StepPlan | None = None) -> tuple[dict, pd.DataFrame]:
     """The summary (flat dict) and one row per step.
 
     Measured steps: those after the warm-up that do not build a graph (capture or sink load are
     reported apart, as `capture_ms`). The window runs from the first measured step's start to the
     last one's end, less the build steps inside it; idle time waiting for requests stays in it.
     """
-    graph = result.graph
-    tasks = graph.tasks
-    start_us, end_us = result.start_us, result.end_us
-    step_start, step_end = step_bounds(result)
+    step_start, step_end = measures.start_us, measures.end_us
     latency_us = step_end - step_start
     mode = plan.mode if plan is not None else np.zeros(workload.steps, dtype=np.int8)
     index = np.arange(workload.steps)
-    measured = (index >= workload.warmup_steps) & (mode != BUILD)
-    if not measured.any():  # every step builds a graph: measure them rather than nothing
-        measured = index >= workload.warmup_steps
+    measured = measured_steps(workload, plan)
     first, last = np.flatnonzero(measured)[[0, -1]]
     inside = (index > first) & (index < last) & ~measured
     window_us = float(step_end[last] - step_start[first] - latency_us[inside].sum())
 
-    task_lane, task_step = result.column("lane"), result.column("step")
-    device_busy = BusyTime.of_lanes(result, np.flatnonzero(graph.lane_kinds == LANE_DEVICE))
-    device_step_us = device_busy.between(step_start, step_end)
+    device_step_us = measures.device_busy_us
     device_busy_us = float(device_step_us[measured].sum())
-
-    lane_busy = {}
-    used_lanes = np.bincount(task_lane, minlength=len(graph.lane_names)) > 0
-    for lane in np.flatnonzero((graph.lane_kinds == LANE_HOST) & used_lanes):
-        lane_busy[graph.lane_names[lane]] = BusyTime.of_lanes(result, [lane])
-    host_step_us = {name: b.between(step_start, step_end) for name, b in lane_busy.items()}
+    host_step_us = measures.host_busy_us
     host_busy_us = {name: float(v[measured].sum()) for name, v in host_step_us.items()}
 
-    per_category = result.step_path_us(measured, len(CATEGORIES))
+    per_category = measures.path_us[measured].sum(axis=0)
     path_us = float(per_category.sum())
     breakdown = per_category / path_us if path_us > 0 else per_category
     host_share = float(sum(breakdown[CATEGORY[c]] for c in HOST_CATEGORIES))
 
     tokens_per_step = workload.tokens_out if workload.phase == Phase.decode else workload.tokens
     bubble = 1.0 - device_busy_us / window_us if window_us > 0 else 0.0
-    # Kernel launches and graph triggers (the launch stage); the per-step H2D issue of the input tokens
-    # is a copy call and does not count.
-    launches_per_step = np.bincount(task_step[result.column("stage") == LAUNCH_STAGE], minlength=workload.steps)
+    launches_per_step = measures.launches
     latency_ms = latency_us / US_PER_MS
     summary: dict = {
         "throughput_tok_s": float(tokens_per_step[measured].sum()) / (window_us / 1e6) if window_us > 0 else 0.0,
@@ -186,14 +245,14 @@ def compute_metrics(result: SimulationResult, workload: Workload, plan: StepPlan
             "bound_reason": _bound_reason(host_share, breakdown, bubble),
             "ops_per_step": workload.n_kernels_per_step,
             "launches_per_step": float(launches_per_step[measured].mean()),
-            "tasks_simulated": graph.n_tasks,
+            "tasks_simulated": measures.tasks,
             "window_ms": window_us / US_PER_MS,
             "steps_measured": int(measured.sum()),
         }
     )
     if plan is not None and np.any(mode == BUILD):
         summary["capture_ms"] = float(latency_ms[mode == BUILD].sum())
-    summary["peak_activation_gb"] = peak_activation_bytes(result, workload) / 1e9
+    summary["peak_activation_gb"] = measures.peak_activation_bytes / 1e9
     summary.update({f"breakdown_{name}": float(breakdown[i]) for i, name in enumerate(CATEGORIES)})
 
     steps_table = pd.DataFrame(

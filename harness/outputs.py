@@ -13,7 +13,6 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from harness.graph import CATEGORIES, LANE_COPY, LANE_DEVICE
-from harness.metrics import step_bounds
 
 if TYPE_CHECKING:
     from harness.run import RunResult
@@ -81,7 +80,7 @@ def chrome_trace(outcome: "RunResult", trace_steps: int) -> dict:
                 "args": {"task": int(i), "step": int(task["step"]), "decided_by": int(result.decider[i])},
             }
         )
-    _, step_end = step_bounds(result)
+    step_end = outcome.steps["end_ms"].to_numpy() * 1e3  # the result may hold only the traced steps
     for s in range(first, min(first + trace_steps, len(step_end))):
         events.append({"ph": "i", "s": "g", "name": f"step {s} end", "pid": 1, "tid": 0, "ts": float(step_end[s])})
     return {"traceEvents": events, "displayTimeUnit": "ms"}

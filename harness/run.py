@@ -14,8 +14,8 @@ import pandas as pd
 
 from harness.config import RunConfig
 from harness.core import SimulationResult, simulate
-from harness.lowering import lower
-from harness.metrics import compute_metrics
+from harness.lowering import Lowering
+from harness.metrics import StepMeasures, measured_steps, summarize
 from harness.outputs import write_outputs
 from harness.serving import plan_serving, serving_summary
 from harness.policies import prepare
@@ -33,8 +33,18 @@ class RunResult:
     workload: Workload
 
 
-def simulate_run(run: RunConfig) -> RunResult:
-    """Build the workload, lower it under the strategy, run the engine, compute the metrics."""
+# Tasks lowered and simulated at once. Steps end in a barrier, so a long run is simulated in chunks of
+# steps, each starting when the previous one ended, with the same numbers: memory stays bounded.
+CHUNK_TASKS = 2_000_000
+TASKS_PER_OP_GUESS = 8  # sizes the first chunk (host stages + device task); later chunks use the count
+
+
+def simulate_run(run: RunConfig, chunk_tasks: int = CHUNK_TASKS) -> RunResult:
+    """Build the workload, lower it under the strategy, run the engine, compute the metrics.
+
+    `result` of the outcome holds the whole run's tasks when it fits in one chunk, otherwise the
+    steps that trace.json and timeline.png show (simulated again from their start).
+    """
     began = time.perf_counter()
     progress = Progress("hostbound")
     progress.update("planning serving batches" if run.workload.serving.enabled else "building the workload", force=True)
@@ -42,12 +52,32 @@ def simulate_run(run: RunConfig) -> RunResult:
     batch = serving.batch if serving else np.full(run.workload.steps, run.workload.batch_size, dtype=np.int64)
     workload, plan = prepare(run, batch, serving.kv_len if serving else None)
     check_memory(workload, run.hardware.device.hbm_gb)
-    progress.update(f"lowering {workload.steps} steps × {workload.n_ops} ops", force=True)
-    graph = lower(workload, run.hardware, run.strategy, run.seed, plan, step_release_us=serving.release_us if serving else None)
-    progress.update(f"simulating {graph.n_tasks:,} tasks", force=True)
-    result = simulate(graph)
+    release_us = serving.release_us if serving else np.zeros(workload.steps)
+
+    lowering = Lowering(workload, run.hardware, run.strategy, run.seed, plan)
+
+    def simulate_steps(steps: np.ndarray, start_after_us: float) -> SimulationResult:
+        release = release_us.copy()
+        release[steps[0]] = max(release[steps[0]], start_after_us)
+        return simulate(lowering.graph(steps, release))
+
+    parts: list[StepMeasures] = []
+    chunk_steps = max(1, chunk_tasks // (TASKS_PER_OP_GUESS * workload.n_ops))
+    first = 0
+    while first < workload.steps:
+        steps = np.arange(first, min(first + chunk_steps, workload.steps))
+        progress.update(f"simulating steps {first}–{steps[-1]} of {workload.steps} ({workload.n_ops} ops each)", force=True)
+        result = simulate_steps(steps, parts[-1].end_us[-1] if parts else 0.0)
+        parts.append(StepMeasures.of(result, workload))
+        chunk_steps = max(1, chunk_tasks * steps.size // result.graph.n_tasks)
+        first += steps.size
     progress.update("computing metrics", force=True)
-    summary, steps = compute_metrics(result, workload, plan)
+    measures = StepMeasures.concat(parts)
+    summary, steps_table = summarize(measures, workload, plan)
+    if len(parts) > 1:  # keep only what the outputs draw: a bounded window of steps
+        shown = int(np.flatnonzero(measured_steps(workload, plan))[0])
+        count = max(run.output.trace_steps, run.output.timeline_steps, 1)
+        result = simulate_steps(np.arange(shown, min(shown + count, workload.steps)), float(measures.start_us[shown]))
     progress.done()
     summary.update(plan.info)
     if workload.memory.weights_gb > 0:  # cards know their memory; explicit op lists and traces do not
@@ -58,8 +88,8 @@ def simulate_run(run: RunConfig) -> RunResult:
     if serving is not None:
         summary.update(serving_summary(serving))
     summary["sim_wall_s"] = time.perf_counter() - began
-    log.info("simulated %d tasks in %.3f s", graph.n_tasks, summary["sim_wall_s"])
-    return RunResult(summary=summary, steps=steps, result=result, workload=workload)
+    log.info("simulated %d tasks in %.3f s", summary["tasks_simulated"], summary["sim_wall_s"])
+    return RunResult(summary=summary, steps=steps_table, result=result, workload=workload)
 
 
 def execute(run: RunConfig, run_dir: Path, params: dict) -> RunResult:

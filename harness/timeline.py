@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from harness.graph import CATEGORIES, LANE_DEVICE
-from harness.metrics import BusyTime, step_bounds
+from harness.metrics import BusyTime
 
 if TYPE_CHECKING:
     from harness.run import RunResult
@@ -44,8 +44,8 @@ def draw_timeline(outcome: "RunResult", path: Path, steps: int) -> None:
     tasks = graph.tasks
     first = int(np.flatnonzero(outcome.steps["measured"].to_numpy())[0])
     last = min(first + steps, outcome.workload.steps) - 1
-    step_start, step_end = step_bounds(result)
-    t0, t1 = float(step_start[first]), float(step_end[last])
+    # From the steps table: the result may hold only the drawn steps of a long run.
+    t0, t1 = float(outcome.steps["start_ms"].iloc[first]) * 1e3, float(outcome.steps["end_ms"].iloc[last]) * 1e3
     # Work on the drawn steps only (a long run has millions of tasks).
     picked = np.flatnonzero((tasks["step"] >= first) & (tasks["step"] <= last))
     tasks, start_us, end_us = tasks[picked], result.start_us[picked], result.end_us[picked]
