@@ -11,6 +11,7 @@ left out and reported separately.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import sys
 import time
 from pathlib import Path
@@ -100,11 +101,7 @@ def main() -> None:
 
 
 def _has_tabulate() -> bool:
-    try:
-        import tabulate  # noqa: F401
-    except ImportError:
-        return False
-    return True
+    return importlib.util.find_spec("tabulate") is not None
 
 
 if __name__ == "__main__":
