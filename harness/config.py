@@ -9,7 +9,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, List, Optional
+from typing import Any, ClassVar, Dict, List, Optional
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
@@ -235,6 +235,9 @@ class WorkloadConfig:
     steps: int = 32  # simulated steps (decode iterations, or prefill batches)
     warmup_steps: int = 0  # first steps left out of the measured window
     ops: List[OpSpec] = field(default_factory=list)  # explicit op list, used when card is not set
+    # Card fields replaced for this run (e.g. +workload.card_overrides.layer_overhead_us=2000): sweeps
+    # and calibration vary a card's numbers without editing workloads/.
+    card_overrides: Dict[str, Any] = field(default_factory=dict)
     serving: ServingConfig = field(default_factory=ServingConfig)
 
     def __post_init__(self) -> None:

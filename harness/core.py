@@ -256,21 +256,23 @@ def links(graph: TaskGraph) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndar
 
 
 @njit(cache=True)
-def _step_path_us(start, end, decider, step, category, first_step, n_steps, n_categories):
-    """(n_steps, n_categories) time per category on the critical path of each step first_step, …
-    (a step's path runs from its last task back to its first, following deciders)."""
+def _step_category_us(start, end, decider, step, category, first_step, n_steps, n_categories):
+    """Two (n_steps, n_categories) tables for steps first_step, …: time per category on each step's
+    critical path (from its last task back to its first, following deciders), and in all its tasks."""
     last = np.full(n_steps, -1, np.int64)
+    all_tasks = np.zeros((n_steps, n_categories), np.float64)
     for i in range(end.shape[0]):
         s = step[i] - first_step
+        all_tasks[s, category[i]] += end[i] - start[i]
         if last[s] < 0 or end[i] >= end[last[s]]:
             last[s] = i
-    per_category = np.zeros((n_steps, n_categories), np.float64)
+    on_path = np.zeros((n_steps, n_categories), np.float64)
     for s in range(n_steps):
         i = last[s]
         while i >= 0 and step[i] == s + first_step:
-            per_category[s, category[i]] += end[i] - start[i]
+            on_path[s, category[i]] += end[i] - start[i]
             i = decider[i]
-    return per_category
+    return on_path, all_tasks
 
 
 def lru_hits(keys: np.ndarray, capacity: int) -> np.ndarray:
@@ -328,12 +330,13 @@ class SimulationResult:
     def critical_path(self) -> np.ndarray:
         return _critical_path(self.end_us, self.decider)
 
-    def step_path_us(self, n_categories: int) -> np.ndarray:
-        """(steps, categories): time per task category on the critical path of each step the result
-        holds, from its first step on (a step's path spans it from start to end: rows sum to latencies)."""
+    def step_category_us(self, n_categories: int) -> tuple[np.ndarray, np.ndarray]:
+        """(on_path, all_tasks), each (steps, categories): time per task category on the critical path
+        of each step the result holds (a step's path spans it: rows sum to latencies), and summed over
+        all its tasks (host, device and copy lanes)."""
         step = self.column("step")
         first, last = int(step.min()), int(step.max())
-        return _step_path_us(self.start_us, self.end_us, self.decider, step, self.column("category"), first, last - first + 1, n_categories)
+        return _step_category_us(self.start_us, self.end_us, self.decider, step, self.column("category"), first, last - first + 1, n_categories)
 
 
 # Codes of the first problem `_check_graph` finds (0: none).

@@ -136,6 +136,7 @@ class StepMeasures:
     device_busy_us: np.ndarray
     host_busy_us: dict[str, np.ndarray]  # per host thread that ran anything
     path_us: np.ndarray  # (steps, categories): the step's critical path by category
+    task_us: np.ndarray  # (steps, categories): all the step's task time by category
     launches: np.ndarray
     peak_activation_bytes: float  # live activations are freed within their step (steps end in a barrier)
     tasks: int
@@ -154,12 +155,14 @@ class StepMeasures:
         # Kernel launches and graph triggers (the launch stage); the per-step H2D issue of the input
         # tokens is a copy call and does not count.
         launches = np.bincount(step[result.column("stage") == LAUNCH_STAGE] - step.min(), minlength=step_start.size)
+        path_us, task_us = result.step_category_us(len(CATEGORIES))
         return StepMeasures(
             start_us=step_start,
             end_us=step_end,
             device_busy_us=device_busy.between(step_start, step_end),
             host_busy_us=host_busy,
-            path_us=result.step_path_us(len(CATEGORIES)),
+            path_us=path_us,
+            task_us=task_us,
             launches=launches,
             peak_activation_bytes=peak_activation_bytes(result, workload),
             tasks=result.graph.n_tasks,
@@ -176,6 +179,7 @@ class StepMeasures:
                 name: np.concatenate([p.host_busy_us.get(name, np.zeros(p.start_us.size)) for p in parts]) for name in lanes
             },
             path_us=np.concatenate([p.path_us for p in parts]),
+            task_us=np.concatenate([p.task_us for p in parts]),
             launches=np.concatenate([p.launches for p in parts]),
             peak_activation_bytes=max(p.peak_activation_bytes for p in parts),
             tasks=sum(p.tasks for p in parts),
@@ -254,6 +258,11 @@ def summarize(measures: StepMeasures, workload: Workload, plan: StepPlan | None 
         summary["capture_ms"] = float(latency_ms[mode == BUILD].sum())
     summary["peak_activation_gb"] = measures.peak_activation_bytes / 1e9
     summary.update({f"breakdown_{name}": float(breakdown[i]) for i, name in enumerate(CATEGORIES)})
+    # Where all the time goes, overlapped or not (a profiler's "time by category" table).
+    task_us = measures.task_us[measured].sum(axis=0)
+    task_total_us = float(task_us.sum())
+    summary.update({f"time_share_{name}": float(task_us[i] / task_total_us) if task_total_us > 0 else 0.0 for i, name in enumerate(CATEGORIES)})
+    summary["task_ms_per_step"] = task_total_us / US_PER_MS / max(int(measured.sum()), 1)
 
     steps_table = pd.DataFrame(
         {

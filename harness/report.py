@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from omegaconf import OmegaConf
 
 KEYS = ["hardware", "workload", "strategy"]
 SHOWN = ["throughput_tok_s", "speedup_vs_eager", "step_ms_mean", "bubble_ratio", "bound"]
@@ -28,6 +29,9 @@ def load_run_dirs(paths: list[Path]) -> pd.DataFrame:
         for summary in sorted(Path(root).rglob("summary.json")):
             row = json.loads(summary.read_text())
             row["run_dir"] = str(summary.parent)
+            overrides = summary.parent / ".hydra" / "overrides.yaml"  # Hydra's record of the job's overrides
+            if overrides.is_file():
+                row["overrides"] = " ".join(OmegaConf.load(overrides))
             rows.append(row)
     return pd.DataFrame(rows)
 
@@ -65,7 +69,22 @@ def comparison(runs: pd.DataFrame) -> pd.DataFrame:
     base = table.set_index(["hardware", "workload"]).index.map(lambda key: eager.get(key, np.nan))
     table["speedup_vs_eager"] = table["throughput_tok_s"].to_numpy() / np.asarray(base, dtype=float)
     columns = KEYS + [c for c in SHOWN if c in table.columns]
-    return table[columns].sort_values(KEYS).reset_index(drop=True)
+    if "overrides" in table.columns:
+        table["swept"] = swept_values(table["overrides"])
+        if table["swept"].ne("").any():
+            columns.insert(len(KEYS), "swept")
+    return table[columns].sort_values(KEYS + (["swept"] if "swept" in columns else [])).reset_index(drop=True)
+
+
+def swept_values(overrides: pd.Series) -> pd.Series:
+    """Per run, its overrides that not every run shares, leaving out the config groups already shown
+    (a sweep over `+workload.card_overrides.x=1,2` shows `…x=1` and `…x=2`)."""
+    per_run = [set(str(o).split()) if isinstance(o, str) else set() for o in overrides]
+    common = set.intersection(*per_run) if per_run else set()
+    shown = tuple(f"{k}=" for k in KEYS)
+    return pd.Series(
+        [" ".join(sorted(o for o in run - common if not o.lstrip("+~").startswith(shown))) for run in per_run], index=overrides.index
+    )
 
 
 def plot(table: pd.DataFrame, out: Path) -> list[Path]:

@@ -418,14 +418,19 @@ CARD_INT_KEYS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "num
 
 
 @functools.lru_cache(maxsize=32)
-def load_card(name: str) -> dict:
-    """Read and check a model card; normalise `layer_ops` into one layer group. Cached: treat as read-only."""
+def load_card(name: str, overrides: tuple = ()) -> dict:
+    """Read and check a model card, with `overrides` ((key, value) pairs) replacing its fields;
+    normalise `layer_ops` into one layer group. Cached: treat as read-only."""
     path = WORKLOADS_DIR / f"{name}.yaml"
     if not path.is_file():
         raise ConfigError(f"workload.card={name!r}: no such model card in workloads/")
     card = OmegaConf.to_container(OmegaConf.load(path), resolve=True)
     assert isinstance(card, dict)
-    where = f"workloads/{name}.yaml"
+    for key, value in overrides:
+        if key not in card:
+            raise ConfigError(f"workload.card_overrides.{key}={value!r}: card {name!r} has no such field (fields: {', '.join(sorted(card))})")
+        card[key] = value
+    where = f"workloads/{name}.yaml" + (" (with workload.card_overrides)" if overrides else "")
     for key in CARD_INT_KEYS:
         value = card.get(key)
         if not isinstance(value, int) or value <= 0:
@@ -525,7 +530,7 @@ def build_workload(
     if batch is None:
         batch = np.full(cfg.steps, cfg.batch_size, dtype=np.int64)
     if cfg.card is not None:
-        return _from_card(load_card(cfg.card), cfg, np.asarray(batch, dtype=np.int64), devices_per_node, kv_len, moe_pad)
+        return _from_card(load_card(cfg.card, tuple(sorted(cfg.card_overrides.items()))), cfg, np.asarray(batch, dtype=np.int64), devices_per_node, kv_len, moe_pad)
     if cfg.path is not None:
         from harness.trace_io import read_ops_csv
 

@@ -41,6 +41,10 @@ def test_accounting_identities(workload, strategy):
     assert steps["device_busy_ms"].sum() == pytest.approx(s["device_busy"] * s["window_ms"])
     # The breakdown covers the whole critical path.
     assert sum(s[f"breakdown_{c}"] for c in CATEGORIES) == pytest.approx(1.0)
+    # Time by category covers every task of the measured steps.
+    assert sum(s[f"time_share_{c}"] for c in CATEGORIES) == pytest.approx(1.0)
+    durations_all = outcome.result.end_us - outcome.result.start_us
+    assert s["task_ms_per_step"] * s["steps_measured"] == pytest.approx(durations_all.sum() / 1e3)
     path = outcome.result.critical_path()
     durations = outcome.result.end_us[path] - outcome.result.start_us[path]
     assert durations.sum() == pytest.approx(outcome.result.makespan_us)

@@ -138,3 +138,16 @@ def test_submitit_local_launcher_runs_the_jobs(tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     summaries = sorted((tmp_path / "sw").glob("*/summary.json"))
     assert [json.loads(p.read_text())["strategy"] for p in summaries] == ["eager", "async"]
+
+
+def test_swept_values_show_what_differs_between_jobs():
+    from harness.report import swept_values
+
+    overrides = pd.Series(["strategy=eager +workload.card_overrides.x=1 workload.steps=4", "strategy=acl_graph +workload.card_overrides.x=2 workload.steps=4"])
+    assert swept_values(overrides).tolist() == ["+workload.card_overrides.x=1", "+workload.card_overrides.x=2"]
+    assert swept_values(pd.Series(["strategy=eager", "strategy=async"])).tolist() == ["", ""]
+
+
+def test_results_record_each_jobs_overrides(sweep):
+    results = pd.read_csv(sweep / "sweep" / "results.csv")
+    assert sorted(results["overrides"].str.contains("strategy=acl_graph")) == [False, False, True, True]
