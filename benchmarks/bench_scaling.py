@@ -40,7 +40,7 @@ from hydra import compose, initialize_config_dir  # noqa: E402
 from harness.config import CONF_DIR, register_configs, to_run_config  # noqa: E402
 from harness.core import _simulate, links, simulate  # noqa: E402
 from harness.lowering import lower  # noqa: E402
-from harness.run import simulate_run  # noqa: E402
+from harness.run import execute, simulate_run  # noqa: E402
 from harness.workload import build_workload  # noqa: E402
 
 
@@ -130,11 +130,15 @@ def main() -> None:
         return best_of(repeat, lambda: _simulate(graph.tasks, lane_prev, lane_next, graph.dep_ptr, succ_ptr, succ_idx, graph.pool_capacity, start, end, decider))
 
     for preset, steps in [("llama2_7b_decode", 64 if args.quick else 256), ("deepseek_v3", 16 if args.quick else 64)]:
-        run = compose_run(f"workload={preset}", "strategy=eager", f"workload.steps={steps}")
+        run = compose_run(f"workload={preset}", "strategy=eager", f"workload.steps={steps}", "tracking.enabled=false")
         graph = lower(build_workload(run.workload), run.hardware, run.strategy, run.seed)
         row(f"kernel: {preset} eager, {steps} steps", graph.n_tasks, kernel_seconds(graph))
         simulate_run(run)
         row(f"end to end (build + lower + kernel + metrics): {preset} eager, {steps} steps", graph.n_tasks, best_of(3, lambda: simulate_run(run)))
+        with tempfile.TemporaryDirectory() as run_dir:
+            execute(run, Path(run_dir), {})
+            row(f"end to end + output files (summary, steps, 2-step trace, 1-step timeline): {preset} eager, {steps} steps",
+                graph.n_tasks, best_of(3, lambda: execute(run, Path(run_dir), {})))
 
     # One small graph on all three engines, timed in this run: the ratios compare like with like.
     small = compose_run("workload=llama2_7b_decode", "strategy=eager", "workload.steps=8")
@@ -164,9 +168,12 @@ def main() -> None:
     row("process: import + load all kernels + 2-step run, warm cache", 0, warm, peak_rss_gib=round(warm_peak, 2))
 
     for scale_steps in ([50, 100, 200] if args.quick else [100, 300, 1000]):
-        r = compose_run("workload=deepseek_v3", "strategy=eager", f"workload.steps={scale_steps}")
+        r = compose_run("workload=deepseek_v3", "strategy=eager", f"workload.steps={scale_steps}", "tracking.enabled=false")
         outcome = simulate_run(r)
         row(f"scale: deepseek_v3 eager, {scale_steps} steps", outcome.summary["tasks_simulated"], best_of(2, lambda: simulate_run(r)))
+        with tempfile.TemporaryDirectory() as run_dir:
+            row(f"scale + output files: deepseek_v3 eager, {scale_steps} steps", outcome.summary["tasks_simulated"],
+                best_of(2, lambda: execute(r, Path(run_dir), {})))
     for preset in ("qwen25_7b_decode", "llama2_7b_decode", "qwen3_30b_decode", "deepseek_v3"):
         r = compose_run(f"workload={preset}", "strategy=eager", "workload.steps=64")
         outcome = simulate_run(r)

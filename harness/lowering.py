@@ -341,16 +341,10 @@ class _Piece:
 
 
 def _tile(
+    lowering: "Lowering",
     out: np.ndarray,
     tpl: StepTemplate,
     steps: np.ndarray,
-    workload: Workload,
-    hardware: HardwareConfig,
-    strategy: StrategyConfig,
-    seed: int,
-    device_us: np.ndarray,
-    device_cores: np.ndarray,
-    tiling_us: np.ndarray,
     step_release_us: np.ndarray | None,
     extra_device_us: float,
 ) -> _Piece:
@@ -361,7 +355,7 @@ def _tile(
     offsets = (np.arange(count, dtype=np.int64) * m)[:, None]
     is_host = np.array(tpl.host, dtype=bool)
     host_slot = np.where(is_host, np.cumsum(is_host) - 1, -1).astype(np.int64)
-    link = hardware.link
+    workload, hardware, link = lowering.workload, lowering.hardware, lowering.hardware.link
     _fill_records(
         out,
         steps.astype(np.int64),
@@ -372,18 +366,18 @@ def _tile(
         np.array(tpl.source, dtype=np.int8),
         np.array(tpl.value, dtype=np.float64),
         host_slot,
-        np.ascontiguousarray(device_us, dtype=np.float64),
-        np.ascontiguousarray(device_cores, dtype=np.int32),
+        lowering.device_us,
+        lowering.device_cores,
         float(extra_device_us),
-        np.ascontiguousarray(tiling_us, dtype=np.float64),
+        lowering.tiling_us,
         np.array([copy_time_us(t * 2 * TOKEN_ID_BYTES, link) for t in workload.tokens[steps]], dtype=np.float64),
         np.array([copy_time_us(t * TOKEN_ID_BYTES, link) for t in workload.tokens_out[steps]], dtype=np.float64),
         hardware.host.cpu_gflops * 1e3,
-        np.ascontiguousarray(workload.flops, dtype=np.float64),
+        lowering.flops,
         float(link.pcie_latency_us),
         link.pcie_gbps * 1e3,
-        np.ascontiguousarray(workload.bytes, dtype=np.float64),
-        _jitter(seed, steps, hardware.host.jitter_cv, int(is_host.sum())),
+        lowering.bytes,
+        _jitter(lowering.seed, steps, hardware.host.jitter_cv, int(is_host.sum())),
     )
     if step_release_us is not None:
         out["release_us"][offsets[:, 0]] = step_release_us[steps]
@@ -395,7 +389,7 @@ def _tile(
     not_first_lane = last_on_lane[lanes[last_on_lane] != lanes[0]]
     src.append((not_first_lane[None, :] + offsets[:-1]).ravel())  # barrier between the piece's steps
     dst.append(np.repeat(offsets[1:, 0], not_first_lane.size))
-    capacity = strategy.queue_capacity
+    capacity = lowering.strategy.queue_capacity
     for producers, consumers in tpl.queue_items.values():
         producer_ids = (np.array(producers, dtype=np.int64)[None, :] + offsets).ravel()
         consumer_ids = (np.array(consumers, dtype=np.int64)[None, :] + offsets).ravel()
@@ -413,9 +407,15 @@ class Lowering:
         self.workload, self.hardware, self.strategy, self.seed = workload, hardware, strategy, seed
         self.plan = plan or StepPlan.host_only(workload)
         self.lanes = lanes_for(strategy)
-        self.device_us, self.device_cores = device_times(workload, hardware)
+        device_us, device_cores = device_times(workload, hardware)
         costs = host_stage_costs(workload, hardware, strategy)
-        self.tiling_us = np.where(self.plan.tiling_hit, hardware.host.tiling_lookup_us, costs["tiling"][None, :])
+        tiling_us = np.where(self.plan.tiling_hit, hardware.host.tiling_lookup_us, costs["tiling"][None, :])
+        # (steps, ops) tables as the jitted fill reads them: C order, fixed dtypes (converted once).
+        self.device_us = np.ascontiguousarray(device_us, dtype=np.float64)
+        self.device_cores = np.ascontiguousarray(device_cores, dtype=np.int32)
+        self.tiling_us = np.ascontiguousarray(tiling_us, dtype=np.float64)
+        self.flops = np.ascontiguousarray(workload.flops, dtype=np.float64)
+        self.bytes = np.ascontiguousarray(workload.bytes, dtype=np.float64)
         self.templates: dict[int, StepTemplate] = {}
 
     def graph(self, steps: np.ndarray, step_release_us: np.ndarray | None = None) -> TaskGraph:
@@ -438,10 +438,7 @@ class Lowering:
         for run, size in zip(runs, sizes):
             m = int(mode[run[0]])
             extra = hardware.graph.task_dispatch_us if m == REPLAY else 0.0
-            piece = _tile(
-                all_tasks[offset : offset + size], self.templates[m], steps[run], workload, hardware, strategy, self.seed,
-                self.device_us, self.device_cores, self.tiling_us, step_release_us, extra,
-            )
+            piece = _tile(self, all_tasks[offset : offset + size], self.templates[m], steps[run], step_release_us, extra)
             src.append(piece.src + offset)
             dst.append(piece.dst + offset)
             if previous_last is not None:

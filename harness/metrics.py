@@ -318,7 +318,7 @@ def peak_activation_bytes(result: SimulationResult, workload: Workload) -> float
     return float(
         _peak_live_bytes(
             result.end_us, result.column("lane"), result.column("stage"), result.column("step"), result.column("op"),
-            np.ascontiguousarray(workload.activation_bytes(), dtype=np.float64), len(result.graph.lane_names), ALLOC_STAGE, FREE_STAGE,
+            workload.activation_bytes(), len(result.graph.lane_names), ALLOC_STAGE, FREE_STAGE,
         )
     )
 

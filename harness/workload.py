@@ -73,6 +73,7 @@ class Workload:
     real_batch: Optional[np.ndarray] = None  # sequences per step before padding to a bucket
 
     def __post_init__(self) -> None:
+        self._activation_bytes: Optional[np.ndarray] = None  # not a field: dataclasses.replace() recomputes it
         if self.n_kernels is None:
             self.n_kernels = np.ones(len(self.op_names), dtype=np.int64)
         if self.real_batch is None:
@@ -85,8 +86,11 @@ class Workload:
             self.weight_bytes = np.zeros(len(self.op_names))
 
     def activation_bytes(self) -> np.ndarray:
-        """(steps, ops) bytes an op allocates: its outputs, taken as half its non-weight traffic."""
-        return np.maximum(self.bytes - self.weight_bytes[None, :], 0.0) / 2.0
+        """(steps, ops) bytes an op allocates: its outputs, taken as half its non-weight traffic.
+        Computed once (a chunked run asks for every chunk); treat as read-only."""
+        if self._activation_bytes is None:
+            self._activation_bytes = np.ascontiguousarray(np.maximum(self.bytes - self.weight_bytes[None, :], 0.0) / 2.0)
+        return self._activation_bytes
 
     @property
     def n_kernels_per_step(self) -> int:
