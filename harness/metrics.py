@@ -55,10 +55,13 @@ def _merge_lanes(lane, take, key, n_lanes):
 @njit(cache=True)
 def _lanes_union(start, end, lane, selected):
     """The union of the intervals of the tasks on the selected lanes, as disjoint groups in order."""
-    take = np.empty(lane.shape[0], np.bool_)
-    for i in range(lane.shape[0]):
-        take[i] = selected[lane[i]]
-    order = _merge_lanes(lane, take, start, selected.shape[0])
+    if np.sum(selected) == 1:  # one FIFO lane: its tasks in id order are already in start order
+        order = np.flatnonzero(lane == np.argmax(selected))
+    else:
+        take = np.empty(lane.shape[0], np.bool_)
+        for i in range(lane.shape[0]):
+            take[i] = selected[lane[i]]
+        order = _merge_lanes(lane, take, start, selected.shape[0])
     group_start = np.empty(order.shape[0], np.float64)
     group_end = np.empty(order.shape[0], np.float64)
     g = -1

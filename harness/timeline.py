@@ -53,7 +53,11 @@ def draw_timeline(outcome: "RunResult", path: Path, steps: int) -> None:
     used_lanes = sorted(set(tasks["lane"].tolist()))
     rows = {lane: len(used_lanes) - 1 - k for k, lane in enumerate(used_lanes)}  # first lane on top
     scale = 1e-3  # µs → ms
-    fig, ax = plt.subplots(figsize=(14, 1.0 + 0.55 * len(used_lanes)))
+    width_in, height_in = 14.0, 1.0 + 0.55 * len(used_lanes)
+    fig, ax = plt.subplots(figsize=(width_in, height_in))
+    # Fixed margins in inches (lane names left, legend right): a layout engine would draw the figure
+    # twice to measure its text, a third of the picture's cost.
+    fig.subplots_adjust(left=1.25 / width_in, right=1 - 1.45 / width_in, bottom=0.5 / height_in, top=1 - 0.3 / height_in)
     for lane in used_lanes:
         mine = tasks["lane"] == lane
         for code in np.unique(tasks["category"][mine]):
@@ -87,7 +91,6 @@ def draw_timeline(outcome: "RunResult", path: Path, steps: int) -> None:
     ax.set_title(f"{span}: device idle {idle:.0%} (red), bound: {names['bound']}", loc="left")
     shown = sorted({CATEGORIES[c] for c in np.unique(tasks["category"])}, key=CATEGORIES.index)
     ax.legend(handles=[Patch(color=COLOURS[c], label=c) for c in shown], loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
-    fig.tight_layout()
     tmp = path.with_name(path.name + ".tmp.png")
     fig.savefig(tmp, dpi=110)
     plt.close(fig)
@@ -104,4 +107,4 @@ def _bars(ax, x: np.ndarray, width: np.ndarray, y: float, height: float, **style
     verts[:, [2, 3], 0] = (x + width)[:, None]
     verts[:, [0, 3], 1] = y
     verts[:, [1, 2], 1] = y + height
-    ax.add_collection(PolyCollection(verts, **style))
+    ax.add_collection(PolyCollection(verts, **style), autolim=False)  # the caller sets the limits
