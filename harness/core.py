@@ -1,4 +1,7 @@
-"""The discrete-event engine: the only Numba-jitted code of the harness.
+"""The discrete-event engine (Numba), plus the jitted passes over its result that metrics need.
+
+Other jitted passes live next to their wrappers: the record fill in lowering.py, the lane merges in
+metrics.py. Kernels never raise: they return arrays or status codes, and their wrappers raise.
 
 Semantics (the plain-Python oracle in tests/oracle.py implements the same, and must agree exactly):
 

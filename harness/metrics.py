@@ -4,6 +4,9 @@ The measured steps are those after the warm-up that do not build a graph. "Devic
 of device-stream task intervals within them (the device is idle only when no stream runs anything);
 the bubble ratio is its complement over the window. The breakdown splits the critical path of each
 measured step by task category; it sums to 1 because a step's path covers it without gaps.
+
+`StepMeasures.of` reduces a simulated span of steps (a chunk of a long run) to per-step numbers;
+`summarize` turns the joined measures of a run into the summary and the steps table.
 """
 from __future__ import annotations
 
@@ -197,11 +200,6 @@ def measured_steps(workload: Workload, plan: StepPlan | None = None) -> np.ndarr
     if not measured.any():  # every step builds a graph: measure them rather than nothing
         measured = index >= workload.warmup_steps
     return measured
-
-
-def compute_metrics(result: SimulationResult, workload: Workload, plan: StepPlan | None = None) -> tuple[dict, pd.DataFrame]:
-    """The summary and per-step table of a run simulated in one piece."""
-    return summarize(StepMeasures.of(result, workload), workload, plan)
 
 
 def summarize(measures: StepMeasures, workload: Workload, plan: StepPlan | None = None) -> tuple[dict, pd.DataFrame]:
