@@ -61,18 +61,20 @@ def load_mlflow(uri: str, experiment: str = "hostbound", parent: str | None = No
 
 
 def comparison(runs: pd.DataFrame) -> pd.DataFrame:
-    """Per (hardware, workload): each strategy's throughput, speed-up over eager, step time, bubble, bound."""
+    """Per (hardware, workload, other swept values): each strategy's throughput, speed-up over the eager
+    run with the same values, step time, bubble, bound."""
     if runs.empty:
         return runs
     table = runs.copy()
-    eager = table[table["strategy"] == "eager"].groupby(["hardware", "workload"])["throughput_tok_s"].mean()
-    base = table.set_index(["hardware", "workload"]).index.map(lambda key: eager.get(key, np.nan))
-    table["speedup_vs_eager"] = table["throughput_tok_s"].to_numpy() / np.asarray(base, dtype=float)
-    columns = KEYS + [c for c in SHOWN if c in table.columns]
     if "overrides" in table.columns:
         table["swept"] = swept_values(table["overrides"])
-        if table["swept"].ne("").any():
-            columns.insert(len(KEYS), "swept")
+    group = ["hardware", "workload"] + (["swept"] if "swept" in table.columns else [])
+    eager = table[table["strategy"] == "eager"].groupby(group)["throughput_tok_s"].mean()
+    base = table.set_index(group).index.map(lambda key: eager.get(key, np.nan))
+    table["speedup_vs_eager"] = table["throughput_tok_s"].to_numpy() / np.asarray(base, dtype=float)
+    columns = KEYS + [c for c in SHOWN if c in table.columns]
+    if "swept" in table.columns and table["swept"].ne("").any():
+        columns.insert(len(KEYS), "swept")
     return table[columns].sort_values(KEYS + (["swept"] if "swept" in columns else [])).reset_index(drop=True)
 
 

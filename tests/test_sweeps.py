@@ -152,3 +152,21 @@ def test_swept_values_show_what_differs_between_jobs():
 def test_results_record_each_jobs_overrides(sweep):
     results = pd.read_csv(sweep / "sweep" / "results.csv")
     assert sorted(results["overrides"].str.contains("strategy=acl_graph")) == [False, False, True, True]
+
+
+def test_speedup_compares_with_the_eager_run_of_the_same_swept_values():
+    from harness.report import comparison
+
+    runs = pd.DataFrame(
+        {
+            "hardware": ["a2"] * 4,
+            "workload": ["w"] * 4,
+            "strategy": ["eager", "acl_graph", "eager", "acl_graph"],
+            "throughput_tok_s": [10.0, 40.0, 20.0, 60.0],
+            "overrides": [f"strategy={s} workload.batch_size={b}" for s, b in [("eager", 16), ("acl_graph", 16), ("eager", 64), ("acl_graph", 64)]],
+        }
+    )
+    table = comparison(runs).set_index(["strategy", "swept"])
+    assert table.loc[("acl_graph", "workload.batch_size=16"), "speedup_vs_eager"] == pytest.approx(4.0)
+    assert table.loc[("acl_graph", "workload.batch_size=64"), "speedup_vs_eager"] == pytest.approx(3.0)
+    assert table.loc[("eager", "workload.batch_size=64"), "speedup_vs_eager"] == pytest.approx(1.0)
