@@ -340,65 +340,6 @@ class _Piece:
     last_on_lane: np.ndarray  # local ids (in the piece) of each lane's last task of the last step
 
 
-def _tile(
-    lowering: "Lowering",
-    out: np.ndarray,
-    tpl: StepTemplate,
-    steps: np.ndarray,
-    step_release_us: np.ndarray | None,
-    extra_device_us: float,
-) -> _Piece:
-    """The template repeated over consecutive `steps` (records written into `out`), with each step's
-    durations and AI cores; returns the piece's edges in local ids."""
-    count = steps.size
-    m = len(tpl.lane)
-    offsets = (np.arange(count, dtype=np.int64) * m)[:, None]
-    is_host = np.array(tpl.host, dtype=bool)
-    host_slot = np.where(is_host, np.cumsum(is_host) - 1, -1).astype(np.int64)
-    workload, hardware, link = lowering.workload, lowering.hardware, lowering.hardware.link
-    _fill_records(
-        out,
-        steps.astype(np.int64),
-        np.array(tpl.lane, dtype=np.int32),
-        np.array(tpl.category, dtype=np.int8),
-        np.array(tpl.op, dtype=np.int32),
-        np.array(tpl.stage, dtype=np.int8),
-        np.array(tpl.source, dtype=np.int8),
-        np.array(tpl.value, dtype=np.float64),
-        host_slot,
-        lowering.device_us,
-        lowering.device_cores,
-        float(extra_device_us),
-        lowering.tiling_us,
-        np.array([copy_time_us(t * 2 * TOKEN_ID_BYTES, link) for t in workload.tokens[steps]], dtype=np.float64),
-        np.array([copy_time_us(t * TOKEN_ID_BYTES, link) for t in workload.tokens_out[steps]], dtype=np.float64),
-        hardware.host.cpu_gflops * 1e3,
-        lowering.flops,
-        float(link.pcie_latency_us),
-        link.pcie_gbps * 1e3,
-        lowering.bytes,
-        _jitter(lowering.seed, steps, hardware.host.jitter_cv, int(is_host.sum())),
-    )
-    if step_release_us is not None:
-        out["release_us"][offsets[:, 0]] = step_release_us[steps]
-
-    src = [(np.array(tpl.src, dtype=np.int64)[None, :] + offsets).ravel()]
-    dst = [(np.array(tpl.dst, dtype=np.int64)[None, :] + offsets).ravel()]
-    lanes = np.array(tpl.lane)
-    last_on_lane = np.array([np.flatnonzero(lanes == lane).max() for lane in np.unique(lanes)], dtype=np.int64)
-    not_first_lane = last_on_lane[lanes[last_on_lane] != lanes[0]]
-    src.append((not_first_lane[None, :] + offsets[:-1]).ravel())  # barrier between the piece's steps
-    dst.append(np.repeat(offsets[1:, 0], not_first_lane.size))
-    capacity = lowering.strategy.queue_capacity
-    for producers, consumers in tpl.queue_items.values():
-        producer_ids = (np.array(producers, dtype=np.int64)[None, :] + offsets).ravel()
-        consumer_ids = (np.array(consumers, dtype=np.int64)[None, :] + offsets).ravel()
-        if producer_ids.size > capacity:
-            src.append(consumer_ids[:-capacity])
-            dst.append(producer_ids[capacity:])
-    return _Piece(np.concatenate(src), np.concatenate(dst), last_on_lane + (count - 1) * m)
-
-
 class Lowering:
     """Lowers steps of one run: what all steps share (device times, host costs, step templates) is
     computed once, so a long run can be lowered chunk by chunk."""
@@ -417,6 +358,64 @@ class Lowering:
         self.flops = np.ascontiguousarray(workload.flops, dtype=np.float64)
         self.bytes = np.ascontiguousarray(workload.bytes, dtype=np.float64)
         self.templates: dict[int, StepTemplate] = {}
+
+    def _tile(
+        self,
+        out: np.ndarray,
+        tpl: StepTemplate,
+        steps: np.ndarray,
+        step_release_us: np.ndarray | None,
+        extra_device_us: float,
+    ) -> _Piece:
+        """The template repeated over consecutive `steps` (records written into `out`), with each step's
+        durations and AI cores; returns the piece's edges in local ids."""
+        count = steps.size
+        m = len(tpl.lane)
+        offsets = (np.arange(count, dtype=np.int64) * m)[:, None]
+        is_host = np.array(tpl.host, dtype=bool)
+        host_slot = np.where(is_host, np.cumsum(is_host) - 1, -1).astype(np.int64)
+        workload, hardware, link = self.workload, self.hardware, self.hardware.link
+        _fill_records(
+            out,
+            steps.astype(np.int64),
+            np.array(tpl.lane, dtype=np.int32),
+            np.array(tpl.category, dtype=np.int8),
+            np.array(tpl.op, dtype=np.int32),
+            np.array(tpl.stage, dtype=np.int8),
+            np.array(tpl.source, dtype=np.int8),
+            np.array(tpl.value, dtype=np.float64),
+            host_slot,
+            self.device_us,
+            self.device_cores,
+            float(extra_device_us),
+            self.tiling_us,
+            np.array([copy_time_us(t * 2 * TOKEN_ID_BYTES, link) for t in workload.tokens[steps]], dtype=np.float64),
+            np.array([copy_time_us(t * TOKEN_ID_BYTES, link) for t in workload.tokens_out[steps]], dtype=np.float64),
+            hardware.host.cpu_gflops * 1e3,
+            self.flops,
+            float(link.pcie_latency_us),
+            link.pcie_gbps * 1e3,
+            self.bytes,
+            _jitter(self.seed, steps, hardware.host.jitter_cv, int(is_host.sum())),
+        )
+        if step_release_us is not None:
+            out["release_us"][offsets[:, 0]] = step_release_us[steps]
+
+        src = [(np.array(tpl.src, dtype=np.int64)[None, :] + offsets).ravel()]
+        dst = [(np.array(tpl.dst, dtype=np.int64)[None, :] + offsets).ravel()]
+        lanes = np.array(tpl.lane)
+        last_on_lane = np.array([np.flatnonzero(lanes == lane).max() for lane in np.unique(lanes)], dtype=np.int64)
+        not_first_lane = last_on_lane[lanes[last_on_lane] != lanes[0]]
+        src.append((not_first_lane[None, :] + offsets[:-1]).ravel())  # barrier between the piece's steps
+        dst.append(np.repeat(offsets[1:, 0], not_first_lane.size))
+        capacity = self.strategy.queue_capacity
+        for producers, consumers in tpl.queue_items.values():
+            producer_ids = (np.array(producers, dtype=np.int64)[None, :] + offsets).ravel()
+            consumer_ids = (np.array(consumers, dtype=np.int64)[None, :] + offsets).ravel()
+            if producer_ids.size > capacity:
+                src.append(consumer_ids[:-capacity])
+                dst.append(producer_ids[capacity:])
+        return _Piece(np.concatenate(src), np.concatenate(dst), last_on_lane + (count - 1) * m)
 
     def graph(self, steps: np.ndarray, step_release_us: np.ndarray | None = None) -> TaskGraph:
         """The task graph of consecutive `steps` (global step numbers)."""
@@ -438,7 +437,7 @@ class Lowering:
         for run, size in zip(runs, sizes):
             m = int(mode[run[0]])
             extra = hardware.graph.task_dispatch_us if m == REPLAY else 0.0
-            piece = _tile(self, all_tasks[offset : offset + size], self.templates[m], steps[run], step_release_us, extra)
+            piece = self._tile(all_tasks[offset : offset + size], self.templates[m], steps[run], step_release_us, extra)
             src.append(piece.src + offset)
             dst.append(piece.dst + offset)
             if previous_last is not None:
