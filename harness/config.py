@@ -39,13 +39,20 @@ class Quant(enum.Enum):
 
 
 class OpKind(enum.Enum):
-    """Which unit bounds an op's compute: cube (matmul), vector (element-wise), comm (collective);
-    host: front-end work on the host thread with no kernel (e.g. a layer's Python code in eager mode)."""
+    """Which unit bounds an op's compute: cube (matmul), vector (element-wise), comm (collective), copy
+    (a DMA copy or memset on a stream); host: front-end work on the host thread with no kernel (e.g. a
+    layer's Python code in eager mode); sync: the host blocks until the ops it names have run (a
+    stream or device sync of an imported profile)."""
 
     cube = "cube"
     vector = "vector"
     comm = "comm"
     host = "host"
+    sync = "sync"
+    copy = "copy"
+
+
+MAX_STREAMS = 16  # device streams: 0 compute, 1 communication, 2.. further compute streams (traces)
 
 
 def _check(obj: Any, condition: bool, field_name: str, requirement: str) -> None:
@@ -182,7 +189,7 @@ class OpSpec:
     bytes: float = 0.0
     device_us: Optional[float] = None  # fixed device time; replaces the roofline when given
     host_us: float = 0.0  # host time of a kind=host op
-    stream: int = -1  # device stream: 0 compute, 1 communication; -1: by kind
+    stream: int = -1  # device stream: 0 compute, 1 communication, 2.. more compute streams; -1: by kind
     after: List[int] = field(default_factory=list)  # earlier ops (indices) it waits for; empty: the previous op
     dynamic: bool = False  # shape changes between steps
     cpu_eligible: bool = False  # may run on the host CPU (heterogeneous execution)
@@ -191,7 +198,7 @@ class OpSpec:
 
     def __post_init__(self) -> None:
         _non_negative(self, "flops", "bytes", "host_us")
-        _check(self, self.stream in (-1, 0, 1), "stream", "must be 0 (compute), 1 (communication) or -1 (by kind)")
+        _check(self, -1 <= self.stream < MAX_STREAMS, "stream", f"must be -1 (by kind) or a stream 0..{MAX_STREAMS - 1} (0 compute, 1 communication)")
         if self.device_us is not None:
             _non_negative(self, "device_us")
 
@@ -234,6 +241,7 @@ class WorkloadConfig:
     context_len: int = 1024  # prompt length (prefill) / tokens already in the KV cache (decode)
     steps: int = 32  # simulated steps (decode iterations, or prefill batches)
     warmup_steps: int = 0  # first steps left out of the measured window
+    repeat: int = 1  # trace workloads: play the CSV's steps this many times (a graph what-if needs a step to capture in)
     ops: List[OpSpec] = field(default_factory=list)  # explicit op list, used when card is not set
     # Card fields replaced for this run (e.g. +workload.card_overrides.layer_overhead_us=2000): sweeps
     # and calibration vary a card's numbers without editing workloads/.
@@ -244,7 +252,7 @@ class WorkloadConfig:
         if self.serving.enabled:
             _check(self, self.phase == Phase.decode, "phase", "serving batches need phase=decode")
             _check(self, self.card is not None, "card", "serving batches need a model card (sizes follow the batch)")
-        _positive(self, "batch_size", "context_len", "steps", "tp", "dp")
+        _positive(self, "batch_size", "context_len", "steps", "tp", "dp", "repeat")
         _non_negative(self, "warmup_steps", "ep")
         _check(self, self.warmup_steps < self.steps, "warmup_steps", f"must be < workload.steps={self.steps}")
         _check(self, self.ep <= self.devices, "ep", f"must be <= the devices (tp × dp = {self.devices})")

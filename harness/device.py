@@ -5,6 +5,9 @@ bandwidth). AI cores held = the block-split rule of seed 002, on the op's own un
 FLOPs < 10 % of one core's capacity → 1 block; > 50 % → min(cores, FLOPs / (0.3 × capacity));
 otherwise 4 blocks. "Capacity" is what one core computes in `block_quantum_us`.
 
+Copies (an imported profile's memcpy/memset on a stream) hold no AI core; without a measured time
+they cost one PCIe transfer.
+
 Collectives: fixed cost + the textbook cost on the link the group needs: the scale-up link (HCCS,
 NVLink) when the group fits in one node, the inter-node network otherwise. With p ranks and S bytes
 per rank: ring all-reduce 2(p−1) hops of S/p; all-gather (p−1) hops of S; all-to-all sends
@@ -16,9 +19,9 @@ import numpy as np
 
 from harness.config import DeviceConfig, HardwareConfig, LinkConfig
 from harness.config import OpKind
-from harness.workload import COMM_ALL_GATHER, COMM_ALL_REDUCE, COMM_ALL_TO_ALL, KIND_CODE, Workload
+from harness.workload import COMM_ALL_GATHER, COMM_ALL_REDUCE, COMM_ALL_TO_ALL, HOST_ONLY_KINDS, KIND_CODE, Workload
 
-KIND_CUBE, KIND_VECTOR, KIND_COMM, KIND_HOST = (KIND_CODE[k] for k in (OpKind.cube, OpKind.vector, OpKind.comm, OpKind.host))
+KIND_CUBE, KIND_VECTOR, KIND_COMM, KIND_COPY = (KIND_CODE[k] for k in (OpKind.cube, OpKind.vector, OpKind.comm, OpKind.copy))
 
 US_PER_S = 1e6
 
@@ -74,11 +77,13 @@ def device_times(workload: Workload, hardware: HardwareConfig) -> tuple[np.ndarr
     memory_us = nbytes / (device.hbm_gbps * 1e9 / US_PER_S)
     transfer_us = collective_us(workload.comm[None, :], workload.comm_ranks[None, :], nbytes, hardware.link)
     is_comm = kind == KIND_COMM
+    is_copy = kind == KIND_COPY  # a DMA on a stream: the copy engine, not the AI cores
     model_us = fixed_cost_us(kind, device) + np.where(is_comm, transfer_us, np.maximum(compute_us, memory_us))
+    model_us = np.where(is_copy, hardware.link.pcie_latency_us + nbytes / (hardware.link.pcie_gbps * 1e9 / US_PER_S), model_us)
     duration = np.where(np.isnan(workload.device_us), model_us, workload.device_us)
-    host_only = kind == KIND_HOST
+    host_only = np.isin(kind, HOST_ONLY_KINDS)
     duration = np.where(host_only, 0.0, duration)
-    cores = np.where(is_comm | host_only, 0, cores).astype(np.int32)
+    cores = np.where(is_comm | is_copy | host_only, 0, cores).astype(np.int32)
     return duration, cores
 
 

@@ -24,11 +24,13 @@ CATEGORIES = (
     "comm",
     "graph",
     "cpu",  # ops run on host CPU cores (heterogeneous execution)
+    "external",  # a device stream busy with work outside the simulation (an imported profile's unseen work)
 )
 CATEGORY = {name: code for code, name in enumerate(CATEGORIES)}
 
-# Lane kinds: what a lane stands for (decides which metrics look at it).
-LANE_HOST, LANE_DEVICE, LANE_COPY = 0, 1, 2
+# Lane kinds: what a lane stands for (decides which metrics look at it). An external lane holds
+# waits for work outside the simulation: neither host nor device busy time.
+LANE_HOST, LANE_DEVICE, LANE_COPY, LANE_EXTERNAL = 0, 1, 2, 3
 
 NO_POOL = -1
 
@@ -59,7 +61,7 @@ class TaskGraph:
     dep_ptr: np.ndarray  # int64, shape (n + 1,): predecessors of task i are dep_idx[dep_ptr[i]:dep_ptr[i+1]]
     dep_idx: np.ndarray  # int64
     lane_names: list[str]
-    lane_kinds: np.ndarray  # int8 per lane: LANE_HOST / LANE_DEVICE / LANE_COPY
+    lane_kinds: np.ndarray  # int8 per lane: LANE_HOST / LANE_DEVICE / LANE_COPY / LANE_EXTERNAL
     pool_names: list[str]
     pool_capacity: np.ndarray  # int64 per pool
     op_names: list[str] = field(default_factory=list)

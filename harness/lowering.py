@@ -41,14 +41,19 @@ from numba import njit
 
 from harness.config import Dispatch, GraphMode, HardwareConfig, StrategyConfig
 from harness.device import copy_time_us, device_times
-from harness.graph import CATEGORY, LANE_COPY, LANE_DEVICE, LANE_HOST, NO_POOL, TASK_DTYPE, TaskGraph, csr_from_edges
+from harness.graph import CATEGORY, LANE_COPY, LANE_DEVICE, LANE_EXTERNAL, LANE_HOST, NO_POOL, TASK_DTYPE, TaskGraph, csr_from_edges
 from harness.policies import BUILD, REPLAY, StepPlan
 from harness.workload import (
+    FLAG_CARRIED_IN,
     FLAG_COMPUTE_DEPENDENT,
     FLAG_DYNAMIC,
+    FLAG_IN_GRAPH,
     FLAG_ROUTED,
     FLAG_VALUE_DEPENDENT,
+    HOST_COSTS,
+    KIND_COPY,
     KIND_HOST,
+    KIND_SYNC,
     STREAM_COMM,
     STREAM_COMPUTE,
     TOKEN_ID_BYTES,
@@ -56,6 +61,8 @@ from harness.workload import (
 )
 
 HOST_STAGES = ("framework", "infer_shape", "tiling", "alloc", "launch", "free")
+assert HOST_COSTS[: len(HOST_STAGES)] == HOST_STAGES
+OWN = HOST_COSTS.index("own")  # the host time of a host or sync op, after the stages in a cost table
 # Breakdown category of each stage: freeing is memory management, like allocation.
 STAGE_CATEGORY = {"framework": "framework", "infer_shape": "infer_shape", "tiling": "tiling", "alloc": "alloc", "launch": "launch", "free": "alloc"}
 CPU_OP_STAGES = ("framework", "infer_shape")  # an op run on the CPU is dispatched, not launched
@@ -72,8 +79,12 @@ JITTER_STREAM = 0  # generator streams: (seed, 0, step) host jitter; (seed, 1) s
 VALUE_READ_BYTES = 64  # a value-dependent InferShape reads a small tensor (a shape, a count) back
 SHAPE_READ_BYTES = 64  # a compute-dependent op's output shape copied back to the host
 
-# Where a template task's duration comes from.
+# Where a template task's duration comes from: a fixed value; the op's device time (plus the
+# device-side dispatch of a graph task); its tiling (after the cache); a host stage or the own time
+# of a host/sync op from the (step, op) cost table; the token copies; a CPU op's compute or copy; the
+# wait for device work outside the simulation (an imported profile's `not_before_us`).
 _FIXED, _DEVICE, _TILING, _H2D_TOKENS, _D2H_TOKENS, _CPU_COMPUTE, _CPU_COPY = 0, 1, 2, 3, 4, 5, 6
+_STAGE, _OWN, _GATE, _DEVICE_GRAPH = 7, 8, 9, 10
 
 
 @dataclass
@@ -117,14 +128,29 @@ class Lanes:
     cpu: int
     h2d: int
     d2h: int
+    external: int = -1  # waits for device work outside the simulation (-1: none in this workload)
 
 
-def lanes_for(strategy: StrategyConfig) -> Lanes:
+def lanes_for(strategy: StrategyConfig, workload: Workload | None = None) -> Lanes:
+    """Host threads of the dispatch mode, the CPU-op lane, one lane per device stream the workload
+    uses (at least compute and communication), the copy engines, and the external-wait lane when the
+    workload has waits for unseen device work."""
     host_lanes, stage_lane = HOST_LAYOUT[strategy.dispatch]
     n = len(host_lanes)
-    names = [*host_lanes, "host.cpu_ops", "device.stream0", "device.comm", "copy.h2d", "copy.d2h"]
-    kinds = np.array([LANE_HOST] * (n + 1) + [LANE_DEVICE, LANE_DEVICE, LANE_COPY, LANE_COPY], dtype=np.int8)
-    return Lanes(names, kinds, stage_lane, {STREAM_COMPUTE: n + 1, STREAM_COMM: n + 2}, n, n + 3, n + 4)
+    n_streams = max(2, int(workload.stream.max()) + 1) if workload is not None and workload.n_ops else 2
+    streams = ["device.stream0", "device.comm", *(f"device.stream{k}" for k in range(2, n_streams))]
+    names = [*host_lanes, "host.cpu_ops", *streams, "copy.h2d", "copy.d2h"]
+    kinds = [LANE_HOST] * (n + 1) + [LANE_DEVICE] * n_streams + [LANE_COPY, LANE_COPY]
+    external = -1
+    if workload is not None and workload.not_before_us is not None and np.any(~np.isnan(workload.not_before_us)):
+        external = len(names)
+        names.append("device.unseen")
+        kinds.append(LANE_EXTERNAL)
+    first_stream = n + 1
+    return Lanes(
+        names, np.array(kinds, dtype=np.int8), stage_lane, {k: first_stream + k for k in range(n_streams)},
+        n, first_stream + n_streams, first_stream + n_streams + 1, external,
+    )
 
 
 def host_stage_costs(workload: Workload, hardware: HardwareConfig, strategy: StrategyConfig) -> dict[str, np.ndarray]:
@@ -145,22 +171,37 @@ def host_stage_costs(workload: Workload, hardware: HardwareConfig, strategy: Str
     return costs
 
 
+def host_cost_table(workload: Workload, hardware: HardwareConfig, strategy: StrategyConfig) -> np.ndarray:
+    """(steps or 1, ops, HOST_COSTS) µs: each op's host stages and own time. Measured costs of an
+    imported profile are taken as they are; the preset (with the strategy's launch and memory
+    policies) prices the rest. One row serves every step unless costs were measured per step."""
+    preset = host_stage_costs(workload, hardware, strategy)
+    table = np.stack([preset[stage] for stage in HOST_STAGES] + [np.asarray(workload.host_us, dtype=np.float64)], axis=-1)[None]
+    if workload.host_cost_us is not None:
+        table = np.where(np.isnan(workload.host_cost_us), table, workload.host_cost_us)
+    return np.ascontiguousarray(table, dtype=np.float64)
+
+
 def build_template(workload: Workload, hardware: HardwareConfig, strategy: StrategyConfig, mode: int, cpu_ops: np.ndarray) -> StepTemplate:
     """Tasks and edges of one step in the given mode (EAGER, BUILD or REPLAY)."""
-    lanes = lanes_for(strategy)
+    lanes = lanes_for(strategy, workload)
     host = hardware.host
-    costs = host_stage_costs(workload, hardware, strategy)
     tpl = StepTemplate()
-    launch_us = costs["launch"]
-    issue_h2d = tpl.add(0, "launch", -1, _FIXED, float(np.median(launch_us)) if launch_us.size else host.launch_us, host=True)
-    h2d_copy = tpl.add(lanes.h2d, "copy", -1, _H2D_TOKENS, 0.0)
-    tpl.edge(issue_h2d, h2d_copy)
-    if mode == REPLAY:
-        last_device = _replay_body(tpl, workload, hardware, strategy, lanes, h2d_copy)
-    else:
-        last_device = _host_scheduled_body(tpl, workload, hardware, strategy, lanes, h2d_copy, costs, cpu_ops)
-    # The sampled tokens return to the host; the next step's inputs are built from them.
-    _read_back(tpl, [last_device], lanes.d2h, -1, _D2H_TOKENS, 0.0, host.sync_us)
+    if workload.step_io:
+        launch_us = host_stage_costs(workload, hardware, strategy)["launch"]
+        issue_h2d = tpl.add(0, "launch", -1, _FIXED, float(np.median(launch_us)) if launch_us.size else host.launch_us, host=True)
+        start = tpl.add(lanes.h2d, "copy", -1, _H2D_TOKENS, 0.0)
+        tpl.edge(issue_h2d, start)
+    else:  # the op list holds its own copies and syncs: the step starts with its first op
+        start = tpl.add(0, "framework", -1, _FIXED, 0.0)
+    gated = np.zeros(workload.n_ops, dtype=bool)
+    if workload.not_before_us is not None:
+        gated = np.any(~np.isnan(workload.not_before_us), axis=0)
+    body = _Body(tpl, workload, hardware, strategy, lanes, start, gated)
+    last_device = body.replay() if mode == REPLAY else body.host_scheduled(cpu_ops)
+    if workload.step_io:
+        # The sampled tokens return to the host; the next step's inputs are built from them.
+        _read_back(tpl, [last_device], lanes.d2h, -1, _D2H_TOKENS, 0.0, host.sync_us)
     if mode == BUILD:
         g = hardware.graph
         build_us = (g.sink_load_ms if strategy.graph.mode == GraphMode.sink else g.capture_ms) * 1e3
@@ -168,73 +209,131 @@ def build_template(workload: Workload, hardware: HardwareConfig, strategy: Strat
     return tpl
 
 
-def _host_scheduled_body(tpl, workload, hardware, strategy, lanes, h2d_copy, costs, cpu_ops) -> int:
-    host = hardware.host
-    launch_stage = HOST_STAGES.index("launch")
-    free_stage = HOST_STAGES.index("free")
-    # Frees handed back to the main thread run there one queue length later (seed 000: frees delayed,
-    # peak memory up) instead of on the allocating thread right after the launch.
-    deferred = strategy.free_on_main and lanes.stage_lane[free_stage] != 0
-    pending: list[tuple[int, int]] = []  # (op, its launch task) whose free waits for the main thread
-    launch_of = np.full(workload.n_ops, -1, dtype=np.int64)
-    device_task = np.full(workload.n_ops, -1, dtype=np.int64)  # where each op's result becomes available
-    for j in range(workload.n_ops):
-        while deferred and pending and pending[0][0] <= j - strategy.queue_capacity:
-            _deferred_free(tpl, costs, *pending.pop(0))
-        producers = [int(device_task[d]) for d in workload.after[j]]
-        if workload.kind[j] == KIND_HOST:  # front-end work only: no kernel, results pass through
-            tpl.add(0, "framework", j, _FIXED, float(workload.host_us[j]), host=True)
-            device_task[j] = max(producers) if producers else h2d_copy
-            continue
-        if workload.flags[j] & FLAG_VALUE_DEPENDENT and producers:
-            _read_back(tpl, producers, lanes.d2h, j, _FIXED, copy_time_us(VALUE_READ_BYTES, hardware.link), host.sync_us)
-        stages = CPU_OP_STAGES if cpu_ops[j] else HOST_STAGES
-        first_on_lane: dict[int, int] = {}
-        previous = -1
-        for stage in stages:
-            k = HOST_STAGES.index(stage)
-            if deferred and k == free_stage:
-                pending.append((j, int(launch_of[j])))
+@dataclass
+class _Body:
+    """Builds the body of a step template: the ops' host and device tasks."""
+
+    tpl: StepTemplate
+    workload: Workload
+    hardware: HardwareConfig
+    strategy: StrategyConfig
+    lanes: Lanes
+    start: int  # the step's first task: ops with nothing else to wait for follow it
+    gated: np.ndarray  # per op: waits for device work outside the simulation in some step
+
+    def device_task(self, j: int, producers: list[int], launch: int, in_graph: bool) -> int:
+        tpl, workload = self.tpl, self.workload
+        stream = int(workload.stream[j])
+        category = "comm" if stream == STREAM_COMM else "copy" if workload.kind[j] == KIND_COPY else "compute"
+        task = tpl.add(self.lanes.stream[stream], category, j, _DEVICE_GRAPH if in_graph else _DEVICE, j)
+        tpl.edge(launch, task)
+        for producer in producers:  # events between streams; on the same stream FIFO order suffices
+            if tpl.lane[producer] != tpl.lane[task]:
+                tpl.edge(producer, task)
+        if not producers:
+            tpl.edge(self.start, task)
+        if self.gated[j]:  # the stream was busy with work the simulation does not hold
+            gate = tpl.add(self.lanes.external, "external", j, _GATE, j)
+            tpl.edge(self.start, gate)
+            tpl.edge(gate, task)
+        return task
+
+    def host_scheduled(self, cpu_ops: np.ndarray) -> int:
+        tpl, workload, hardware, strategy, lanes = self.tpl, self.workload, self.hardware, self.strategy, self.lanes
+        host = hardware.host
+        launch_stage = HOST_STAGES.index("launch")
+        free_stage = HOST_STAGES.index("free")
+        # Frees handed back to the main thread run there one queue length later (seed 000: frees delayed,
+        # peak memory up) instead of on the allocating thread right after the launch.
+        deferred = strategy.free_on_main and lanes.stage_lane[free_stage] != 0
+        pending: list[tuple[int, int]] = []  # (op, its launch task) whose free waits for the main thread
+        launch_of = np.full(workload.n_ops, -1, dtype=np.int64)
+        device_task = np.full(workload.n_ops, -1, dtype=np.int64)  # where each op's result becomes available
+        flags = workload.flags
+        for j in range(workload.n_ops):
+            while deferred and pending and pending[0][0] <= j - strategy.queue_capacity:
+                _deferred_free(tpl, *pending.pop(0))
+            producers = [int(device_task[d]) for d in workload.after[j]]
+            kind = workload.kind[j]
+            if kind == KIND_HOST:  # front-end work only: no kernel, results pass through
+                tpl.add(0, "framework", j, _OWN, j, host=True)
+                device_task[j] = max(producers) if producers else self.start
                 continue
-            lane = lanes.stage_lane[k]
-            source, value = (_TILING, j) if stage == "tiling" else (_FIXED, float(costs[stage][j]))
-            task = tpl.add(lane, STAGE_CATEGORY[stage], j, source, value, host=True, stage=k + 1)
-            if lane not in first_on_lane:
-                first_on_lane[lane] = task
-                if previous >= 0:
-                    tpl.edge(previous, task)
-                    producer_lane = tpl.lane[previous]
-                    items = tpl.queue_items.setdefault((producer_lane, lane), ([], []))
-                    items[0].append(first_on_lane[producer_lane])
-                    items[1].append(task)
-            if k == launch_stage:
-                launch_of[j] = task
-                device_task[j] = _device_task(tpl, workload, lanes, j, producers, h2d_copy, task)
-            previous = task
-        if cpu_ops[j]:
-            device_task[j] = _cpu_op(tpl, workload, hardware, lanes, j, producers, previous)
-        if workload.flags[j] & FLAG_COMPUTE_DEPENDENT:
-            _read_back(tpl, [int(device_task[j])], lanes.d2h, j, _FIXED, copy_time_us(SHAPE_READ_BYTES, hardware.link), host.sync_us)
-    for op, launch in pending:
-        _deferred_free(tpl, costs, op, launch)
-    return int(device_task[-1])
+            if kind == KIND_SYNC:  # host work, then a blocking wait for the ops it names
+                tpl.add(0, "framework", j, _STAGE, j, host=True, stage=HOST_STAGES.index("framework") + 1)
+                sync = tpl.add(0, "sync", j, _OWN, j, host=True)
+                for producer in producers:
+                    tpl.edge(producer, sync)
+                device_task[j] = max(producers) if producers else self.start
+                continue
+            in_graph = bool(flags[j] & FLAG_IN_GRAPH)
+            if flags[j] & FLAG_CARRIED_IN:  # launched before the step: device work only
+                device_task[j] = self.device_task(j, producers, self.start, in_graph)
+                continue
+            leader = int(workload.group[j])
+            if 0 <= leader < j:  # issued by the host call that launched op `leader`
+                device_task[j] = self.device_task(j, producers, int(launch_of[leader]), in_graph)
+                continue
+            if flags[j] & FLAG_VALUE_DEPENDENT and producers:
+                _read_back(tpl, producers, lanes.d2h, j, _FIXED, copy_time_us(VALUE_READ_BYTES, hardware.link), host.sync_us)
+            stages = CPU_OP_STAGES if cpu_ops[j] else HOST_STAGES
+            first_on_lane: dict[int, int] = {}
+            previous = -1
+            for stage in stages:
+                k = HOST_STAGES.index(stage)
+                if deferred and k == free_stage:
+                    pending.append((j, int(launch_of[j])))
+                    continue
+                lane = lanes.stage_lane[k]
+                source = _TILING if stage == "tiling" else _STAGE
+                task = tpl.add(lane, STAGE_CATEGORY[stage], j, source, j, host=True, stage=k + 1)
+                if lane not in first_on_lane:
+                    first_on_lane[lane] = task
+                    if previous >= 0:
+                        tpl.edge(previous, task)
+                        producer_lane = tpl.lane[previous]
+                        items = tpl.queue_items.setdefault((producer_lane, lane), ([], []))
+                        items[0].append(first_on_lane[producer_lane])
+                        items[1].append(task)
+                if k == launch_stage:
+                    launch_of[j] = task
+                    device_task[j] = self.device_task(j, producers, task, in_graph)
+                previous = task
+            if cpu_ops[j]:
+                device_task[j] = _cpu_op(tpl, workload, hardware, lanes, j, producers, previous)
+            if flags[j] & FLAG_COMPUTE_DEPENDENT:
+                _read_back(tpl, [int(device_task[j])], lanes.d2h, j, _FIXED, copy_time_us(SHAPE_READ_BYTES, hardware.link), host.sync_us)
+        for op, launch in pending:
+            _deferred_free(tpl, op, launch)
+        return int(device_task[-1])
+
+    def replay(self) -> int:
+        tpl, workload, strategy = self.tpl, self.workload, self.strategy
+        g = self.hardware.graph
+        if strategy.graph.mode == GraphMode.capture:
+            # In-place argument refresh of every task whose arguments change (attention's KV length); routed
+            # MoE ops run at padded static shapes inside a graph, with no refresh.
+            for j in np.flatnonzero(((workload.flags & FLAG_DYNAMIC) > 0) & ((workload.flags & FLAG_ROUTED) == 0)):
+                tpl.add(0, "graph", int(j), _FIXED, g.param_update_us, host=True)
+            trigger_us = g.replay_launch_us
+        else:
+            tpl.add(0, "graph", -1, _FIXED, g.address_update_us, host=True)
+            trigger_us = g.sink_trigger_us
+        trigger = tpl.add(0, "launch", -1, _FIXED, trigger_us, host=True, stage=HOST_STAGES.index("launch") + 1)
+        device_task = np.full(workload.n_ops, -1, dtype=np.int64)
+        for j in range(workload.n_ops):
+            producers = [int(device_task[d]) for d in workload.after[j]]
+            if workload.kind[j] in (KIND_HOST, KIND_SYNC):  # the graph skips front-end code and host waits
+                device_task[j] = max(producers) if producers else self.start
+                continue
+            launch = self.start if workload.flags[j] & FLAG_CARRIED_IN else trigger
+            device_task[j] = self.device_task(j, producers, launch, True)
+        return int(device_task[-1])
 
 
-def _deferred_free(tpl: StepTemplate, costs: dict, op: int, launch: int) -> None:
-    free = tpl.add(0, "alloc", op, _FIXED, float(costs["free"][op]), host=True, stage=HOST_STAGES.index("free") + 1)
+def _deferred_free(tpl: StepTemplate, op: int, launch: int) -> None:
+    free = tpl.add(0, "alloc", op, _STAGE, op, host=True, stage=HOST_STAGES.index("free") + 1)
     tpl.edge(launch, free)
-
-
-def _device_task(tpl, workload, lanes, j, producers, h2d_copy, launch) -> int:
-    on_comm = workload.stream[j] == STREAM_COMM
-    task = tpl.add(lanes.stream[int(workload.stream[j])], "comm" if on_comm else "compute", j, _DEVICE, j)
-    tpl.edge(launch, task)
-    for producer in producers:  # events between streams; on the same stream FIFO order suffices
-        if tpl.lane[producer] != tpl.lane[task]:
-            tpl.edge(producer, task)
-    if not producers:
-        tpl.edge(h2d_copy, task)
-    return task
 
 
 def _cpu_op(tpl, workload, hardware, lanes, j, producers, dispatched) -> int:
@@ -250,28 +349,6 @@ def _cpu_op(tpl, workload, hardware, lanes, j, producers, dispatched) -> int:
     return put
 
 
-def _replay_body(tpl, workload, hardware, strategy, lanes, h2d_copy) -> int:
-    g = hardware.graph
-    if strategy.graph.mode == GraphMode.capture:
-        # In-place argument refresh of every task whose arguments change (attention's KV length); routed
-        # MoE ops run at padded static shapes inside a graph, with no refresh.
-        for j in np.flatnonzero(((workload.flags & FLAG_DYNAMIC) > 0) & ((workload.flags & FLAG_ROUTED) == 0)):
-            tpl.add(0, "graph", int(j), _FIXED, g.param_update_us, host=True)
-        trigger_us = g.replay_launch_us
-    else:
-        tpl.add(0, "graph", -1, _FIXED, g.address_update_us, host=True)
-        trigger_us = g.sink_trigger_us
-    trigger = tpl.add(0, "launch", -1, _FIXED, trigger_us, host=True, stage=HOST_STAGES.index("launch") + 1)
-    device_task = np.full(workload.n_ops, -1, dtype=np.int64)
-    for j in range(workload.n_ops):
-        producers = [int(device_task[d]) for d in workload.after[j]]
-        if workload.kind[j] == KIND_HOST:  # the graph skips front-end code
-            device_task[j] = max(producers) if producers else h2d_copy
-            continue
-        device_task[j] = _device_task(tpl, workload, lanes, j, producers, h2d_copy, trigger)
-    return int(device_task[-1])
-
-
 def _read_back(tpl, device_tasks: list[int], d2h_lane: int, op: int, source: int, copy_us: float, sync_us: float) -> int:
     """D2H copy after `device_tasks`, then a blocking sync on the first host lane; returns the copy."""
     copy = tpl.add(d2h_lane, "copy", op, source, copy_us)
@@ -285,16 +362,22 @@ def _read_back(tpl, device_tasks: list[int], d2h_lane: int, op: int, source: int
 @njit(cache=True)
 def _fill_records(
     out, steps, lane, category, op, stage, source, value, host_slot,
-    device_us, device_cores, extra_device_us, tiling_us, h2d_us, d2h_us, cpu_flops_per_us, flops,
+    device_us, device_cores, graph_dispatch_us, tiling_us, stage_us, not_before_us, h2d_us, d2h_us, cpu_flops_per_us, flops,
     cpu_copy_latency_us, cpu_copy_bytes_per_us, op_bytes, jitter,
 ):
     """Write the records of `steps` (template repeated) into `out`, in one pass.
 
     One pass matters: records are 48 bytes apart, so a numpy expression per field re-reads them all.
+    `stage_us` (steps or 1, ops, costs) and `not_before_us` (steps or 1, ops) have one row per step, or
+    one row for all steps.
     """
     m = lane.shape[0]
+    per_step_costs = stage_us.shape[0] > 1
+    per_step_waits = not_before_us.shape[0] > 1
     for c in range(steps.shape[0]):
         s = steps[c]
+        cost_row = s if per_step_costs else 0
+        wait_row = s if per_step_waits else 0
         for j in range(m):
             rec = out[c * m + j]
             rec["lane"] = lane[j]
@@ -306,12 +389,22 @@ def _fill_records(
             src = source[j]
             pool = NO_POOL
             units = 0
-            if src == _DEVICE:
+            if src == _DEVICE or src == _DEVICE_GRAPH:
                 k = np.int64(value[j])
-                duration = device_us[s, k] + extra_device_us
+                duration = device_us[s, k]
+                if src == _DEVICE_GRAPH:
+                    duration += graph_dispatch_us
                 units = device_cores[s, k]
-                if units > 0:  # collectives hold no AI core
+                if units > 0:  # collectives and copies hold no AI core
                     pool = POOL_AI_CORES
+            elif src == _STAGE:
+                duration = stage_us[cost_row, np.int64(value[j]), stage[j] - 1]
+            elif src == _OWN:
+                duration = stage_us[cost_row, np.int64(value[j]), stage_us.shape[2] - 1]
+            elif src == _GATE:
+                duration = not_before_us[wait_row, np.int64(value[j])]
+                if np.isnan(duration):
+                    duration = 0.0
             elif src == _TILING:
                 duration = tiling_us[s, np.int64(value[j])]
             elif src == _H2D_TOKENS:
@@ -347,10 +440,13 @@ class Lowering:
     def __init__(self, workload: Workload, hardware: HardwareConfig, strategy: StrategyConfig, seed: int, plan: StepPlan | None = None):
         self.workload, self.hardware, self.strategy, self.seed = workload, hardware, strategy, seed
         self.plan = plan or StepPlan.host_only(workload)
-        self.lanes = lanes_for(strategy)
+        self.lanes = lanes_for(strategy, workload)
         device_us, device_cores = device_times(workload, hardware)
-        costs = host_stage_costs(workload, hardware, strategy)
-        tiling_us = np.where(self.plan.tiling_hit, hardware.host.tiling_lookup_us, costs["tiling"][None, :])
+        self.stage_us = host_cost_table(workload, hardware, strategy)
+        tiling = np.broadcast_to(self.stage_us[:, :, HOST_STAGES.index("tiling")], (workload.steps, workload.n_ops))
+        tiling_us = np.where(self.plan.tiling_hit, hardware.host.tiling_lookup_us, tiling)
+        waits = workload.not_before_us
+        self.not_before_us = np.ascontiguousarray(waits if waits is not None else np.full((1, max(1, workload.n_ops)), np.nan), dtype=np.float64)
         # (steps, ops) tables as the jitted fill reads them: C order, fixed dtypes (converted once).
         self.device_us = np.ascontiguousarray(device_us, dtype=np.float64)
         self.device_cores = np.ascontiguousarray(device_cores, dtype=np.int32)
@@ -365,7 +461,6 @@ class Lowering:
         tpl: StepTemplate,
         steps: np.ndarray,
         step_release_us: np.ndarray | None,
-        extra_device_us: float,
     ) -> _Piece:
         """The template repeated over consecutive `steps` (records written into `out`), with each step's
         durations and AI cores; returns the piece's edges in local ids."""
@@ -387,8 +482,10 @@ class Lowering:
             host_slot,
             self.device_us,
             self.device_cores,
-            float(extra_device_us),
+            float(hardware.graph.task_dispatch_us),
             self.tiling_us,
+            self.stage_us,
+            self.not_before_us,
             np.array([copy_time_us(t * 2 * TOKEN_ID_BYTES, link) for t in workload.tokens[steps]], dtype=np.float64),
             np.array([copy_time_us(t * TOKEN_ID_BYTES, link) for t in workload.tokens_out[steps]], dtype=np.float64),
             hardware.host.cpu_gflops * 1e3,
@@ -436,8 +533,7 @@ class Lowering:
         previous_last: np.ndarray | None = None
         for run, size in zip(runs, sizes):
             m = int(mode[run[0]])
-            extra = hardware.graph.task_dispatch_us if m == REPLAY else 0.0
-            piece = self._tile(all_tasks[offset : offset + size], self.templates[m], steps[run], step_release_us, extra)
+            piece = self._tile(all_tasks[offset : offset + size], self.templates[m], steps[run], step_release_us)
             src.append(piece.src + offset)
             dst.append(piece.dst + offset)
             if previous_last is not None:

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from harness.graph import CATEGORIES, LANE_COPY, LANE_DEVICE
+from harness.graph import CATEGORIES, LANE_COPY, LANE_DEVICE, LANE_EXTERNAL
 
 if TYPE_CHECKING:
     from harness.run import RunResult
@@ -53,7 +53,7 @@ def chrome_trace(outcome: "RunResult", trace_steps: int) -> dict:
     first = int(np.flatnonzero(outcome.steps["measured"].to_numpy())[0])
     step = result.column("step")
     chosen = np.flatnonzero((step >= first) & (step < first + trace_steps))
-    pid_of_kind = {0: 1, LANE_DEVICE: 2, LANE_COPY: 3}
+    pid_of_kind = {0: 1, LANE_DEVICE: 2, LANE_COPY: 3, LANE_EXTERNAL: 2}  # external waits show with the device
     events: list[dict] = [
         {"ph": "M", "name": "process_name", "pid": 1, "args": {"name": "host"}},
         {"ph": "M", "name": "process_name", "pid": 2, "args": {"name": "device"}},

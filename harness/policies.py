@@ -35,12 +35,16 @@ from harness.core import lru_hits
 from harness.device import device_times
 from harness.errors import ConfigError
 from harness.workload import (
+    FLAG_CARRIED_IN,
     FLAG_COMPUTE_DEPENDENT,
     FLAG_CPU_ELIGIBLE,
     FLAG_DYNAMIC,
+    FLAG_IN_GRAPH,
     FLAG_VALUE_DEPENDENT,
+    HOST_COSTS,
+    HOST_ONLY_KINDS,
     KIND_CODE,
-    KIND_HOST,
+    KIND_COPY,
     STREAM_COMPUTE,
     Workload,
     build_workload,
@@ -166,7 +170,10 @@ def prepare(run: RunConfig, batch: np.ndarray, kv_len: np.ndarray | None) -> tup
     tiling_hit = np.zeros((steps, workload.n_ops), dtype=bool)
     if strategy.tiling_cache:
         host_steps = np.flatnonzero(mode != REPLAY)
-        looked_up = ~cpu_ops & (workload.kind != KIND_HOST)
+        # Ops that run a Tiling stage: kernels with host scheduling of their own (not CPU ops, copies,
+        # host-only ops, work carried in from before the step, or followers of a launch group).
+        leads = (workload.group < 0) | (workload.group == np.arange(workload.n_ops))
+        looked_up = ~cpu_ops & ~np.isin(workload.kind, (*HOST_ONLY_KINDS, KIND_COPY)) & ((workload.flags & FLAG_CARRIED_IN) == 0) & leads
         # Each node caches its own results: the key is the node and its run-time shapes.
         node_keys = mix_keys(workload.shape_key, np.arange(workload.n_ops, dtype=np.int64)[None, :])
         keys = node_keys[np.ix_(host_steps, np.flatnonzero(looked_up))]
@@ -206,11 +213,15 @@ def _cpu_ops(workload: Workload, op_types: list[str]) -> np.ndarray:
     chosen = np.isin(types, list(op_types))
     if FLAGGED in op_types:
         chosen |= (workload.flags & FLAG_CPU_ELIGIBLE) > 0
-    misplaced = chosen & ((workload.kind == KIND_CODE[OpKind.comm]) | (workload.kind == KIND_HOST))
+    misplaced = chosen & (
+        np.isin(workload.kind, (KIND_CODE[OpKind.comm], KIND_COPY, *HOST_ONLY_KINDS))
+        | ((workload.flags & (FLAG_CARRIED_IN | FLAG_IN_GRAPH)) > 0)
+        | (workload.group >= 0)
+    )
     if misplaced.any():
         raise ConfigError(
-            f"strategy.heterogeneous={list(op_types)}: {workload.op_names[int(np.argmax(misplaced))]} is a collective or"
-            " host-only op and cannot run as a CPU kernel"
+            f"strategy.heterogeneous={list(op_types)}: {workload.op_names[int(np.argmax(misplaced))]} is a collective, a copy,"
+            " a host-only op or part of a graph or launch group, and cannot run as a CPU kernel"
         )
     return chosen
 
@@ -226,9 +237,12 @@ def fuse(workload: Workload, max_ops: int, cpu_ops: np.ndarray) -> tuple[Workloa
     fusible = (
         (workload.kind == VECTOR)
         & (workload.stream == STREAM_COMPUTE)
-        & ((workload.flags & (FLAG_VALUE_DEPENDENT | FLAG_COMPUTE_DEPENDENT)) == 0)
+        & ((workload.flags & (FLAG_VALUE_DEPENDENT | FLAG_COMPUTE_DEPENDENT | FLAG_CARRIED_IN | FLAG_IN_GRAPH)) == 0)
+        & (workload.group < 0)
         & ~cpu_ops
     )
+    if workload.not_before_us is not None:  # an op waiting for unseen work keeps its own kernel
+        fusible &= ~np.any(~np.isnan(workload.not_before_us), axis=0)
     group_of = np.empty(n, dtype=np.int64)
     groups: list[list[int]] = []
     for j in range(n):
@@ -288,5 +302,22 @@ def fuse(workload: Workload, max_ops: int, cpu_ops: np.ndarray) -> tuple[Workloa
         weight_bytes=np.add.reduceat(workload.weight_bytes, starts),
         real_batch=workload.real_batch,
         real_kv_len=workload.real_kv_len,
+        host_cost_us=_fused_costs(workload.host_cost_us, starts),
+        group=workload.group[firsts],  # fusible ops belong to no group: unchanged
+        not_before_us=workload.not_before_us[:, starts] if workload.not_before_us is not None else None,
+        step_io=workload.step_io,
     )
     return fused, cpu_ops[firsts]
+
+
+LAUNCH_COST = HOST_COSTS.index("launch")
+
+
+def _fused_costs(costs: np.ndarray | None, starts: np.ndarray) -> np.ndarray | None:
+    """Measured host costs of fused ops: every member's framework work still runs (summed; NaN, the
+    preset's price, stays NaN), but there is one launch call: the dearest member's."""
+    if costs is None:
+        return None
+    summed = np.add.reduceat(costs, starts, axis=1)
+    summed[:, :, LAUNCH_COST] = np.fmax.reduceat(costs[:, :, LAUNCH_COST], starts, axis=1)
+    return summed

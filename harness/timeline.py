@@ -29,6 +29,7 @@ COLOURS = {
     "comm": "#2ca02c",
     "graph": "#9467bd",
     "cpu": "#aec7e8",
+    "external": "#c7c7c7",
 }
 
 

@@ -5,15 +5,20 @@ Columns (one row per op, in issue order; header names as below):
 | column | required | meaning |
 |---|---|---|
 | `name` | yes | op name |
-| `kind` | yes | `cube`, `vector`, `comm`, or `host` (front-end work with no kernel) |
-| `host_us` | no | host time of a `host` op |
+| `kind` | yes | `cube`, `vector`, `comm`, `copy` (memcpy/memset on a stream), `host` (front-end work with no kernel) or `sync` (the host waits for the ops in `after`) |
+| `host_us` | no | host time of a `host` op; of a `sync` op, its own time after the wait |
 | `weight_bytes` | no | resident weights the op reads (the rest of `bytes` is activations) |
 | `device_us` | no | device time in µs; overrides the cost model when given |
 | `flops`, `bytes` | no | work and bytes moved (cost model, AI-core block rule) |
 | `shape_key` | no | integer that changes when the op's shapes change |
 | `dynamic`, `value_dependent`, `compute_dependent`, `cpu_eligible`, `routed` | no | flags: 1/0, true/false (`routed`: shapes follow MoE routing; static, not refreshed, inside graphs) |
-| `stream` | no | device stream: 0 compute, 1 communication (default: by kind) |
+| `stream` | no | device stream: 0 compute, 1 communication, 2..15 more streams (default: by kind) |
 | `after` | no | earlier ops (0-based indices within the step, space separated) it waits for; empty: the previous op; `-`: none |
+| `framework_us`, `infer_shape_us`, `tiling_us`, `alloc_us`, `launch_us`, `free_us` | no | measured host stage costs of the op in this step (empty: the hardware preset's); with any of them the file describes whole measured steps: its own copies and syncs, no token copies or end-of-step sync added |
+| `group` | no | index of the op whose host call also issued this one (a graph launch and its kernels): no host work of its own |
+| `in_graph`, `carried_in` | no | flags: ran inside a captured graph (device-side dispatch per task); launched before the step (device work only) |
+| `not_before_us` | no | the op's stream was busy with work the file does not hold until this long after the step started |
+| `kernel`, `trace_stream` | no | the profiled kernel's full name and stream (for reading; not simulated) |
 | `comm`, `ranks` | no | collective (`all_reduce`, `all_gather`, `all_to_all`) and group size, to price a comm op without `device_us` |
 | `step`, `batch`, `tokens`, `kv_len` | no | with `step`, rows are per step (every step lists the same ops) and may carry that step's sizes |
 
@@ -27,18 +32,21 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from harness.config import OpKind, WorkloadConfig
+from harness.config import MAX_STREAMS, OpKind, WorkloadConfig
 from harness.errors import ConfigError
 from harness.workload import (
     COMM_ALL_GATHER,
     COMM_ALL_REDUCE,
     COMM_ALL_TO_ALL,
     COMM_NONE,
+    FLAG_CARRIED_IN,
     FLAG_COMPUTE_DEPENDENT,
     FLAG_CPU_ELIGIBLE,
     FLAG_DYNAMIC,
+    FLAG_IN_GRAPH,
     FLAG_ROUTED,
     FLAG_VALUE_DEPENDENT,
+    HOST_COSTS,
     KIND_CODE,
     Workload,
     from_static_ops,
@@ -53,12 +61,16 @@ FLAG_COLUMNS = {
     "compute_dependent": FLAG_COMPUTE_DEPENDENT,
     "cpu_eligible": FLAG_CPU_ELIGIBLE,
     "routed": FLAG_ROUTED,
+    "in_graph": FLAG_IN_GRAPH,
+    "carried_in": FLAG_CARRIED_IN,
 }
-NUMBER_COLUMNS = ("device_us", "host_us", "weight_bytes", "flops", "bytes")
+COST_COLUMNS = tuple(f"{stage}_us" for stage in HOST_COSTS[:-1])  # measured host stages
+NUMBER_COLUMNS = ("device_us", "host_us", "weight_bytes", "flops", "bytes", "not_before_us", *COST_COLUMNS)
 NO_DEPENDENCY = "-"
 MAX_STEPS = 1_000_000
-INT_COLUMNS = ("stream", "ranks", "step", "batch", "tokens", "kv_len")
-KNOWN_COLUMNS = {"name", "kind", "after", "comm", "shape_key", *NUMBER_COLUMNS, *INT_COLUMNS, *FLAG_COLUMNS}
+INT_COLUMNS = ("stream", "ranks", "step", "batch", "tokens", "kv_len", "group")
+INFO_COLUMNS = ("kernel", "trace_stream")  # for reading the file; not simulated
+KNOWN_COLUMNS = {"name", "kind", "after", "comm", "shape_key", *NUMBER_COLUMNS, *INT_COLUMNS, *FLAG_COLUMNS, *INFO_COLUMNS}
 TRUE, FALSE = {"1", "true", "yes"}, {"0", "false", "no", ""}
 
 
@@ -140,9 +152,9 @@ def read_ops_csv(path: str | Path, cfg: WorkloadConfig) -> Workload:
         if column == "ranks" and (values < 1).any():
             i = int(np.flatnonzero((values < 1).to_numpy())[0])
             raise bad(i, column, text.iloc[i], "must be >= 1")
-        if column == "stream" and (values > 1).any():
-            i = int(np.flatnonzero((values > 1).to_numpy())[0])
-            raise bad(i, column, text.iloc[i], "must be 0 (compute) or 1 (communication)")
+        if column == "stream" and (values >= MAX_STREAMS).any():
+            i = int(np.flatnonzero((values >= MAX_STREAMS).to_numpy())[0])
+            raise bad(i, column, text.iloc[i], f"must be a stream 0..{MAX_STREAMS - 1} (0 compute, 1 communication)")
         if column == "step":
             if values.isna().any():
                 i = int(np.flatnonzero(values.isna().to_numpy())[0])
@@ -229,8 +241,29 @@ def read_ops_csv(path: str | Path, cfg: WorkloadConfig) -> Workload:
     if shape_key is not None:
         ordered = shape_key[order]
         per_step["shape_key"] = np.tile(ordered, (steps, 1)) if step is None else ordered.reshape(steps, n)
-    run_cfg = dataclasses.replace(cfg, steps=steps, warmup_steps=min(cfg.warmup_steps, steps - 1))
+    group = numbers.get("group")
+    if group is not None:
+        group = np.where(np.isnan(group[first]), -1, group[first]).astype(np.int64)
+        for j, leader in enumerate(group):
+            if leader >= 0 and not (leader <= j and group[leader] == leader):
+                raise bad(int(first[j]), "group", str(leader), f"must name this op or an earlier op that leads its own group (0..{j})")
+    measured = [c for c in COST_COLUMNS if c in numbers]
+    if measured:
+        host_cost = np.stack([grid(c, np.nan) for c in COST_COLUMNS] + [grid("host_us", np.nan)], axis=-1)
+    waits = grid("not_before_us", np.nan) if "not_before_us" in numbers else None
+    copies = max(1, cfg.repeat)
+    run_cfg = dataclasses.replace(cfg, steps=steps * copies, warmup_steps=min(cfg.warmup_steps, steps * copies - 1))
+    if copies > 1:  # the file's steps played `repeat` times
+        per_step = {key: np.tile(value, (copies, 1)) for key, value in per_step.items()}
     workload = from_static_ops(run_cfg, rows, per_step)
+    workload.flags = flags[first]  # all flag columns, those from_static_ops knows and the profile's
+    if measured:
+        workload.host_cost_us = np.ascontiguousarray(np.tile(host_cost, (copies, 1, 1)))
+        workload.step_io = False
+    if waits is not None:
+        workload.not_before_us = np.ascontiguousarray(np.tile(waits, (copies, 1)))
+    if group is not None:
+        workload.group = group
     workload.comm = comm[first]
     if "weight_bytes" in numbers:
         workload.weight_bytes = np.nan_to_num(numbers["weight_bytes"][first])
@@ -239,7 +272,8 @@ def read_ops_csv(path: str | Path, cfg: WorkloadConfig) -> Workload:
     if step is not None:
         for column in ("batch", "tokens", "kv_len"):
             if column in numbers:
-                values = numbers[column][order].reshape(steps, n)[:, 0]
+                values = np.tile(numbers[column][order].reshape(steps, n)[:, 0], copies)
                 setattr(workload, column, values if column == "kv_len" else values.astype(np.int64))
+        workload.real_batch, workload.real_kv_len = workload.batch, workload.kv_len
     return workload
 

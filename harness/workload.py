@@ -26,8 +26,9 @@ from omegaconf import OmegaConf
 from harness.config import WORKLOADS_DIR, OpKind, Phase, Quant, WorkloadConfig
 from harness.errors import ConfigError
 
-KIND_CODE = {OpKind.cube: 0, OpKind.vector: 1, OpKind.comm: 2, OpKind.host: 3}
-KIND_HOST = KIND_CODE[OpKind.host]
+KIND_CODE = {OpKind.cube: 0, OpKind.vector: 1, OpKind.comm: 2, OpKind.host: 3, OpKind.sync: 4, OpKind.copy: 5}
+KIND_HOST, KIND_SYNC, KIND_COPY = KIND_CODE[OpKind.host], KIND_CODE[OpKind.sync], KIND_CODE[OpKind.copy]
+HOST_ONLY_KINDS = (KIND_HOST, KIND_SYNC)  # no device task
 STREAM_COMPUTE, STREAM_COMM = 0, 1
 
 # Op flags (bit set per op).
@@ -36,6 +37,12 @@ FLAG_VALUE_DEPENDENT = 2
 FLAG_COMPUTE_DEPENDENT = 4
 FLAG_CPU_ELIGIBLE = 8
 FLAG_ROUTED = 16  # shapes follow MoE routing (static inside graphs: padded to capacity)
+FLAG_CARRIED_IN = 32  # launched before the step (an imported profile): device work, no host work
+FLAG_IN_GRAPH = 64  # ran inside a captured graph (an imported profile): device-side dispatch per task
+
+# Host costs an op may carry per step (an imported profile measured them): the host stages of
+# harness.lowering.HOST_STAGES, then `own`, the host time of a host or sync op.
+HOST_COSTS = ("framework", "infer_shape", "tiling", "alloc", "launch", "free", "own")
 
 # Collectives (how the device model prices a comm op).
 COMM_NONE, COMM_ALL_REDUCE, COMM_ALL_GATHER, COMM_ALL_TO_ALL = 0, 1, 2, 3
@@ -71,6 +78,15 @@ class Workload:
     host_us: Optional[np.ndarray] = None  # float per op: host time of kind=host ops (0 for kernels)
     weight_bytes: Optional[np.ndarray] = None  # float per op: resident weights it reads (not activations)
     real_batch: Optional[np.ndarray] = None  # sequences per step before padding to a bucket
+    # Imported profiles: measured host costs (steps, ops, len(HOST_COSTS)), NaN where the hardware
+    # preset prices it; the first op of the ops one host call issued together (-1: its own call);
+    # a wait (µs after the step starts) for device work the profile does not hold, NaN for none.
+    host_cost_us: Optional[np.ndarray] = None
+    group: Optional[np.ndarray] = None
+    not_before_us: Optional[np.ndarray] = None
+    # Each step's input tokens are copied in and its sampled tokens read back with a blocking sync
+    # (False: the op list holds its own copies and syncs, as an imported profile does).
+    step_io: bool = True
 
     def __post_init__(self) -> None:
         self._activation_bytes: Optional[np.ndarray] = None  # not a field: dataclasses.replace() recomputes it
@@ -84,6 +100,8 @@ class Workload:
             self.host_us = np.zeros(len(self.op_names))
         if self.weight_bytes is None:
             self.weight_bytes = np.zeros(len(self.op_names))
+        if self.group is None:
+            self.group = np.full(len(self.op_names), -1, dtype=np.int64)
 
     def activation_bytes(self) -> np.ndarray:
         """(steps, ops) bytes an op allocates: its outputs, taken as half its non-weight traffic.
@@ -94,8 +112,8 @@ class Workload:
 
     @property
     def n_kernels_per_step(self) -> int:
-        """Ops that launch a kernel (host-only ops excluded)."""
-        return int(np.count_nonzero(self.kind != KIND_HOST))
+        """Ops that run on the device (host-only ops and syncs excluded)."""
+        return int(np.count_nonzero(~np.isin(self.kind, HOST_ONLY_KINDS)))
 
     @property
     def n_ops(self) -> int:

@@ -65,7 +65,7 @@ def test_minimal_csv_runs(tmp_path):
         ("step,name,kind\n0.5,a,cube\n", ["line 2", "whole number"]),
         ("name,kind,flops\na,cube,inf\n", ["line 2", "'flops'", "finite"]),
         ("name,kind,comm,ranks,bytes\na,comm,all_reduce,0,100\n", ["line 2", "'ranks'", ">= 1"]),
-        ("name,kind,stream\na,cube,3\n", ["line 2", "'stream'"]),
+        ("name,kind,stream\na,cube,16\n", ["line 2", "'stream'", "0..15"]),
     ],
 )
 def test_bad_files_name_row_and_column(tmp_path, content, fragments):

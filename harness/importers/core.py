@@ -1,0 +1,491 @@
+"""The shared core of the importers: link, split into steps, measure, and write the op list.
+
+Linking: a device task belongs to the call whose `key` it carries (correlation id or flow id).
+Tasks that ran inside a step but were launched before the trace, or by a call the trace does not
+hold, are *carried in*: the step's device did that work, no host call of the step issued it.
+
+Steps (`--steps`, default `auto`, first rule that applies):
+  profiler   each `ProfilerStep#N` annotation is a step (its extent);
+  graph      each graph launch (cudaGraphLaunch / hipGraphLaunch) is a step: the outermost annotation
+             around it, else from the previous graph launch's step to the next;
+  sync       device-wide syncs (cudaDeviceSynchronize, hipDeviceSynchronize, aclrtSynchronizeDevice)
+             end steps;
+  from=NAME  from each occurrence of annotation NAME to the next (auto: the most repeated annotation
+             whose occurrences do not overlap);
+  mark=NAME  each occurrence of annotation NAME is a step (its extent);
+  whole      the whole trace is one step.
+Windows without device work are dropped. The harness replays steps that list the same ops, so the
+steps kept are the largest group with identical op sequences (ties: the group holding the latest
+step); the others are reported as left out.
+
+Measured numbers use the harness's own definitions (harness/metrics.py), so that profile.json and
+a replay's summary.json compare key for key: a step starts when its window opens or the previous
+step ended, whichever is later, and ends when its host window closes or its last device task ends;
+device busy is the union of device intervals over the steps' time.
+
+Host costs of an op, walking the issuing threads' calls in time order (merged: the autograd thread
+runs while the main thread waits in backward()): `framework_us` = host time since the previous call
+that issued work or synced (less allocations and tiling queries in between, which are `alloc_us` and
+`tiling_us`), `launch_us` = the launch call (with a task queue: the Dequeue on the launch thread,
+while the Enqueue counts as framework time). A blocking sync becomes a `sync` op that waits for the
+ops it waited for and then costs its own time after the wait; host time after the last call of a
+step is a `host` op. An op that started later than anything the trace shows it waited for
+(its launch, its stream, its events) waited for device work the trace does not hold:
+`not_before_us` keeps that wait.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Optional
+
+import numpy as np
+import pandas as pd
+
+from harness.importers.events import (
+    ALL_STREAMS,
+    CALL_ALLOC,
+    CALL_COPY_SYNC,
+    CALL_GRAPH,
+    CALL_RECORD,
+    CALL_SYNC,
+    CALL_TILING,
+    CALL_WAIT,
+    ISSUING,
+    TASK_COMM,
+    TASK_COPY,
+    TASK_SET,
+    Profile,
+    ProfileError,
+)
+
+STEP_MARK = "ProfilerStep#"
+DEVICE_SYNC = re.compile(r"(?:Device|Ctx)Synchronize$|^aclrtSynchronizeDevice")
+CUBE_NAME = re.compile(
+    r"gemm|gemv|matmul|\bmm\b|_mm|mm_|bmm|addmm|conv|xmma|cutlass|cublas|Cijk_|wgmma|attn|attention|fmha|flash|sdpa|Mm_|MatMul",
+    re.IGNORECASE,
+)
+# A task that started this much later than anything the trace shows it waited for waited for device
+# work outside the trace (a stream busy with earlier work, an event from another process).
+UNSEEN_WAIT_US = 50.0
+MAX_STREAMS = 16  # harness device streams: 0 compute, 1 communication, 2.. more compute streams
+
+KIND_OF_TASK = {TASK_COPY: "copy", TASK_SET: "copy", TASK_COMM: "comm"}
+OP_COLUMNS = [
+    "step", "name", "kind", "stream", "device_us", "after", "group", "in_graph", "carried_in", "not_before_us",
+    "framework_us", "infer_shape_us", "tiling_us", "alloc_us", "launch_us", "free_us", "host_us", "kernel", "trace_stream",
+]
+
+
+@dataclass
+class Window:
+    label: str
+    start_us: float
+    end_us: float
+
+
+@dataclass
+class StepOps:
+    """The ops of one step (rows of ops.csv without the step number) and what was measured in it."""
+
+    window: Window
+    ops: list[dict]
+    task_ids: np.ndarray  # rows of profile.tasks, one per device op (in op order)
+    calls: pd.DataFrame  # the calls issued in the window
+    main_segments: list[tuple[float, float, str]]  # (start, end, category) of the issuing threads' time
+    sync_wait_us: float
+    launch_lane_us: float  # async dispatch: time on the launch thread
+    signature: tuple = ()
+    start_us: float = 0.0
+    end_us: float = 0.0
+
+
+@dataclass
+class Imported:
+    profile: Profile
+    rule: str
+    found: list[StepOps]
+    kept: list[int]  # indices into `found` that the op list replays
+    left_out: dict[int, str] = field(default_factory=dict)
+    streams: dict[int, int] = field(default_factory=dict)  # trace stream -> harness stream
+
+
+# ---------------------------------------------------------------- steps
+
+
+def _windows_between(starts: list[float], last_end: float, labels: list[str]) -> list[Window]:
+    bounds = starts[1:] + [last_end]
+    return [Window(label, a, b) for label, a, b in zip(labels, starts, bounds) if b > a]
+
+
+def find_windows(profile: Profile, rule: str = "auto") -> tuple[str, list[Window]]:
+    """The step windows of a trace under `rule` (see the module docstring) and the rule applied."""
+    calls, marks = profile.calls, profile.marks
+    if calls.empty:
+        return "whole", [Window("whole trace", 0.0, profile.span_us[1])]
+    first_call, last_call = float(calls["start_us"].min()), float(calls["end_us"].max())
+    last_task = float(profile.tasks["end_us"].max()) if len(profile.tasks) else last_call
+    issuing_threads = set(calls["thread"].tolist())
+    on_threads = marks[marks["thread"].isin(issuing_threads)] if len(marks) else marks
+
+    def marked(name: str) -> pd.DataFrame:
+        return on_threads[on_threads["name"].str.startswith(name)].sort_values("start_us")
+
+    if rule in ("auto", "profiler"):
+        steps = marked(STEP_MARK)
+        if len(steps) or rule == "profiler":
+            if not len(steps):
+                raise ProfileError(f"{profile.path}: --steps profiler: no '{STEP_MARK}N' annotation in the trace")
+            return "profiler", [Window(r.name, r.start_us, r.end_us) for r in steps.itertuples()]
+    graphs = calls[calls["kind"] == CALL_GRAPH]
+    if rule in ("auto", "graph") and (len(graphs) or rule == "graph"):
+        if not len(graphs):
+            raise ProfileError(f"{profile.path}: --steps graph: no graph launch (cudaGraphLaunch, hipGraphLaunch) in the trace")
+        windows = []
+        for i, g in enumerate(graphs.itertuples()):
+            around = on_threads[(on_threads["thread"] == g.thread) & (on_threads["start_us"] <= g.start_us) & (on_threads["end_us"] >= g.end_us)]
+            if len(around):
+                outer = around.loc[(around["end_us"] - around["start_us"]).idxmax()]
+                windows.append(Window(f"graph launch {i}", float(outer.start_us), float(outer.end_us)))
+            else:
+                windows.append(Window(f"graph launch {i}", float("nan"), float(g.end_us)))
+        for i, w in enumerate(windows):  # no annotation: from the previous window's end to the next launch
+            if np.isnan(w.start_us):
+                w.start_us = windows[i - 1].end_us if i > 0 else first_call
+                nxt = windows[i + 1].start_us if i + 1 < len(windows) and not np.isnan(windows[i + 1].start_us) else None
+                later = calls[(calls["start_us"] >= w.end_us) & ((calls["start_us"] < nxt) if nxt is not None else True)]
+                if i + 1 < len(windows):
+                    later = later[later["end_us"] <= graphs["start_us"].iloc[i + 1]]
+                w.end_us = max(w.end_us, float(later["end_us"].max()) if len(later) else w.end_us)
+        return "graph", windows
+    device_syncs = calls[(calls["kind"] == CALL_SYNC) & calls["name"].str.contains(DEVICE_SYNC)]
+    if rule in ("auto", "sync") and (len(device_syncs) or rule == "sync"):
+        if not len(device_syncs):
+            raise ProfileError(f"{profile.path}: --steps sync: no device-wide sync (cudaDeviceSynchronize, hipDeviceSynchronize, aclrtSynchronizeDevice)")
+        ends = device_syncs["end_us"].tolist()
+        starts = [first_call] + ends[:-1]
+        return "sync", [Window(f"sync {i}", a, b) for i, (a, b) in enumerate(zip(starts, ends))]
+    if rule.startswith("mark="):
+        name = rule.split("=", 1)[1]
+        chosen = marked(name)
+        if not len(chosen):
+            raise ProfileError(f"{profile.path}: --steps {rule}: no annotation named {name!r} on a thread that launches work")
+        return rule, [Window(r.name, r.start_us, r.end_us) for r in chosen.itertuples()]
+    if rule.startswith("from="):
+        name = rule.split("=", 1)[1]
+        chosen = marked(name)
+        if not len(chosen):
+            raise ProfileError(f"{profile.path}: --steps {rule}: no annotation named {name!r} on a thread that launches work")
+        return rule, _from_marks(chosen, on_threads, last_call)
+    if rule == "auto":
+        repeated = _repeated_mark(on_threads)
+        if repeated is not None:
+            return f"from={repeated}", _from_marks(marked(repeated), on_threads, last_call)
+    if rule not in ("auto", "whole"):
+        raise ProfileError(f"{profile.path}: --steps {rule!r}: not a rule (auto, profiler, graph, sync, mark=NAME, from=NAME, whole)")
+    return "whole", [Window("whole trace", first_call, max(last_call, last_task))]
+
+
+def _repeated_mark(marks: pd.DataFrame) -> Optional[str]:
+    """The annotation that occurs most often (at least twice) without its occurrences overlapping."""
+    best, best_count, best_first = None, 1, np.inf
+    for name, group in marks.groupby("name", sort=False):
+        group = group.sort_values("start_us")
+        if len(group) < 2 or np.any(group["start_us"].to_numpy()[1:] < group["end_us"].to_numpy()[:-1]):
+            continue
+        first = float(group["start_us"].iloc[0])
+        if len(group) > best_count or (len(group) == best_count and first < best_first):
+            best, best_count, best_first = str(name), len(group), first
+    return best
+
+
+def _from_marks(chosen: pd.DataFrame, marks: pd.DataFrame, last_call: float) -> list[Window]:
+    """From each occurrence to the next; the last ends with the annotation around it, if any, else
+    with the last call."""
+    last = chosen.iloc[-1]
+    around = marks[(marks["start_us"] < last.start_us) & (marks["end_us"] > last.end_us) & (marks["thread"] == last.thread)]
+    end = float(around["end_us"].min()) if len(around) else last_call
+    return _windows_between(chosen["start_us"].tolist(), end, chosen["name"].tolist())
+
+
+# ---------------------------------------------------------------- ops of a step
+
+
+def short_name(kernel: str) -> str:
+    """A readable name for a kernel: without `void`, namespaces' template arguments and parameters."""
+    name = re.sub(r"^void\s+", "", kernel)
+    depth, out = 0, []
+    for ch in name:
+        if ch in "<(":
+            depth += 1
+        elif ch in ">)":
+            depth = max(0, depth - 1)
+        elif depth == 0:
+            out.append(ch)
+    text = "".join(out).strip() or kernel
+    return text.split("::")[-1][:80] or kernel[:80]
+
+
+def op_kind(task_kind: int, kernel: str) -> str:
+    if task_kind in KIND_OF_TASK:
+        return KIND_OF_TASK[task_kind]
+    return "cube" if CUBE_NAME.search(kernel) else "vector"
+
+
+def _issued_keys(calls: pd.DataFrame) -> np.ndarray:
+    return calls.loc[calls["kind"].isin(ISSUING) & (calls["key"] >= 0), "key"].to_numpy()
+
+
+def step_ops(profile: Profile, window: Window, issued_anywhere: np.ndarray) -> StepOps:
+    """Ops of one window: carried-in tasks first, then in issue order, with host costs (module docstring)."""
+    calls_all, tasks = profile.calls, profile.tasks
+    in_window = (calls_all["start_us"] >= window.start_us) & (calls_all["start_us"] < window.end_us)
+    calls = calls_all[in_window]
+    task_of_key: dict[int, list[int]] = {}
+    wanted = set(_issued_keys(calls).tolist())
+    if wanted:
+        picked = tasks[tasks["key"].isin(wanted)]
+        for key, rows in picked.groupby("key", sort=False).groups.items():
+            task_of_key[int(key)] = sorted(rows, key=lambda r: tasks.at[r, "start_us"])
+    carried = tasks[
+        ~tasks["key"].isin(issued_anywhere) & (tasks["end_us"] > window.start_us) & (tasks["start_us"] < window.end_us)
+    ].sort_values("start_us", kind="stable")
+
+    ops: list[dict] = []
+    task_ids: list[int] = []
+    last_on_stream: dict[int, int] = {}  # trace stream -> index of its latest op
+    pending_deps: dict[int, list[int]] = {}  # waiting stream -> ops it must wait for (event waits)
+    records: dict[int, tuple[int, float]] = {}
+
+    def add_task(row: int, costs: dict, group: int, in_graph: bool, carried_in: bool, issued_at: float) -> int:
+        task = tasks.loc[row]
+        stream = int(task.stream)
+        after = [last_on_stream[stream]] if stream in last_on_stream else []
+        after += [d for d in pending_deps.pop(stream, []) if d not in after]
+        start = max(float(task.start_us), window.start_us) if carried_in else float(task.start_us)
+        ops.append(
+            {
+                "name": "", "kernel": str(task["name"]), "kind": op_kind(int(task.kind), str(task["name"])),
+                "trace_stream": stream, "device_us": float(task.end_us) - start, "after": after,
+                "group": group, "in_graph": in_graph, "carried_in": carried_in, "start_us": start, "end_us": float(task.end_us),
+                "issued_at": issued_at, **costs,
+            }
+        )
+        task_ids.append(int(row))
+        last_on_stream[stream] = len(ops) - 1
+        return len(ops) - 1
+
+    none = {"framework_us": 0.0, "tiling_us": 0.0, "alloc_us": 0.0, "launch_us": 0.0, "host_us": 0.0, "ready_us": window.start_us}
+    for row in carried.index:
+        index = add_task(row, dict(none), -1, False, True, -np.inf)
+        ops[index]["name"] = "[carried in] " + short_name(ops[index]["kernel"])
+
+    segments: list[tuple[float, float, str]] = []
+    cursor = window.start_us
+    alloc_us = tiling_us = sync_wait = launch_lane = 0.0
+
+    def take_gap(until: float) -> dict:
+        nonlocal cursor, alloc_us, tiling_us
+        gap = max(0.0, until - cursor)
+        if gap > 0:
+            segments.append((cursor, cursor + gap, "framework"))
+        inside = alloc_us + tiling_us
+        scale = min(1.0, gap / inside) if inside > 0 else 0.0
+        costs = {"framework_us": gap - inside * scale, "alloc_us": alloc_us * scale, "tiling_us": tiling_us * scale}
+        alloc_us = tiling_us = 0.0
+        return costs
+
+    def host_op(name: str, costs: dict, own_us: float, after: list[int], kind: str, at: float) -> None:
+        ops.append(
+            {"name": name, "kernel": "", "kind": kind, "trace_stream": -1, "device_us": 0.0, "after": after, "group": -1,
+             "in_graph": False, "carried_in": False, "start_us": np.nan, "end_us": np.nan, "issued_at": at,
+             "launch_us": 0.0, "host_us": own_us, "ready_us": at, **costs}
+        )
+        task_ids.append(-1)
+
+    for c in calls.itertuples():
+        kind = int(c.kind)
+        if kind == CALL_ALLOC:
+            alloc_us += c.end_us - c.start_us
+            segments.append((c.start_us, c.end_us, "alloc"))
+            continue
+        if kind == CALL_TILING:
+            tiling_us += c.end_us - c.start_us
+            segments.append((c.start_us, c.end_us, "tiling"))
+            continue
+        if kind == CALL_RECORD:
+            if c.key >= 0:
+                records[int(c.key)] = (int(c.stream), c.start_us)
+            continue
+        if kind == CALL_WAIT:
+            recorded = records.get(int(c.wait_key))
+            if c.stream >= 0 and c.wait_stream >= 0 and recorded is not None:
+                awaited = last_on_stream.get(int(c.wait_stream))
+                if awaited is not None and ops[awaited]["issued_at"] <= recorded[1]:
+                    pending_deps.setdefault(int(c.stream), []).append(awaited)
+            continue
+        rows = task_of_key.get(int(c.key), []) if kind in ISSUING and c.key >= 0 else []
+        if kind in ISSUING and rows:
+            costs = take_gap(c.start_us)
+            main_us = c.end_us - c.start_us
+            if profile.dispatch == "async":  # the Enqueue is framework time; the Dequeue is the launch
+                costs["framework_us"] += main_us
+                launch = c.launch_us
+                launch_lane += launch
+                segments.append((c.start_us, c.end_us, "framework"))
+            else:
+                launch = 0.0 if kind == CALL_COPY_SYNC else main_us
+                segments.append((c.start_us, c.end_us, "launch" if kind != CALL_COPY_SYNC else "copy"))
+            first = len(ops)
+            for k, row in enumerate(rows):
+                own = {**costs, "launch_us": launch, "host_us": 0.0, "ready_us": c.ready_us} if k == 0 else dict(none, ready_us=c.ready_us)
+                add_task(row, own, first if len(rows) > 1 else -1, kind == CALL_GRAPH, False, c.start_us)
+                if not ops[-1]["name"]:
+                    ops[-1]["name"] = c.op or short_name(ops[-1]["kernel"])
+            cursor = c.end_us
+            if kind == CALL_COPY_SYNC:  # the copy, then the wait for it
+                done = max(ops[i]["end_us"] for i in range(first, len(ops)))
+                own_us = c.end_us - max(c.start_us, done)
+                sync_wait += max(0.0, min(done, c.end_us) - c.start_us)
+                host_op(f"[sync] {c.name}", {"framework_us": 0.0, "alloc_us": 0.0, "tiling_us": 0.0}, max(0.0, own_us), [len(ops) - 1], "sync", c.start_us)
+            continue
+        if kind == CALL_SYNC:
+            costs = take_gap(c.start_us)
+            streams = list(last_on_stream) if c.stream == ALL_STREAMS else [int(c.stream)]
+            if c.wait_stream >= 0:
+                streams = [int(c.wait_stream)]
+            awaited = [last_on_stream[s] for s in streams if s in last_on_stream]
+            done = max([ops[i]["end_us"] for i in awaited], default=-np.inf)
+            waited = max(0.0, min(done, c.end_us) - c.start_us)
+            sync_wait += waited
+            if waited > 0:
+                segments.append((c.start_us, c.start_us + waited, "sync_wait"))
+            segments.append((c.start_us + waited, c.end_us, "sync"))
+            host_op(f"[sync] {c.name}", costs, c.end_us - c.start_us - waited, awaited, "sync", c.start_us)
+            cursor = c.end_us
+            continue
+        # Anything else (queries, records, launches the trace holds no task for): host time, left in
+        # the gap before the next op.
+    if window.end_us > cursor:
+        host_op("[host]", {"framework_us": 0.0, "alloc_us": 0.0, "tiling_us": 0.0}, window.end_us - cursor, [], "host", cursor)
+        segments.append((cursor, window.end_us, "framework"))
+    return StepOps(window, ops, np.array(task_ids, dtype=np.int64), calls, segments, sync_wait, launch_lane)
+
+
+def signature(step: StepOps) -> tuple:
+    return tuple((op["name"], op["kind"], op["trace_stream"], op["group"] >= 0, op["carried_in"]) for op in step.ops)
+
+
+def import_profile(profile: Profile, rule: str = "auto", keep: Optional[slice] = None) -> Imported:
+    """Steps of a trace, their ops, and which of them the op list replays."""
+    applied, windows = find_windows(profile, rule)
+    issued_anywhere = np.unique(np.concatenate([_issued_keys(profile.calls[(profile.calls["start_us"] >= w.start_us) & (profile.calls["start_us"] < w.end_us)]) for w in windows] or [np.zeros(0, np.int64)]))
+    found = [step_ops(profile, w, issued_anywhere) for w in windows]
+    found = [s for s in found if s.task_ids.size and np.any(s.task_ids >= 0)]
+    if not found:
+        raise ProfileError(f"{profile.path}: no device work inside any step ({applied}): nothing to replay")
+    if keep is not None:
+        found = found[keep]
+        if not found:
+            raise ProfileError(f"{profile.path}: --keep leaves no step (the trace has steps 0..{len(found) - 1})")
+    previous_end = -np.inf
+    for step in found:
+        devices = [op["end_us"] for op in step.ops if not np.isnan(op["end_us"])]
+        step.start_us = max(step.window.start_us, previous_end)
+        step.end_us = max([step.window.end_us, *devices])
+        previous_end = step.end_us
+        step.signature = signature(step)
+    groups: dict[tuple, list[int]] = {}
+    for i, step in enumerate(found):
+        groups.setdefault(step.signature, []).append(i)
+    kept = max(groups.values(), key=lambda members: (len(members), members[-1]))
+    left_out = {
+        i: f"its ops differ from step {kept[0]}'s ({len(found[i].ops)} ops against {len(found[kept[0]].ops)})"
+        for i in range(len(found)) if i not in kept
+    }
+    imported = Imported(profile, applied, found, kept, left_out)
+    imported.streams = harness_streams(profile, [found[i] for i in kept])
+    for i in kept:
+        _mark_unseen_waits(found[i])
+    return imported
+
+
+def harness_streams(profile: Profile, steps: list[StepOps]) -> dict[int, int]:
+    """Trace streams → harness streams: the busiest compute stream is 0, streams of collectives 1, the
+    other streams 2, 3, ... in order of first use (beyond MAX_STREAMS they share the last)."""
+    busy: dict[int, float] = {}
+    comm: set[int] = set()
+    order: list[int] = []
+    for step in steps:
+        for op in step.ops:
+            s = op["trace_stream"]
+            if s < 0:
+                continue
+            if s not in busy:
+                order.append(s)
+                busy[s] = 0.0
+            busy[s] += op["device_us"]
+            if op["kind"] == "comm":
+                comm.add(s)
+    mapping: dict[int, int] = {}
+    compute = [s for s in order if s not in comm]
+    if compute:
+        mapping[max(compute, key=lambda s: busy[s])] = 0
+    extra = 2
+    for s in order:
+        if s in mapping:
+            continue
+        if s in comm:
+            mapping[s] = 1
+        else:
+            mapping[s] = min(extra, MAX_STREAMS - 1)
+            extra += 1
+    return mapping
+
+
+def _mark_unseen_waits(step: StepOps) -> None:
+    """`not_before_us` for ops that started later than their launch, stream and events explain."""
+    ops = step.ops
+    for op in ops:
+        if np.isnan(op["start_us"]):
+            continue
+        explained = max([op.get("ready_us", step.start_us), step.start_us] + [ops[d]["end_us"] for d in op["after"] if not np.isnan(ops[d]["end_us"])])
+        op["not_before_us"] = op["start_us"] - step.start_us if op["start_us"] - explained > UNSEEN_WAIT_US else np.nan
+
+
+# ---------------------------------------------------------------- op list
+
+
+def ops_table(imported: Imported) -> pd.DataFrame:
+    """The rows of ops.csv (harness/trace_io.py columns) for the steps the op list replays."""
+    rows = []
+    for number, i in enumerate(imported.kept):
+        step = imported.found[i]
+        for op in step.ops:
+            device = op["trace_stream"] >= 0
+            rows.append(
+                {
+                    "step": number,
+                    "name": op["name"],
+                    "kind": op["kind"],
+                    "stream": imported.streams[op["trace_stream"]] if device else "",
+                    "device_us": op["device_us"] if device else "",
+                    "after": " ".join(map(str, op["after"])) if op["after"] else "-",
+                    "group": op["group"] if op["group"] >= 0 else "",
+                    "in_graph": int(op["in_graph"]),
+                    "carried_in": int(op["carried_in"]),
+                    "not_before_us": op.get("not_before_us", np.nan),
+                    "framework_us": op["framework_us"],
+                    "infer_shape_us": 0.0,  # measured inside framework_us: the trace does not split them
+                    "tiling_us": op["tiling_us"],
+                    "alloc_us": op["alloc_us"],
+                    "launch_us": op["launch_us"],
+                    "free_us": 0.0,
+                    "host_us": op["host_us"],
+                    "kernel": op["kernel"],
+                    "trace_stream": op["trace_stream"] if device else "",
+                }
+            )
+    table = pd.DataFrame(rows, columns=OP_COLUMNS)
+    table["not_before_us"] = table["not_before_us"].astype(float)
+    return table

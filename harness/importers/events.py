@@ -1,0 +1,194 @@
+"""What a profiler trace holds, once read: host calls, device tasks and step marks, in one format.
+
+Each reader (`kineto.py` for PyTorch-profiler JSON, `torch_npu.py` for Ascend trace_view.json)
+turns its file into a `Profile`; the shared core (`core.py`) links, splits into steps, measures and
+writes the op list from it without knowing which reader made it. Times are µs from the start of
+the trace (the earliest event), as float64.
+
+A *call* is one host-side runtime call that matters to scheduling: a launch (of a kernel, a
+copy, a memset, a whole graph), a blocking sync, an allocation, a tiling/workspace query, or any
+other runtime call (host time, nothing issued). Its `start_us`/`end_us` are the extent on the
+thread that *issues* it: the Python thread that enqueues it when a task queue sits between the
+framework and the launch thread (torch_npu), the launching thread otherwise. `launch_us` is the
+time of the launch itself on the thread that performs it (the dequeue on torch_npu's launch thread;
+the call itself otherwise), and `ready_us` when the device could first see the work.
+
+A *task* is one piece of device work (a kernel, a copy, a memset, a collective) on a stream. A task
+and the call that issued it share a `key` (a correlation id, or a flow id); many tasks may share one
+(the kernels of a graph launch).
+"""
+from __future__ import annotations
+
+import gzip
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+import numpy as np
+import pandas as pd
+
+from harness.errors import HarnessError
+
+# Call kinds.
+CALL_OTHER = 0  # host time, nothing issued (queries, attribute calls, event records...)
+CALL_LAUNCH = 1  # kernel launch
+CALL_GRAPH = 2  # launch of a captured graph (many tasks)
+CALL_COPY = 3  # asynchronous copy
+CALL_SET = 4  # asynchronous memset
+CALL_COPY_SYNC = 5  # blocking copy: issues a copy, then waits for it
+CALL_SYNC = 6  # blocking sync: stream, event or whole device
+CALL_ALLOC = 7  # device memory allocation or free outside a caching allocator
+CALL_TILING = 8  # tiling / workspace-size query on the issuing thread (aclnn*GetWorkspaceSize)
+CALL_WAIT = 9  # a stream waits for an event recorded on another stream (device-side dependency)
+CALL_RECORD = 10  # an event recorded on a stream
+
+ISSUING = (CALL_LAUNCH, CALL_GRAPH, CALL_COPY, CALL_SET, CALL_COPY_SYNC)
+
+# Task kinds.
+TASK_KERNEL = 0
+TASK_COPY = 1
+TASK_SET = 2
+TASK_COMM = 3
+
+ALL_STREAMS = -1  # a sync that waits for every stream (device sync), or a stream we cannot tell
+
+CALL_COLUMNS = {
+    "thread": np.int64,
+    "start_us": np.float64,
+    "end_us": np.float64,
+    "launch_us": np.float64,
+    "ready_us": np.float64,
+    "kind": np.int8,
+    "name": object,
+    "op": object,  # the framework op it ran in (aten::mm), "" if unknown
+    "key": np.int64,
+    "stream": np.int64,  # syncs: the stream waited for; waits: the waiting stream; -1: all / unknown
+    "wait_stream": np.int64,  # waits / event syncs: the stream the event was recorded on (-1: unknown)
+    "wait_key": np.int64,  # waits / event syncs: key of the CALL_RECORD that recorded the event (-1: unknown)
+}
+TASK_COLUMNS = {
+    "stream": np.int64,
+    "start_us": np.float64,
+    "end_us": np.float64,
+    "kind": np.int8,
+    "name": object,
+    "key": np.int64,
+}
+MARK_COLUMNS = {"thread": np.int64, "start_us": np.float64, "end_us": np.float64, "name": object}
+
+
+def frame(rows: dict[str, list] | list[dict], columns: dict[str, type]) -> pd.DataFrame:
+    """A table with exactly `columns` (in that order and dtype), from column lists or row dicts."""
+    table = pd.DataFrame(rows, columns=list(columns)) if rows is not None else pd.DataFrame(columns=list(columns))
+    return table.astype(columns).reset_index(drop=True)
+
+
+@dataclass
+class Profile:
+    """A trace as the core needs it (see the module docstring)."""
+
+    path: str
+    source: str  # "kineto" or "torch_npu"
+    device: str  # device name as the trace records it ("" when blank)
+    rank: int
+    dispatch: str  # "eager" (one issuing thread per op) or "async" (a task queue and a launch thread)
+    calls: pd.DataFrame
+    tasks: pd.DataFrame
+    marks: pd.DataFrame  # host-side annotations (ProfilerStep#N, user annotations)
+    span_us: tuple[float, float]  # first start and last end of every event of this rank
+    thread_names: dict[int, str] = field(default_factory=dict)
+    # What the peer analyser (HolisticTraceAnalysis) would read: device-side rows, or None when it
+    # does not load this format. Columns: name, cat, start_us, end_us, stream, runtime_start_us.
+    peer_rows: Optional[pd.DataFrame] = None
+    notes: list[str] = field(default_factory=list)  # what the reader had to assume or leave out
+
+    @property
+    def issuing_threads(self) -> list[int]:
+        return sorted(set(self.calls["thread"].tolist()))
+
+
+class ProfileError(HarnessError, ValueError):
+    """A trace cannot be imported; the message names the file and what is missing."""
+
+
+def read_json(path: Path) -> Any:
+    """The parsed JSON of a trace file (`.json`, or gzip-compressed whatever its name)."""
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise ProfileError(f"{path}: cannot read ({exc.strerror or exc})") from None
+    if raw[:2] == b"\x1f\x8b":
+        try:
+            raw = gzip.decompress(raw)
+        except (OSError, EOFError) as exc:
+            raise ProfileError(f"{path}: not a readable gzip file ({exc})") from None
+    try:
+        return json.loads(raw)
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise ProfileError(f"{path}: not JSON ({str(exc).splitlines()[0]})") from None
+
+
+class Clock:
+    """Trace timestamps (µs, as numbers or as strings with more digits than a float holds) → µs since
+    `origin`. torch_npu writes "1704161511422904.204": 16 integer digits, so the integer part is
+    subtracted exactly before the fraction is added."""
+
+    def __init__(self, origin: int):
+        self.origin = origin
+
+    @staticmethod
+    def whole_part(value: Any) -> int:
+        if isinstance(value, str):
+            return int(value.split(".", 1)[0])
+        return int(value)
+
+    def __call__(self, value: Any) -> float:
+        if isinstance(value, str):
+            whole, _, fraction = value.partition(".")
+            return float(int(whole) - self.origin) + (float("0." + fraction) if fraction else 0.0)
+        if isinstance(value, int):
+            return float(value - self.origin)
+        return float(value) - self.origin
+
+
+def nesting_parents(start: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(order, parent) of slices on one thread: `order` sorts them by start (longest first at equal
+    starts); parent[k] is the position in that order of the innermost slice containing slice
+    order[k], or -1. Slices on a thread nest (Chrome trace rules); partial overlaps are cut at the
+    parent's end."""
+    order = np.lexsort((-end, start))
+    parent = np.full(order.size, -1, dtype=np.int64)
+    stack: list[int] = []
+    s, e = start[order], end[order]
+    for k in range(order.size):
+        while stack and s[k] >= e[stack[-1]]:
+            stack.pop()
+        parent[k] = stack[-1] if stack else -1
+        stack.append(k)
+    return order, parent
+
+
+def innermost(start: np.ndarray, end: np.ndarray, at: np.ndarray) -> np.ndarray:
+    """For each time in `at`, the index (into start/end) of the innermost slice containing it, or -1.
+    All slices are taken as one thread's (callers group by thread)."""
+    if start.size == 0:
+        return np.full(len(at), -1, dtype=np.int64)
+    order, parent = nesting_parents(start, end)
+    s, e = start[order], end[order]
+    found = np.full(len(at), -1, dtype=np.int64)
+    candidate = np.searchsorted(s, at, side="right") - 1
+    for q, k in enumerate(candidate):
+        while k >= 0 and e[k] < at[q]:
+            k = parent[k]
+        if k >= 0:
+            found[q] = order[k]
+    return found
+
+
+def top_level(start: np.ndarray, end: np.ndarray) -> np.ndarray:
+    """Whether each slice (of one thread) is not nested in another."""
+    order, parent = nesting_parents(start, end)
+    outer = np.zeros(start.size, dtype=bool)
+    outer[order[parent < 0]] = True
+    return outer
