@@ -362,6 +362,16 @@ def register_configs() -> None:
     cs.store(name="run_schema", node=RunConfig)
 
 
+def compose_run(overrides: list[str] | tuple[str, ...] = ()) -> RunConfig:
+    """The RunConfig `python -m harness <overrides>` would run (composed from conf/, values checked)."""
+    from hydra import compose, initialize_config_dir
+
+    register_configs()
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = compose(config_name="config", overrides=list(overrides))
+    return to_run_config(cfg)
+
+
 def to_run_config(cfg: DictConfig) -> RunConfig:
     """Turn a composed config into dataclasses, running every value check (raises ConfigError)."""
     plain = OmegaConf.to_container(cfg, resolve=True)

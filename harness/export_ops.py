@@ -11,10 +11,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from hydra import compose, initialize_config_dir
-
 from harness.cli import fail
-from harness.config import CONF_DIR, one_line, register_configs, to_run_config
+from harness.config import compose_run, one_line
 from harness.device import device_times
 from harness.errors import HarnessError
 from harness.trace_io import write_ops_csv
@@ -27,10 +25,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", type=Path, required=True, help="CSV file to write")
     parser.add_argument("--no-device-us", action="store_true", help="leave device_us empty: the cost model prices the ops when read")
     args = parser.parse_args(argv)
-    register_configs()
     try:
-        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-            run = to_run_config(compose(config_name="config", overrides=args.overrides))
+        run = compose_run(args.overrides)
         workload = build_workload(run.workload, devices_per_node=run.hardware.link.devices_per_node)
         device_us = None if args.no_device_us else device_times(workload, run.hardware)[0]
         write_ops_csv(workload, args.out, device_us)

@@ -225,17 +225,19 @@ class _Body:
         tpl, workload = self.tpl, self.workload
         stream = int(workload.stream[j])
         category = "comm" if stream == STREAM_COMM else "copy" if workload.kind[j] == KIND_COPY else "compute"
+        gate = -1
+        if self.gated[j]:  # the stream was busy with work the simulation does not hold
+            gate = tpl.add(self.lanes.external, "external", j, _GATE, j)
+            tpl.edge(self.start, gate)
         task = tpl.add(self.lanes.stream[stream], category, j, _DEVICE_GRAPH if in_graph else _DEVICE, j)
         tpl.edge(launch, task)
+        if gate >= 0:
+            tpl.edge(gate, task)
         for producer in producers:  # events between streams; on the same stream FIFO order suffices
             if tpl.lane[producer] != tpl.lane[task]:
                 tpl.edge(producer, task)
         if not producers:
             tpl.edge(self.start, task)
-        if self.gated[j]:  # the stream was busy with work the simulation does not hold
-            gate = tpl.add(self.lanes.external, "external", j, _GATE, j)
-            tpl.edge(self.start, gate)
-            tpl.edge(gate, task)
         return task
 
     def host_scheduled(self, cpu_ops: np.ndarray) -> int:

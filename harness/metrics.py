@@ -247,7 +247,7 @@ def summarize(measures: StepMeasures, workload: Workload, plan: StepPlan | None 
             "host_busy_max": max(host_busy_us.values()) / window_us if window_us > 0 else 0.0,
             "host_cpu_load": sum(host_busy_us.values()) / window_us if window_us > 0 else 0.0,
             "bound": "host" if host_share > 0.5 else "device",
-            "bound_reason": _bound_reason(host_share, breakdown, bubble),
+            "bound_reason": bound_reason(host_share, breakdown, bubble),
             "ops_per_step": workload.n_kernels_per_step,
             "launches_per_step": float(launches_per_step[measured].mean()),
             "tasks_simulated": measures.tasks,
@@ -324,10 +324,14 @@ def peak_activation_bytes(result: SimulationResult, workload: Workload) -> float
     )
 
 
-def _bound_reason(host_share: float, breakdown: np.ndarray, bubble: float) -> str:
+def bound_reason(host_share: float, breakdown: np.ndarray, bubble: float) -> str:
     host_side = host_share > 0.5
     names = HOST_CATEGORIES if host_side else tuple(c for c in CATEGORIES if c not in HOST_CATEGORIES)
     top = sorted(names, key=lambda c: -breakdown[CATEGORY[c]])[:3]
     parts = ", ".join(f"{c} {breakdown[CATEGORY[c]]:.0%}" for c in top if breakdown[CATEGORY[c]] > 0)
     side, share = ("host", host_share) if host_side else ("device", 1.0 - host_share)
-    return f"{side} work is {share:.0%} of the critical path ({parts}); device idle {bubble:.0%} of the window"
+    reason = f"{side} work is {share:.0%} of the critical path ({parts}); device idle {bubble:.0%} of the window"
+    external = breakdown[CATEGORY["external"]]
+    if external > 0.5:  # neither this host nor this device's own work: say so rather than "device-bound"
+        reason += f"; {external:.0%} is the device waiting for work outside the trace (another stream, process or step)"
+    return reason

@@ -45,6 +45,7 @@ from harness.workload import (
     HOST_ONLY_KINDS,
     KIND_CODE,
     KIND_COPY,
+    KIND_SYNC,
     STREAM_COMPUTE,
     Workload,
     build_workload,
@@ -155,6 +156,12 @@ def prepare(run: RunConfig, batch: np.ndarray, kv_len: np.ndarray | None) -> tup
         padded = host_padded
     if graph_on:
         info["graph_captures"] = int(np.count_nonzero(mode == BUILD))
+        syncs = int(np.count_nonzero(real.kind == KIND_SYNC))
+        if syncs and np.any(mode == REPLAY):
+            # An imported profile's blocking syncs cannot sit inside a captured graph: a replay drops
+            # them, which assumes the step can be restructured to do without them.
+            info["graph_syncs_dropped"] = syncs
+            info.setdefault("graph_note", f"{syncs} blocking sync(s) per step dropped inside the graph (assumed removable)")
 
     # Inside graphs, routed (MoE) ops run at static shapes: token counts padded like the buckets do.
     in_graphs = bool(np.any(mode != EAGER))

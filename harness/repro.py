@@ -119,15 +119,10 @@ def load_claims(path: Path = CLAIMS_FILE) -> list[Claim]:
 
 def run_experiment(name: str) -> dict:
     """The summary of `python -m harness +experiment=<name>`, simulated in this process, tracking off."""
-    from hydra import compose, initialize_config_dir
-
-    from harness.config import register_configs, to_run_config
+    from harness.config import compose_run
     from harness.run import simulate_run
 
-    register_configs()
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        cfg = compose(config_name="config", overrides=[f"+experiment={name}", "tracking.enabled=false"])
-    run = to_run_config(cfg)
+    run = compose_run([f"+experiment={name}", "tracking.enabled=false"])
     return {"hardware": run.hardware.name, "workload": run.workload.name, "strategy": run.strategy.name, **simulate_run(run).summary}
 
 

@@ -559,7 +559,7 @@ def build_workload(
         return read_ops_csv(cfg.path, cfg)
     return from_static_ops(cfg, [
         dict(name=op.name, kind=op.kind, flops=op.flops, bytes=op.bytes, device_us=op.device_us, stream=op.stream,
-             after=list(op.after), host_us=op.host_us, dynamic=op.dynamic, value_dependent=op.value_dependent,
+             after=list(op.after) or None, host_us=op.host_us, dynamic=op.dynamic, value_dependent=op.value_dependent,
              compute_dependent=op.compute_dependent, cpu_eligible=op.cpu_eligible)
         for op in cfg.ops
     ])
@@ -707,7 +707,8 @@ def from_static_ops(cfg: WorkloadConfig, rows: list[dict], per_step: Optional[di
         ],
         dtype=np.uint8,
     )
-    after = [list(r.get("after") or ([j - 1] if j > 0 else [])) for j, r in enumerate(rows)]
+    # None: the previous op (an explicit op list's empty `after`); []: no dependency (a CSV's "-").
+    after = [list(r["after"]) if r.get("after") is not None else ([j - 1] if j > 0 else []) for j, r in enumerate(rows)]
     for j, deps in enumerate(after):
         for d in deps:
             if not 0 <= d < j:

@@ -7,19 +7,17 @@ import sys
 from pathlib import Path
 
 import pytest
-from hydra import compose, initialize_config_dir
 
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 
-from harness.config import CONF_DIR, REPO_ROOT, RunConfig, register_configs, to_run_config  # noqa: E402
+from harness.config import REPO_ROOT, RunConfig, register_configs  # noqa: E402
+from harness.config import compose_run as compose_overrides  # noqa: E402
 
 register_configs()
 
 
 def compose_run(*overrides: str) -> RunConfig:
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        cfg = compose(config_name="config", overrides=list(overrides))
-    return to_run_config(cfg)
+    return compose_overrides(overrides)
 
 
 def run_cli(*args: str, cwd: Path, timeout: float = 120) -> subprocess.CompletedProcess:

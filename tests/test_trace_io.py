@@ -105,3 +105,106 @@ def test_ops_without_dependencies_and_routed_flags_survive_the_round_trip(tmp_pa
     back = build_workload(compose_run("workload=trace", f"workload.path={path}").workload)
     assert back.after == wl.after
     assert np.array_equal(back.flags, wl.flags) and np.array_equal(back.weight_bytes, wl.weight_bytes)
+
+
+# ---------------------------------------------------------------- measured op lists (imported profiles)
+
+STAGES = "framework_us,infer_shape_us,tiling_us,alloc_us,launch_us,free_us"
+
+
+def measured_run(tmp_path, body: str, *overrides: str):
+    path = tmp_path / "ops.csv"
+    path.write_text(body)
+    return simulate_run(compose_run("workload=trace", f"workload.path={path}", "hardware=h100", *overrides))
+
+
+def test_measured_costs_syncs_and_a_graph_launch_group_by_hand(tmp_path):
+    """a: 10 µs framework, 5 µs launch, 20 µs kernel. g: 3 + 7 µs, then its graph's two kernels (4 and
+    6 µs, +1 µs device-side dispatch each) after a's. s: 1 µs of host work, then waits for h and
+    returns 2 µs later. Host: a [0,15], g [15,25], s [25,26]; device: a [15,35], g [35,40], h [40,47];
+    the sync ends at 49 µs."""
+    outcome = measured_run(
+        tmp_path,
+        f"step,name,kind,stream,device_us,after,group,in_graph,{STAGES},host_us\n"
+        "0,a,vector,0,20,-,,0,10,0,0,0,5,0,\n"
+        "0,g,cube,0,4,0,1,1,3,0,0,0,7,0,\n"
+        "0,h,cube,0,6,1,1,1,0,0,0,0,0,0,\n"
+        "0,s,sync,,,2,,0,1,0,0,0,0,0,2\n",
+        "hardware.graph.task_dispatch_us=1",
+    )
+    summary = outcome.summary
+    assert summary["step_ms_mean"] * 1e3 == pytest.approx(49.0)
+    assert summary["launches_per_step"] == 2 and summary["ops_per_step"] == 3
+    assert summary["device_busy"] == pytest.approx(32.0 / 49.0)
+    assert summary["breakdown_sync"] == pytest.approx(2.0 / 49.0)
+
+
+def test_carried_in_work_and_a_wait_for_unseen_work_by_hand(tmp_path):
+    """c was launched before the step: it runs at once [0,5]. k is launched at 3 µs but its stream is
+    busy with work the file does not hold until 10 µs: [10,13]."""
+    outcome = measured_run(
+        tmp_path,
+        f"step,name,kind,stream,device_us,after,carried_in,not_before_us,{STAGES}\n"
+        "0,c,vector,0,5,-,1,,0,0,0,0,0,0\n"
+        "0,k,vector,0,3,0,0,10,2,0,0,0,1,0\n",
+    )
+    summary = outcome.summary
+    assert summary["step_ms_mean"] * 1e3 == pytest.approx(13.0)
+    assert summary["device_busy"] == pytest.approx(8.0 / 13.0)
+    assert summary["breakdown_external"] > 0 and summary["launches_per_step"] == 1
+    assert "device.unseen" in outcome.result.graph.lane_names
+
+
+@pytest.mark.parametrize("second_stream,step_us", [(2, 14.0), (0, 22.0)])
+def test_more_streams_run_side_by_side(tmp_path, second_stream, step_us):
+    outcome = measured_run(
+        tmp_path,
+        f"name,kind,stream,device_us,after,{STAGES}\n"
+        "a,cube,0,10,-,1,0,0,0,1,0\n"
+        f"b,cube,{second_stream},10,-,1,0,0,0,1,0\n",
+        "workload.steps=2",
+    )
+    assert outcome.summary["step_ms_mean"] * 1e3 == pytest.approx(step_us)
+    assert ("device.stream2" in outcome.result.graph.lane_names) == (second_stream == 2)
+
+
+def test_repeat_plays_the_files_steps_again(tmp_path):
+    body = f"step,name,kind,device_us,{STAGES}\n0,a,cube,5,1,0,0,0,1,0\n1,a,cube,9,1,0,0,0,1,0\n"
+    once = measured_run(tmp_path, body)
+    thrice = measured_run(tmp_path, body, "workload.repeat=3")
+    assert once.workload.steps == 2 and thrice.workload.steps == 6
+    assert np.allclose(thrice.steps["latency_ms"], np.tile(once.steps["latency_ms"], 3))
+
+
+def test_a_graph_over_measured_steps_says_it_dropped_their_syncs(tmp_path):
+    outcome = measured_run(
+        tmp_path,
+        f"step,name,kind,stream,device_us,after,{STAGES},host_us\n"
+        "0,a,vector,0,20,-,10,0,0,0,5,0,\n"
+        "0,s,sync,,,0,1,0,0,0,0,0,2\n",
+        "strategy=acl_graph", "workload.repeat=2", "workload.warmup_steps=1",
+        "hardware.graph.replay_launch_us=15", "hardware.graph.task_dispatch_us=1",
+    )
+    summary = outcome.summary
+    assert summary["graph_syncs_dropped"] == 1 and "dropped" in summary["graph_note"]
+    # The replayed step: one 15 µs trigger, then the kernel with its device-side dispatch; no host work.
+    assert summary["steps_measured"] == 1 and summary["step_ms_mean"] * 1e3 == pytest.approx(15 + 20 + 1)
+
+
+@pytest.mark.parametrize(
+    "content,fragments",
+    [
+        ("name,kind,group\na,cube,1\nb,cube,1\n", ["line 2", "'group'"]),
+        ("name,kind,group\na,cube,0\nb,cube,0\nc,cube,1\n", ["line 4", "'group'"]),
+        ("name,kind,group\na,cube,\nb,cube,0\n", ["line 3", "'group'"]),
+        ("name,kind,not_before_us\na,cube,-1\n", ["line 2", "'not_before_us'", ">= 0"]),
+        ("name,kind,launch_us\na,cube,abc\n", ["line 2", "'launch_us'", "not a number"]),
+    ],
+)
+def test_bad_measured_columns_name_row_and_column(tmp_path, content, fragments):
+    path = tmp_path / "ops.csv"
+    path.write_text(content)
+    with pytest.raises(ConfigError) as err:
+        build_workload(compose_run("workload=trace", f"workload.path={path}").workload)
+    for fragment in fragments:
+        assert fragment in str(err.value)

@@ -237,7 +237,7 @@ def _issued_keys(calls: pd.DataFrame) -> np.ndarray:
 
 
 def step_ops(profile: Profile, window: Window, issued_anywhere: np.ndarray) -> StepOps:
-    """Ops of one window: carried-in tasks first, then in issue order, with host costs (module docstring)."""
+    """Ops of one window in issue order, with host costs (module docstring)."""
     calls_all, tasks = profile.calls, profile.tasks
     in_window = (calls_all["start_us"] >= window.start_us) & (calls_all["start_us"] < window.end_us)
     calls = calls_all[in_window]
@@ -247,9 +247,10 @@ def step_ops(profile: Profile, window: Window, issued_anywhere: np.ndarray) -> S
         picked = tasks[tasks["key"].isin(wanted)]
         for key, rows in picked.groupby("key", sort=False).groups.items():
             task_of_key[int(key)] = sorted(rows, key=lambda r: tasks.at[r, "start_us"])
-    carried = tasks[
+    unlinked = tasks[
         ~tasks["key"].isin(issued_anywhere) & (tasks["end_us"] > window.start_us) & (tasks["start_us"] < window.end_us)
     ].sort_values("start_us", kind="stable")
+    issue_at = _unlinked_issue_times(unlinked, tasks, task_of_key, calls)
 
     ops: list[dict] = []
     task_ids: list[int] = []
@@ -275,10 +276,7 @@ def step_ops(profile: Profile, window: Window, issued_anywhere: np.ndarray) -> S
         last_on_stream[stream] = len(ops) - 1
         return len(ops) - 1
 
-    none = {"framework_us": 0.0, "tiling_us": 0.0, "alloc_us": 0.0, "launch_us": 0.0, "host_us": 0.0, "ready_us": window.start_us}
-    for row in carried.index:
-        index = add_task(row, dict(none), -1, False, True, -np.inf)
-        ops[index]["name"] = "[carried in] " + short_name(ops[index]["kernel"])
+    none = {"framework_us": 0.0, "tiling_us": 0.0, "alloc_us": 0.0, "launch_us": 0.0, "host_us": 0.0}
 
     segments: list[tuple[float, float, str]] = []
     cursor = window.start_us
@@ -303,7 +301,18 @@ def step_ops(profile: Profile, window: Window, issued_anywhere: np.ndarray) -> S
         )
         task_ids.append(-1)
 
-    for c in calls.itertuples():
+    # Calls in time order, with the unlinked tasks merged in where they must have been issued.
+    walk = sorted(
+        [(float(t), 0, int(row)) for row, t in zip(unlinked.index, issue_at)] + [(float(c.start_us), 1, k) for k, c in enumerate(calls.itertuples())]
+    )
+    call_rows = list(calls.itertuples())
+    for at, is_call, row in walk:
+        if not is_call:  # device work no call of the trace issued: no host cost, no launch to wait for
+            index = add_task(row, dict(none, ready_us=at), -1, False, True, at)
+            before = tasks.at[row, "start_us"] < window.start_us
+            ops[index]["name"] = ("[launched before] " if before else "[unlinked] ") + short_name(ops[index]["kernel"])
+            continue
+        c = call_rows[row]
         kind = int(c.kind)
         if kind == CALL_ALLOC:
             alloc_us += c.end_us - c.start_us
@@ -333,9 +342,11 @@ def step_ops(profile: Profile, window: Window, issued_anywhere: np.ndarray) -> S
                 launch = c.launch_us
                 launch_lane += launch
                 segments.append((c.start_us, c.end_us, "framework"))
+            elif kind == CALL_COPY_SYNC:  # its time is the wait for the copy and the return (below)
+                launch = 0.0
             else:
-                launch = 0.0 if kind == CALL_COPY_SYNC else main_us
-                segments.append((c.start_us, c.end_us, "launch" if kind != CALL_COPY_SYNC else "copy"))
+                launch = main_us
+                segments.append((c.start_us, c.end_us, "launch"))
             first = len(ops)
             for k, row in enumerate(rows):
                 own = {**costs, "launch_us": launch, "host_us": 0.0, "ready_us": c.ready_us} if k == 0 else dict(none, ready_us=c.ready_us)
@@ -346,7 +357,11 @@ def step_ops(profile: Profile, window: Window, issued_anywhere: np.ndarray) -> S
             if kind == CALL_COPY_SYNC:  # the copy, then the wait for it
                 done = max(ops[i]["end_us"] for i in range(first, len(ops)))
                 own_us = c.end_us - max(c.start_us, done)
-                sync_wait += max(0.0, min(done, c.end_us) - c.start_us)
+                waited = max(0.0, min(done, c.end_us) - c.start_us)
+                sync_wait += waited
+                if waited > 0:
+                    segments.append((c.start_us, c.start_us + waited, "sync_wait"))
+                segments.append((c.start_us + waited, c.end_us, "sync"))
                 host_op(f"[sync] {c.name}", {"framework_us": 0.0, "alloc_us": 0.0, "tiling_us": 0.0}, max(0.0, own_us), [len(ops) - 1], "sync", c.start_us)
             continue
         if kind == CALL_SYNC:
@@ -370,6 +385,34 @@ def step_ops(profile: Profile, window: Window, issued_anywhere: np.ndarray) -> S
         host_op("[host]", {"framework_us": 0.0, "alloc_us": 0.0, "tiling_us": 0.0}, window.end_us - cursor, [], "host", cursor)
         segments.append((cursor, window.end_us, "framework"))
     return StepOps(window, ops, np.array(task_ids, dtype=np.int64), calls, segments, sync_wait, launch_lane)
+
+
+def _unlinked_issue_times(unlinked: pd.DataFrame, tasks: pd.DataFrame, task_of_key: dict, calls: pd.DataFrame) -> list[float]:
+    """When device work that no call of the step issued must have been issued, at the latest: before it
+    started, before the next task of its stream was issued (streams run in issue order), and before a
+    sync that returned after it ended started waiting (the sync waited for it)."""
+    if unlinked.empty:
+        return []
+    issued_by = dict(zip(calls["key"].tolist(), calls["start_us"].tolist()))
+    by_stream: dict[int, list[tuple[float, float]]] = {}
+    for key, rows in task_of_key.items():
+        for row in rows:
+            by_stream.setdefault(int(tasks.at[row, "stream"]), []).append((float(tasks.at[row, "start_us"]), issued_by[key]))
+    for entries in by_stream.values():
+        entries.sort()
+    syncs = calls[calls["kind"].isin((CALL_SYNC, CALL_COPY_SYNC))]
+    times = []
+    for u in unlinked.itertuples():
+        latest = float(u.start_us)
+        for start, issued in by_stream.get(int(u.stream), []):
+            if start >= u.start_us:
+                latest = min(latest, issued)
+                break
+        covering = syncs[(syncs["end_us"] >= u.end_us) & ((syncs["stream"] == ALL_STREAMS) | (syncs["stream"] == u.stream))]
+        if len(covering):
+            latest = min(latest, float(covering["start_us"].iloc[0]))
+        times.append(latest)
+    return times
 
 
 def signature(step: StepOps) -> tuple:

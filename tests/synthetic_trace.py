@@ -1,0 +1,78 @@
+"""Kineto traces built by hand: every gap, call and kernel known, so imports can be checked exactly.
+
+`kineto_trace` lays out eager steps on one host thread: each op is framework time, a launch call,
+and a kernel that starts when the launch ends (or when the stream frees up); each step ends with a
+stream sync. `benchmarks/bench_import.py` uses it for a 100k-event trace.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+PID, TID, GPU, STREAM = 100, 100, 0, 7
+
+
+@dataclass
+class Layout:
+    steps: int = 2
+    ops: int = 3
+    framework_us: float = 10.0  # host time before each launch
+    launch_us: float = 5.0  # the launch call
+    kernel_us: float = 20.0  # each kernel
+    sync_own_us: float = 3.0  # the sync call after its wait
+    gap_between_steps_us: float = 4.0  # host time outside any step
+    profiler_steps: bool = True
+    events: list = field(default_factory=list)
+
+
+def kineto_trace(layout: Layout) -> dict:
+    """A Kineto trace dict; steps marked `ProfilerStep#N` (or not), timestamps in whole µs."""
+    events: list[dict] = [
+        {"ph": "M", "name": "thread_name", "pid": PID, "tid": TID, "args": {"name": "main"}},
+    ]
+    t = 1000.0
+    correlation = 1
+    stream_free = 0.0
+    for step in range(layout.steps):
+        step_start = t
+        for op in range(layout.ops):
+            t += layout.framework_us
+            events.append({"ph": "X", "cat": "cpu_op", "name": f"aten::op{op}", "pid": PID, "tid": TID, "ts": t - 2, "dur": layout.launch_us + 4})
+            events.append(
+                {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": PID, "tid": TID, "ts": t, "dur": layout.launch_us,
+                 "args": {"correlation": correlation}}
+            )
+            start = max(t + layout.launch_us, stream_free)
+            events.append(
+                {"ph": "X", "cat": "kernel", "name": f"void kernel{op}<float>(float*)", "pid": GPU, "tid": STREAM, "ts": start,
+                 "dur": layout.kernel_us, "args": {"correlation": correlation, "stream": STREAM, "device": GPU}}
+            )
+            stream_free = start + layout.kernel_us
+            t += layout.launch_us + 2  # the op's own code after its launch returns
+            correlation += 1
+        sync_end = max(t, stream_free) + layout.sync_own_us
+        events.append(
+            {"ph": "X", "cat": "cuda_runtime", "name": "cudaStreamSynchronize", "pid": PID, "tid": TID, "ts": t, "dur": sync_end - t,
+             "args": {"correlation": correlation}}
+        )
+        events.append(
+            {"ph": "X", "cat": "cuda_sync", "name": "Stream Sync", "pid": GPU, "tid": STREAM, "ts": t, "dur": sync_end - t,
+             "args": {"correlation": correlation, "stream": STREAM, "device": GPU}}
+        )
+        correlation += 1
+        t = sync_end
+        if layout.profiler_steps:
+            events.append({"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{step}", "pid": PID, "tid": TID, "ts": step_start, "dur": t - step_start})
+        t += layout.gap_between_steps_us
+    events += layout.events
+    return {"schemaVersion": 1, "deviceProperties": [{"id": GPU, "name": "Synthetic GPU"}], "traceEvents": events}
+
+
+def expected_step_us(layout: Layout) -> float:
+    """A step of `kineto_trace` (each starts with the device idle): a kernel starts when its launch
+    returns or its stream frees up; the sync returns its own time after the later of host and device."""
+    t = stream_free = 0.0
+    for _ in range(layout.ops):
+        t += layout.framework_us + layout.launch_us
+        stream_free = max(t, stream_free) + layout.kernel_us
+        t += 2
+    return max(t, stream_free) + layout.sync_own_us

@@ -1,0 +1,365 @@
+"""Importing real profiler traces: reading, linking, steps, measured numbers, the op list, its replay.
+
+The seven traces in tests/data/traces were recorded by others (see its README). Their reference
+figures (device busy, HolisticTraceAnalysis 0.5's temporal and idle-time breakdowns, kernels
+linked) come from the shared trace collection's README; the tests check the importer against them
+and the replay of each op list against what the trace measured.
+"""
+from __future__ import annotations
+
+import gzip
+import json
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from conftest import compose_run
+from harness.importers import ProfileError, load_profile
+from harness.importers.core import find_windows, import_profile, ops_table, short_name
+from harness.importers.events import (
+    CALL_COPY,
+    CALL_COPY_SYNC,
+    CALL_GRAPH,
+    CALL_LAUNCH,
+    CALL_OTHER,
+    CALL_RECORD,
+    CALL_SYNC,
+    CALL_WAIT,
+    TASK_COMM,
+    TASK_KERNEL,
+    Clock,
+    innermost,
+    top_level,
+)
+from harness.importers.kineto import call_kind
+from harness.importers.measure import measured_summary, peer_breakdown, union
+from harness.profile import replay_overrides
+from harness.run import simulate_run
+from harness.workload import build_workload
+from synthetic_trace import Layout, expected_step_us, kineto_trace
+
+TRACES = Path(__file__).parent / "data" / "traces"
+
+# From the shared collection's README: device busy (union of device tasks over the first start to the
+# last end), HTA idle % / compute %, HTA idle host wait / kernel wait (µs, summed over streams; None:
+# not reported), kernels linked / kernels (Ascend: hardware tasks).
+REFERENCE = {
+    "tl_vllm_decode_fullgraph_amd": (0.9976, 4.26, 95.42, None, 458.0, (425, 425)),
+    "tl_sglang_qwen3_decode_mi300": (0.0206, 98.05, 1.94, 465987.0, 558.0, (555, 555)),
+    "tl_qwen05b_mi300": (0.9146, 11.76, 88.24, 3424.0, 1936.0, (1053, 1516)),
+    "hta_event_sync_multistream_a100": (0.0191, 98.08, 1.90, 32.0, 30.0, (3, 3)),
+    "hta_gpu_annot_gp100": (0.0376, 96.24, 3.75, 7446.0, None, (130, 130)),
+    "hta_alexnet_a100": (0.0051, 99.49, 0.08, 24866725.0, 107.0, (79, 79)),
+    "ascend_msprof_analyze_ut": (0.1589, None, None, None, None, (274, 276)),
+}
+# How auto splits each trace: rule, steps found, steps replayed.
+STEPS = {
+    "tl_vllm_decode_fullgraph_amd": ("graph", 1, [0]),
+    "tl_sglang_qwen3_decode_mi300": ("graph", 1, [0]),
+    "tl_qwen05b_mi300": ("profiler", 1, [0]),
+    "hta_event_sync_multistream_a100": ("sync", 1, [0]),
+    "hta_gpu_annot_gp100": ("from=Optimizer.zero_grad#SGD.zero_grad", 5, [0, 1, 2, 3]),
+    "hta_alexnet_a100": ("sync", 3, [2]),
+    "ascend_msprof_analyze_ut": ("profiler", 1, [0]),
+}
+REPLAY_TOLERANCE = 0.10  # replaying a trace must reproduce its step span and device busy within ±10 %
+
+
+def trace(name: str) -> Path:
+    return TRACES / f"{name}.json.gz"
+
+
+@pytest.fixture(scope="module")
+def imported():
+    return {name: import_profile(load_profile(trace(name))) for name in REFERENCE}
+
+
+# ---------------------------------------------------------------- reading and linking
+
+
+@pytest.mark.parametrize("name", sorted(REFERENCE))
+def test_device_busy_as_recorded_matches_the_reference(name):
+    tasks = load_profile(trace(name)).tasks
+    pieces = union(tasks[["start_us", "end_us"]].to_numpy())
+    busy = (pieces[:, 1] - pieces[:, 0]).sum() / (tasks["end_us"].max() - tasks["start_us"].min())
+    assert busy == pytest.approx(REFERENCE[name][0], abs=6e-4)
+
+
+@pytest.mark.parametrize("name", sorted(REFERENCE))
+def test_kernels_linked_to_their_launch(name, imported):
+    profile = imported[name].profile
+    kernels = profile.tasks[profile.tasks["kind"].isin([TASK_KERNEL, TASK_COMM])] if profile.source == "kineto" else profile.tasks
+    launches = profile.calls[profile.calls["kind"].isin([CALL_LAUNCH, CALL_GRAPH, CALL_COPY, CALL_COPY_SYNC]) & (profile.calls["key"] >= 0)]
+    linked = int(kernels["key"].isin(set(launches["key"])).sum())
+    assert (linked, len(kernels)) == REFERENCE[name][5]
+
+
+@pytest.mark.parametrize("name", [n for n, ref in REFERENCE.items() if ref[1] is not None])
+def test_idle_compute_split_agrees_with_hta(name, imported):
+    """The issue asks for 1 percentage point; the recomputation follows HTA's definitions exactly."""
+    peer = peer_breakdown(imported[name])
+    _, idle, compute, host_wait, kernel_wait, _ = REFERENCE[name]
+    assert abs(peer["idle_pct"] - idle) <= 0.01 and abs(peer["compute_pct"] - compute) <= 0.01
+    # HTA links a kernel without a launch to the file's first event (a quirk we do not copy): up to 7 µs
+    # of qwen05b's idle time moves between host wait and kernel wait.
+    if host_wait is not None:
+        assert peer["idle_host_wait_us"] == pytest.approx(host_wait, abs=10)
+    if kernel_wait is not None:
+        assert peer["idle_kernel_wait_us"] == pytest.approx(kernel_wait, abs=10)
+
+
+def test_hta_does_not_read_the_ascend_format(imported):
+    assert peer_breakdown(imported["ascend_msprof_analyze_ut"]) is None
+
+
+def test_ascend_trace_is_the_async_dispatch_of_the_harness(imported, tmp_path):
+    im = imported["ascend_msprof_analyze_ut"]
+    assert im.profile.source == "torch_npu" and im.profile.dispatch == "async"
+    overrides = replay_overrides(im, tmp_path / "ops.csv")
+    assert "strategy=async" in overrides and "strategy.queue_capacity=4096" in overrides and "hardware=atlas_a2" in overrides
+    ops = ops_table(im)
+    launched = ops[ops["launch_us"] > 0]
+    # The Dequeue on the launch thread is the launch; the Enqueue on the Python thread is framework time.
+    assert len(launched) == int((im.profile.calls["kind"] == CALL_LAUNCH).sum()) == 146
+    assert (launched["framework_us"] > 0).all()
+    assert ops["tiling_us"].sum() > 0  # aclnn*GetWorkspaceSize on the Python thread
+
+
+@pytest.mark.parametrize("name", sorted(STEPS))
+def test_auto_steps(name, imported):
+    rule, found, kept = STEPS[name]
+    im = imported[name]
+    assert (im.rule, len(im.found), im.kept) == (rule, found, kept)
+
+
+def test_explicit_step_rules():
+    gp100 = load_profile(trace("hta_gpu_annot_gp100"))
+    rule, windows = find_windows(gp100, "mark=Optimizer.step")
+    assert rule == "mark=Optimizer.step" and len(windows) == 5
+    assert all(w.end_us - w.start_us < 200 for w in windows)  # the annotation's own extent
+    assert len(find_windows(gp100, "whole")[1]) == 1
+    with pytest.raises(ProfileError, match="no 'ProfilerStep#N' annotation"):
+        find_windows(gp100, "profiler")
+    with pytest.raises(ProfileError, match="not a rule"):
+        find_windows(gp100, "bogus")
+    im = import_profile(gp100, "from=Optimizer.zero_grad", keep=slice(1, 3))
+    assert len(im.found) == 2 and im.kept == [0, 1]
+
+
+# ---------------------------------------------------------------- the op list and its replay
+
+
+def replay(im, tmp_path: Path) -> dict:
+    path = tmp_path / "ops.csv"
+    ops_table(im).to_csv(path, index=False)
+    return simulate_run(compose_run(*replay_overrides(im, path), "tracking.enabled=false")).summary
+
+
+@pytest.mark.parametrize("name", sorted(REFERENCE))
+def test_replay_reproduces_what_the_trace_measured(name, imported, tmp_path):
+    """The harness's first check against measurements nobody here chose (README table)."""
+    measured = measured_summary(imported[name])
+    replayed = replay(imported[name], tmp_path)
+    assert replayed["step_ms_mean"] == pytest.approx(measured["step_ms_mean"], rel=REPLAY_TOLERANCE)
+    assert replayed["device_busy"] == pytest.approx(measured["device_busy"], rel=REPLAY_TOLERANCE)
+    assert replayed["bound"] == measured["bound"]
+
+
+def test_op_list_round_trips_through_the_csv_reader(imported, tmp_path):
+    im = imported["hta_gpu_annot_gp100"]
+    table = ops_table(im)
+    path = tmp_path / "ops.csv"
+    table.to_csv(path, index=False)
+    workload = build_workload(compose_run("workload=trace", f"workload.path={path}").workload)
+    per_step = len(table) // len(im.kept)
+    assert workload.steps == len(im.kept) and workload.n_ops == per_step
+    assert workload.op_names == table["name"].iloc[:per_step].tolist()
+    assert not workload.step_io and workload.host_cost_us.shape == (workload.steps, per_step, 7)
+    launch = workload.host_cost_us[:, :, 4]
+    assert np.allclose(launch.ravel(), table["launch_us"].to_numpy())
+    device = pd.to_numeric(table["device_us"], errors="coerce").fillna(0).to_numpy().reshape(workload.steps, per_step)
+    assert np.allclose(np.nan_to_num(workload.device_us), device)
+
+
+def test_graph_launch_replays_as_one_launch_and_a_group(imported):
+    table = ops_table(imported["tl_vllm_decode_fullgraph_amd"])
+    graph = table[table["in_graph"] == 1]
+    assert len(graph) == 421 and graph["group"].nunique() == 1
+    leader = int(graph["group"].iloc[0])
+    assert table.loc[leader, "launch_us"] > 400  # hipGraphLaunch took ~507 µs of host time
+    assert (graph.drop(index=leader)[["framework_us", "launch_us"]] == 0).all().all()
+
+
+def test_device_work_the_trace_did_not_launch_is_carried_in(imported):
+    qwen = ops_table(imported["tl_qwen05b_mi300"])
+    carried = qwen[qwen["carried_in"] == 1]
+    assert len(carried) == 463 - 7  # seven of the 463 ran entirely before ProfilerStep#6 opened
+    assert (carried[["framework_us", "launch_us"]] == 0).all().all()
+    sync = qwen[qwen["kind"] == "sync"].iloc[0]
+    assert int(sync["after"]) in set(carried.index)  # the step's first sync waits for that work
+
+
+def test_unseen_device_work_becomes_a_wait(imported):
+    sglang = ops_table(imported["tl_sglang_qwen3_decode_mi300"])
+    waited = sglang[sglang["not_before_us"].notna()]
+    assert len(waited) == 1 and waited["not_before_us"].iloc[0] > 460_000  # 463 ms behind an event from outside
+
+
+def test_synthetic_trace_costs_are_exact(tmp_path):
+    layout = Layout(steps=3, ops=4)
+    path = tmp_path / "synthetic.json"
+    path.write_text(json.dumps(kineto_trace(layout)))
+    im = import_profile(load_profile(path))
+    table = ops_table(im)
+    kernels = table[table["kind"] == "vector"]
+    assert im.rule == "profiler" and im.kept == [0, 1, 2]
+    assert set(kernels["launch_us"]) == {layout.launch_us} and set(kernels["device_us"]) == {layout.kernel_us}
+    first = kernels.groupby("step").head(1)
+    assert set(first["framework_us"]) == {layout.framework_us}
+    assert set(kernels.groupby("step").tail(3)["framework_us"]) == {layout.framework_us + 2}
+    assert (kernels["name"] == [f"aten::op{k}" for k in range(4)] * 3).all()
+    syncs = table[table["kind"] == "sync"]
+    assert np.allclose(syncs["host_us"], layout.sync_own_us)
+    measured = measured_summary(im)
+    assert measured["step_ms_mean"] * 1e3 == pytest.approx(expected_step_us(layout))
+    assert measured["launches_per_step"] == 4
+    replayed = replay(im, tmp_path)
+    assert replayed["step_ms_mean"] == pytest.approx(measured["step_ms_mean"], rel=1e-9)
+    assert replayed["device_busy"] == pytest.approx(measured["device_busy"], rel=1e-9)
+
+
+def test_event_waits_become_dependencies_across_streams(tmp_path):
+    """Kernel B on stream 8 waits (cudaStreamWaitEvent) for an event recorded after kernel A on stream 7."""
+    def call(name, ts, dur, corr):
+        return {"ph": "X", "cat": "cuda_runtime", "name": name, "pid": 1, "tid": 1, "ts": ts, "dur": dur, "args": {"correlation": corr}}
+
+    def kernel(name, stream, ts, dur, corr):
+        return {"ph": "X", "cat": "kernel", "name": name, "pid": 0, "tid": stream, "ts": ts, "dur": dur, "args": {"correlation": corr, "stream": stream, "device": 0}}
+
+    events = [
+        call("cudaLaunchKernel", 100, 5, 1), kernel("A_gemm", 7, 105, 300, 1),
+        call("cudaEventRecord", 110, 2, 2),
+        call("cudaStreamWaitEvent", 115, 2, 3),
+        {"ph": "X", "cat": "cuda_sync", "name": "Stream Wait Event", "pid": 0, "tid": 8, "ts": 116, "dur": 1,
+         "args": {"correlation": 3, "stream": 8, "wait_on_stream": 7, "wait_on_cuda_event_record_corr_id": 2}},
+        call("cudaLaunchKernel", 120, 5, 4), kernel("B_add", 8, 405, 10, 4),
+        call("cudaDeviceSynchronize", 130, 290, 5),
+    ]
+    path = tmp_path / "streams.json"
+    path.write_text(json.dumps({"traceEvents": events}))
+    im = import_profile(load_profile(path))
+    table = ops_table(im)
+    b = table[table["kernel"] == "B_add"].iloc[0]
+    a_index = int(table.index[table["kernel"] == "A_gemm"][0])
+    assert b["after"] == str(a_index) and b["stream"] != table.loc[a_index, "stream"]
+    replayed = replay(im, tmp_path)
+    assert replayed["step_ms_mean"] == pytest.approx(measured_summary(im)["step_ms_mean"], rel=0.01)
+
+
+# ---------------------------------------------------------------- the command line
+
+
+def run_profile(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "harness.profile", *args], cwd=cwd, capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.slow
+def test_command_writes_files_and_its_replay_line_reproduces_the_trace(tmp_path):
+    done = run_profile(str(trace("hta_gpu_annot_gp100")), "--out", "imported", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    out = tmp_path / "imported"
+    assert {p.name for p in out.iterdir()} == {"profile.json", "ops.csv", "replay.txt"}
+    profile = json.loads((out / "profile.json").read_text())
+    for key in ("step_ms_mean", "device_busy", "bubble_ratio", "host_busy_max", "bound", "bound_reason", "launches_per_step",
+                "breakdown_framework", "launch_to_start_us_p50", "idle_host_wait_ms", "idle_device_wait_ms", "host_ms_launch"):
+        assert key in profile
+    line = (out / "replay.txt").read_text().strip()
+    assert line.count("\n") == 0 and line in done.stdout and line.startswith("python -m harness ")
+    replayed = subprocess.run(
+        [sys.executable, *shlex.split(line)[1:], "tracking.enabled=false"], cwd=tmp_path, capture_output=True, text=True, timeout=300
+    )
+    assert replayed.returncode == 0, replayed.stderr
+    summary = json.loads(next((tmp_path / "outputs" / "runs").rglob("summary.json")).read_text())
+    assert summary["step_ms_mean"] == pytest.approx(profile["step_ms_mean"], rel=REPLAY_TOLERANCE)
+
+
+def test_partly_linked_trace_warns_with_the_counts(tmp_path):
+    done = run_profile(str(trace("tl_qwen05b_mi300")), "--out", str(tmp_path / "out"), cwd=tmp_path)
+    assert done.returncode == 0
+    assert "1054 of 1517 device tasks linked" in done.stderr and "463" in done.stderr
+
+
+def _write(path: Path, content) -> Path:
+    if isinstance(content, bytes):
+        path.write_bytes(content)
+    else:
+        path.write_text(content if isinstance(content, str) else json.dumps(content))
+    return path
+
+
+KERNEL = {"ph": "X", "cat": "kernel", "name": "k", "pid": 0, "tid": 7, "ts": 10, "dur": 5, "args": {"correlation": 9, "stream": 7, "device": 0}}
+LAUNCH = {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 1, "ts": 2, "dur": 5, "args": {"correlation": 8}}
+
+
+@pytest.mark.parametrize(
+    "content,extra,fragment",
+    [
+        ("this is not json", [], "not JSON"),
+        (gzip.compress(b"{broken"), [], "not JSON"),
+        ({"hello": "world"}, [], "not a profiler trace"),
+        ([1, 2, 3], [], "not a profiler trace"),
+        ({"traceEvents": [LAUNCH]}, [], "no device events"),
+        ({"traceEvents": [LAUNCH, KERNEL]}, [], "no device task is linked"),
+        ({"traceEvents": [LAUNCH, KERNEL], "distributedInfo": {"rank": 0}}, ["--rank", "3"], "rank 3 is not there"),
+        ({"traceEvents": [LAUNCH, KERNEL]}, ["--steps", "profiler"], "no 'ProfilerStep#N'"),
+    ],
+)
+def test_bad_traces_fail_in_one_line_and_write_nothing(tmp_path, content, extra, fragment):
+    path = _write(tmp_path / "trace.json", content)
+    done = run_profile(str(path), "--out", str(tmp_path / "out"), *extra, cwd=tmp_path)
+    assert done.returncode == 2
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and fragment in lines[0] and "trace.json" in lines[0], done.stderr
+    assert not (tmp_path / "out").exists()
+
+
+# ---------------------------------------------------------------- helpers
+
+
+def test_clock_keeps_every_digit_of_long_string_timestamps():
+    clock = Clock(Clock.whole_part("1704161511422904.204"))
+    assert clock("1704161511422904.204") == pytest.approx(0.204, abs=1e-9)
+    assert clock("1704161511422910.5") == pytest.approx(6.5, abs=1e-9)
+    assert clock(1704161511422905) == 1.0
+
+
+def test_innermost_and_top_level_slices():
+    start = np.array([0.0, 1.0, 2.0, 10.0])
+    end = np.array([9.0, 5.0, 3.0, 12.0])
+    assert innermost(start, end, np.array([2.5, 4.0, 8.0, 11.0, 20.0])).tolist() == [2, 1, 0, 3, -1]
+    assert top_level(start, end).tolist() == [True, False, False, True]
+
+
+@pytest.mark.parametrize(
+    "name,kind",
+    [
+        ("cudaLaunchKernel", CALL_LAUNCH), ("cudaLaunchKernelExC", CALL_LAUNCH), ("cuLaunchKernelEx", CALL_LAUNCH),
+        ("hipLaunchKernel", CALL_LAUNCH), ("hipExtModuleLaunchKernel", CALL_LAUNCH), ("hipModuleLaunchKernel", CALL_LAUNCH),
+        ("cudaGraphLaunch", CALL_GRAPH), ("hipGraphLaunch", CALL_GRAPH), ("cudaMemcpyAsync", CALL_COPY),
+        ("cudaMemcpy", CALL_COPY_SYNC), ("hipMemcpyWithStream", CALL_COPY_SYNC), ("cudaStreamSynchronize", CALL_SYNC),
+        ("hipDeviceSynchronize", CALL_SYNC), ("cudaEventSynchronize", CALL_SYNC), ("cudaEventRecord", CALL_RECORD),
+        ("cudaStreamWaitEvent", CALL_WAIT), ("cudaEventQuery", CALL_OTHER), ("cudaStreamIsCapturing", CALL_OTHER),
+    ],
+)
+def test_runtime_calls_are_classified_by_name(name, kind):
+    assert call_kind(name) == kind
+
+
+def test_kernel_names_are_shortened_for_the_op_list():
+    assert short_name("void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float> >(int, float)") == "vectorized_elementwise_kernel"
+    assert short_name("ampere_sgemm_128x64_nn") == "ampere_sgemm_128x64_nn"
