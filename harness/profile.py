@@ -31,7 +31,7 @@ import pandas as pd
 from harness.cli import fail
 from harness.errors import HarnessError
 from harness.importers import load_profile
-from harness.importers.core import Imported, import_profile, ops_table
+from harness.importers.core import Imported, import_profile, ops_table, write_ops_table
 from harness.importers.measure import linkage, measured_summary, peer_breakdown, step_table
 from harness.outputs import write_json
 
@@ -187,9 +187,7 @@ def main(argv: Optional[list[str]] = None) -> None:
     }
     args.out.mkdir(parents=True, exist_ok=True)
     write_json(args.out / PROFILE_FILE, record)
-    tmp = args.out / (OPS_FILE + ".tmp")
-    table.to_csv(tmp, index=False, float_format="%.6f")
-    tmp.replace(args.out / OPS_FILE)
+    write_ops_table(table, args.out / OPS_FILE)
     (args.out / REPLAY_FILE).write_text(replay + "\n")
     print(describe(record))
     print(replay)

@@ -20,7 +20,7 @@ import pytest
 
 from conftest import compose_run
 from harness.importers import ProfileError, load_profile
-from harness.importers.core import find_windows, import_profile, ops_table, short_name
+from harness.importers.core import find_windows, import_profile, ops_table, short_name, write_ops_table
 from harness.importers.events import (
     CALL_COPY,
     CALL_COPY_SYNC,
@@ -156,7 +156,7 @@ def test_explicit_step_rules():
 
 def replay(im, tmp_path: Path) -> dict:
     path = tmp_path / "ops.csv"
-    ops_table(im).to_csv(path, index=False)
+    write_ops_table(ops_table(im), path)
     return simulate_run(compose_run(*replay_overrides(im, path), "tracking.enabled=false")).summary
 
 
@@ -174,16 +174,16 @@ def test_op_list_round_trips_through_the_csv_reader(imported, tmp_path):
     im = imported["hta_gpu_annot_gp100"]
     table = ops_table(im)
     path = tmp_path / "ops.csv"
-    table.to_csv(path, index=False)
+    write_ops_table(table, path)
     workload = build_workload(compose_run("workload=trace", f"workload.path={path}").workload)
     per_step = len(table) // len(im.kept)
     assert workload.steps == len(im.kept) and workload.n_ops == per_step
     assert workload.op_names == table["name"].iloc[:per_step].tolist()
     assert not workload.step_io and workload.host_cost_us.shape == (workload.steps, per_step, 7)
     launch = workload.host_cost_us[:, :, 4]
-    assert np.allclose(launch.ravel(), table["launch_us"].to_numpy())
-    device = pd.to_numeric(table["device_us"], errors="coerce").fillna(0).to_numpy().reshape(workload.steps, per_step)
-    assert np.allclose(np.nan_to_num(workload.device_us), device)
+    assert np.allclose(launch.ravel(), table["launch_us"].to_numpy(), atol=1e-3)
+    device = table["device_us"].fillna(0).to_numpy().reshape(workload.steps, per_step)
+    assert np.allclose(np.nan_to_num(workload.device_us), device, atol=1e-3)
 
 
 def test_graph_launch_replays_as_one_launch_and_a_group(imported):

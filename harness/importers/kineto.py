@@ -12,6 +12,7 @@ are the same host time seen twice: only the outer call is kept.
 """
 from __future__ import annotations
 
+import functools
 import re
 from collections import Counter
 from pathlib import Path
@@ -56,6 +57,7 @@ PEER_SKIP_CATS = {"Trace"}  # the profiler's own span is not device work
 DEVICE_SIDE_SYNCS = {"Event Sync", "Context Sync"}  # cuda_sync rows HTA counts as device side
 
 
+@functools.lru_cache(maxsize=4096)
 def call_kind(name: str) -> int:
     """What a CUDA/HIP runtime or driver call does, from its name."""
     if "GraphLaunch" in name:
@@ -85,145 +87,192 @@ def task_kind(cat: str, name: str) -> int:
 
 
 def _int(value: Any, default: int = -1) -> int:
+    if type(value) is int:
+        return value
     try:
         return int(value)
     except (TypeError, ValueError):
         return default
 
 
+def _times(values: list, origin: int) -> np.ndarray:
+    """µs since `origin` for a list of timestamps (numbers, or strings longer than a float holds)."""
+    if any(isinstance(v, str) for v in values):
+        clock = Clock(origin)
+        return np.array([clock(v) for v in values], dtype=np.float64)
+    return np.asarray(values, dtype=np.float64) - origin
+
+
+class _Group(list):
+    """The events of one kind, gathered in the single pass over the trace; columns on demand."""
+
+    def column(self, key: str, default: Any = None) -> list:
+        return [e.get(key, default) for e in self]
+
+    def args(self) -> list[dict]:
+        return [a if isinstance(a, dict) else {} for a in self.column("args")]
+
+    def names(self) -> list[str]:
+        return [str(n) for n in self.column("name", "")]
+
+
 def read_kineto(path: Path, data: Any, rank: Optional[int]) -> Profile:
     events = data.get("traceEvents") if isinstance(data, dict) else data
-    if not isinstance(events, list) or not any(isinstance(e, dict) and e.get("ph") == "X" for e in events[:100000]):
+    if not isinstance(events, list):
         raise ProfileError(f"{path}: not a profiler trace (no 'traceEvents' list of duration events)")
-    slices = [e for e in events if isinstance(e, dict) and e.get("ph") == "X" and "ts" in e]
-    origin = min(Clock.whole_part(e["ts"]) for e in slices)
-    clock = Clock(origin)
-
-    device_events, host_calls, marks, cpu_ops, syncs, peer = [], [], [], [], [], []
+    device, calls, syncs, marks, ops = _Group(), _Group(), _Group(), _Group(), _Group()
     thread_names: dict[int, str] = {}
+    peer_rows: list[tuple] = []  # what HolisticTraceAnalysis reads (see _peer_rows)
+    host_start: dict[int, Any] = {}
+    stamps_fractional = stamps_missing = stamps_text = False
+    first = None
+    route = {**{c: device for c in TASK_CATS}, **{c: calls for c in RUNTIME_CATS}, "cuda_sync": syncs, "user_annotation": marks, "cpu_op": ops}
     for e in events:
-        if not isinstance(e, dict):
+        if type(e) is not dict:
             continue
-        if e.get("ph") == "M" and e.get("name") == "thread_name":
-            tid = _int(e.get("tid"), default=None)
-            if tid is not None:
-                thread_names[tid] = str((e.get("args") or {}).get("name", ""))
-    for e in slices:
-        cat = str(e.get("cat", ""))
-        low = cat.lower()
-        if low in TASK_CATS:
-            device_events.append(e)
-        elif low in RUNTIME_CATS:
-            host_calls.append(e)
-        elif low == "cuda_sync":
-            syncs.append(e)
-        elif low == "user_annotation" or (low == "cpu_op" and str(e.get("name", "")).startswith(STEP_MARK)):
-            marks.append(e)
-        elif low == "cpu_op":
-            cpu_ops.append(e)
-    if not device_events:
+        ts = e.get("ts")
+        kind = type(ts)
+        if kind is float:
+            stamps_fractional = True
+        elif ts is None:
+            stamps_missing = True
+            continue
+        elif kind is str:
+            stamps_text = True
+        ph = e.get("ph")
+        if ph != "X":
+            if ph == "M" and e.get("name") == "thread_name":
+                tid = _int(e.get("tid"), default=None)
+                if tid is not None:
+                    thread_names[tid] = str((e.get("args") or {}).get("name", ""))
+            continue
+        whole = int(ts.split(".", 1)[0]) if kind is str else int(ts)
+        if first is None or whole < first:
+            first = whole
+        cat = e.get("cat")
+        if cat is None:
+            continue
+        group = route.get(cat) or route.get(str(cat).lower())
+        if group is ops and str(e.get("name", "")).startswith(STEP_MARK):
+            group = marks
+        if group is not None:
+            group.append(e)
+        args = e.get("args")
+        if "dur" not in e or cat in PEER_SKIP_CATS or type(args) is not dict:
+            continue
+        stream = args.get("stream", -1)
+        if stream != -1:
+            stream = _int(stream)
+            if stream != -1:
+                peer_rows.append((str(e.get("name", "")), cat, ts, e["dur"], stream, _int(args.get("correlation", -1))))
+                continue
+        correlation = args.get("correlation", -1)
+        if correlation != -1 and e.get("name") not in DEVICE_SIDE_SYNCS:
+            host_start[_int(correlation)] = ts
+    if first is None:
+        raise ProfileError(f"{path}: not a profiler trace (no 'traceEvents' list of duration events)")
+    if not device:
         raise ProfileError(f"{path}: no device events (kernel, gpu_memcpy, gpu_memset): nothing ran on an accelerator")
 
-    device_of = [_int((e.get("args") or {}).get("device"), _int(e.get("pid"), 0)) for e in device_events]
-    counts = Counter(device_of)
+    device_args = device.args()
+    device_of = np.array([_int(a.get("device"), _int(p, 0)) for a, p in zip(device_args, device.column("pid"))], dtype=np.int64)
+    counts = Counter(device_of.tolist())
     file_rank = _int((data.get("distributedInfo") or {}).get("rank") if isinstance(data, dict) else None, default=None)
-    busiest = counts.most_common(1)[0][0]
     if rank is None or rank == file_rank:
-        device = busiest
+        chosen_device = counts.most_common(1)[0][0]
     elif rank in counts:
-        device = rank
+        chosen_device = rank
     else:
         held = f"rank {file_rank}" if file_rank is not None else "no rank"
-        raise ProfileError(
-            f"{path}: rank {rank} is not there (the trace holds {held}, devices {', '.join(map(str, sorted(counts)))})"
-        )
-    chosen = [e for e, d in zip(device_events, device_of) if d == device]
-
+        raise ProfileError(f"{path}: rank {rank} is not there (the trace holds {held}, devices {', '.join(map(str, sorted(counts)))})")
+    mine = [device[i] for i in np.flatnonzero(device_of == chosen_device)]
+    mine_args = [device_args[i] for i in np.flatnonzero(device_of == chosen_device)]
+    names = [str(e.get("name", "")) for e in mine]
+    task_start = _times([e["ts"] for e in mine], first)
     tasks = frame(
         {
-            "stream": [_int((e.get("args") or {}).get("stream"), _int(e.get("tid"), 0)) for e in chosen],
-            "start_us": [clock(e["ts"]) for e in chosen],
-            "end_us": [clock(e["ts"]) + float(e.get("dur", 0.0)) for e in chosen],
-            "kind": [task_kind(str(e["cat"]).lower(), str(e.get("name", ""))) for e in chosen],
-            "name": [str(e.get("name", "")) for e in chosen],
-            "key": [_int((e.get("args") or {}).get("correlation")) for e in chosen],
+            "stream": [_int(a.get("stream"), _int(e.get("tid"), 0)) for a, e in zip(mine_args, mine)],
+            "start_us": task_start,
+            "end_us": task_start + np.array([e.get("dur", 0.0) for e in mine], dtype=np.float64),
+            "kind": [task_kind(str(e["cat"]).lower(), n) for e, n in zip(mine, names)],
+            "name": names,
+            "key": [_int(a.get("correlation")) for a in mine_args],
         },
         TASK_COLUMNS,
     )
-
-    calls = _calls(host_calls, cpu_ops, syncs, clock)
+    op_start = _times(ops.column("ts"), first)
+    op_end = op_start + np.asarray(ops.column("dur", 0.0), dtype=np.float64)
+    call_table = _calls(calls, ops, op_start, op_end, syncs, first)
+    mark_start = _times(marks.column("ts"), first)
     mark_table = frame(
         {
-            "thread": [_int(e.get("tid"), 0) for e in marks],
-            "start_us": [clock(e["ts"]) for e in marks],
-            "end_us": [clock(e["ts"]) + float(e.get("dur", 0.0)) for e in marks],
-            "name": [str(e.get("name", "")) for e in marks],
+            "thread": [_int(t, 0) for t in marks.column("tid")],
+            "start_us": mark_start,
+            "end_us": mark_start + np.asarray(marks.column("dur", 0.0), dtype=np.float64),
+            "name": marks.names(),
         },
         MARK_COLUMNS,
     )
     # This rank's events: the host (calls, marks, framework ops) and the chosen device.
-    starts = np.concatenate([tasks["start_us"], calls["start_us"], mark_table["start_us"], [clock(e["ts"]) for e in cpu_ops]])
-    ends = np.concatenate([tasks["end_us"], calls["end_us"], mark_table["end_us"], [clock(e["ts"]) + float(e.get("dur", 0.0)) for e in cpu_ops]])
+    starts = np.concatenate([tasks["start_us"], call_table["start_us"], mark_table["start_us"], op_start])
+    ends = np.concatenate([tasks["end_us"], call_table["end_us"], mark_table["end_us"], op_end])
     shift = float(starts.min())
-    for table in (tasks, calls, mark_table):
+    for table in (tasks, call_table, mark_table):
         for column in ("start_us", "end_us", "ready_us"):
             if column in table:
                 table[column] -= shift
     names = (data.get("deviceProperties") or [{}]) if isinstance(data, dict) else [{}]
-    device_name = next((str(p.get("name", "")) for p in names if isinstance(p, dict) and _int(p.get("id")) == device), "")
-    profile = Profile(
+    device_name = next((str(p.get("name", "")) for p in names if isinstance(p, dict) and _int(p.get("id")) == chosen_device), "")
+    rounding = (stamps_fractional or stamps_missing) and not stamps_text
+    return Profile(
         path=str(path),
         source="kineto",
         device=device_name,
-        rank=file_rank if file_rank is not None else device,
+        rank=file_rank if file_rank is not None else chosen_device,
         dispatch="eager",
-        calls=calls,
+        calls=call_table,
         tasks=tasks,
         marks=mark_table,
         span_us=(0.0, float(ends.max()) - shift),
         thread_names=thread_names,
-        peer_rows=_peer_rows(events, origin, shift) if isinstance(data, dict) else None,
+        peer_rows=_peer_rows(peer_rows, host_start, first, shift, rounding) if isinstance(data, dict) else None,
     )
-    return profile
 
 
-def _calls(host_calls: list[dict], cpu_ops: list[dict], syncs: list[dict], clock: Clock) -> pd.DataFrame:
+def _calls(calls: _Group, ops: _Group, op_start: np.ndarray, op_end: np.ndarray, syncs: _Group, origin: int) -> pd.DataFrame:
     """Host calls with their kind, the framework op around them and what their syncs waited for."""
-    if not host_calls:
+    if not calls:
         return frame(None, CALL_COLUMNS)
-    thread = np.array([_int(e.get("tid"), 0) for e in host_calls], dtype=np.int64)
-    start = np.array([clock(e["ts"]) for e in host_calls])
-    end = start + np.array([float(e.get("dur", 0.0)) for e in host_calls])
-    keep = np.ones(len(host_calls), dtype=bool)
-    driver = np.array([str(e.get("cat", "")).lower() in DRIVER_CATS for e in host_calls])
+    thread = np.array([_int(t, 0) for t in calls.column("tid")], dtype=np.int64)
+    start = _times(calls.column("ts"), origin)
+    end = start + np.asarray(calls.column("dur", 0.0), dtype=np.float64)
+    keep = np.ones(len(calls), dtype=bool)
+    driver = np.array([str(c).lower() in DRIVER_CATS for c in calls.column("cat")])
     if driver.any():
         for tid in np.unique(thread[driver]):
             on = np.flatnonzero(thread == tid)
             keep[on] = top_level(start[on], end[on]) | ~driver[on]
-    name = [str(e.get("name", "")) for e in host_calls]
-    op = np.full(len(host_calls), "", dtype=object)
-    if cpu_ops:
-        op_thread = np.array([_int(e.get("tid"), 0) for e in cpu_ops], dtype=np.int64)
-        op_start = np.array([clock(e["ts"]) for e in cpu_ops])
-        op_end = op_start + np.array([float(e.get("dur", 0.0)) for e in cpu_ops])
-        op_name = np.array([str(e.get("name", "")) for e in cpu_ops], dtype=object)
+    op = np.full(len(calls), "", dtype=object)
+    if ops:
+        op_thread = np.array([_int(t, 0) for t in ops.column("tid")], dtype=np.int64)
+        op_name = np.array(ops.names(), dtype=object)
         for tid in np.unique(thread):
             on = np.flatnonzero(thread == tid)
-            mine = np.flatnonzero(op_thread == tid)
-            found = innermost(op_start[mine], op_end[mine], start[on])
-            op[on[found >= 0]] = op_name[mine[found[found >= 0]]]
-    key = np.array([_int((e.get("args") or {}).get("correlation")) for e in host_calls], dtype=np.int64)
+            theirs = np.flatnonzero(op_thread == tid)
+            found = innermost(op_start[theirs], op_end[theirs], start[on])
+            op[on[found >= 0]] = op_name[theirs[found[found >= 0]]]
+    name = calls.names()
+    key = np.array([_int(a.get("correlation")) for a in calls.args()], dtype=np.int64)
     # What each sync or stream-wait waited for, recorded on the device side under its correlation.
     waited = {}
-    for e in syncs:
-        args = e.get("args") or {}
+    for args in syncs.args():
         stream = _int(args.get("stream"))
         waited[_int(args.get("correlation"))] = (
             ALL_STREAMS if stream in (-1, 4294967295) or args.get("cuda_sync_kind") == "Context Sync" else stream,
             _int(args.get("wait_on_stream")),
             _int(args.get("wait_on_cuda_event_record_corr_id")),
         )
-    info = np.array([waited.get(k, (ALL_STREAMS, -1, -1)) for k in key], dtype=np.int64).reshape(-1, 3)
+    info = np.array([waited.get(k, (ALL_STREAMS, -1, -1)) for k in key.tolist()], dtype=np.int64).reshape(-1, 3)
     table = frame(
         {
             "thread": thread,
@@ -244,30 +293,20 @@ def _calls(host_calls: list[dict], cpu_ops: list[dict], syncs: list[dict], clock
     return table[keep].sort_values(["start_us", "end_us"], kind="stable").reset_index(drop=True)
 
 
-def _peer_rows(events: list, origin: int, shift: float) -> pd.DataFrame:
-    """Device-side rows as HolisticTraceAnalysis 0.5 reads them (for `core.peer_breakdown`): every
+def _peer_rows(rows: list[tuple], host_start: dict, origin: int, shift: float, rounding: bool) -> pd.DataFrame:
+    """Device-side rows as HolisticTraceAnalysis 0.5 reads them (for `measure.peer_breakdown`): every
     duration event with a `stream` arg; times rounded to whole µs (start up, end down) when the file
-    has fractional timestamps, as HTA does; each row's runtime start is that of the host event
-    sharing its correlation (any host event: HTA links graph launches and copies too)."""
-    stamps = [e.get("ts") for e in events if isinstance(e, dict)]
-    fractional = any(t is None or isinstance(t, float) for t in stamps) and not any(isinstance(t, str) for t in stamps)
-    rows, host_start = [], {}
-    for e in events:
-        if not isinstance(e, dict) or "dur" not in e or "cat" not in e or "ts" not in e or e.get("cat") in PEER_SKIP_CATS:
-            continue
-        args = e.get("args") if isinstance(e.get("args"), dict) else {}
-        ts, dur = e["ts"], e["dur"]
-        if fractional:
-            stop = np.floor(float(ts) + float(dur))
-            ts = float(np.ceil(float(ts)))
-            dur = stop - ts
-        start = float(ts) - origin - shift
-        stream = _int(args.get("stream"))
-        correlation = _int(args.get("correlation"))
-        if stream != -1:
-            rows.append((str(e.get("name", "")), str(e["cat"]), start, start + float(dur), stream, correlation))
-        elif correlation != -1 and e.get("name") not in DEVICE_SIDE_SYNCS:
-            host_start[correlation] = start
-    table = pd.DataFrame(rows, columns=["name", "cat", "start_us", "end_us", "stream", "correlation"])
-    table["runtime_start_us"] = table["correlation"].map(host_start).astype(np.float64)
-    return table
+    has fractional (or missing) timestamps, as HTA does; each row's runtime start is that of the host
+    event sharing its correlation (any host event: HTA links graph launches and copies too)."""
+    table = pd.DataFrame(rows, columns=["name", "cat", "ts", "dur", "stream", "correlation"])
+    ts = table["ts"].astype(np.float64).to_numpy()
+    dur = table["dur"].astype(np.float64).to_numpy()
+    end = ts + dur
+    if rounding:
+        end = np.floor(end)
+        ts = np.ceil(ts)
+    table["start_us"] = ts - origin - shift
+    table["end_us"] = end - origin - shift
+    launched = {k: float(v) - origin - shift for k, v in host_start.items()}
+    table["runtime_start_us"] = table["correlation"].map(launched).astype(np.float64)
+    return table.drop(columns=["ts", "dur"])

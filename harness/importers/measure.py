@@ -78,6 +78,7 @@ def _step_measures(step: StepOps) -> dict:
     host_wait = device_wait = 0.0
     segments = np.array([(s, e) for s, e, _ in step.main_segments] or np.zeros((0, 2)))
     segment_category = [SEGMENT_CATEGORY[c] for _, _, c in step.main_segments]
+    segment_end = segments[:, 1] if len(segments) else np.zeros(0)
     for gap_start, gap_end in edges:
         if gap_end <= gap_start:
             continue
@@ -99,13 +100,15 @@ def _step_measures(step: StepOps) -> dict:
         host_wait += waited_host
         device_wait += rest
         path["external" if external else "compute"] += rest
-        if waited_host > 0:  # on the host: what the issuing threads did meanwhile
+        if waited_host > 0:  # on the host: what the issuing threads did meanwhile (segments run in time order)
             lo, hi = gap_start, gap_start + waited_host
             covered = 0.0
-            for (s, e), category in zip(segments, segment_category):
-                part = max(0.0, min(e, hi) - max(s, lo))
-                path[category] += part
+            k = int(np.searchsorted(segment_end, lo, side="right"))
+            while k < len(segments) and segments[k, 0] < hi:
+                part = max(0.0, min(segments[k, 1], hi) - max(segments[k, 0], lo))
+                path[segment_category[k]] += part
                 covered += part
+                k += 1
             path["framework"] += max(0.0, waited_host - covered)
     main_busy = max(0.0, min(step.window.end_us, b) - max(step.window.start_us, a) - step.sync_wait_us)
     host_ms = {}

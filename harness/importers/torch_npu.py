@@ -48,13 +48,13 @@ API_PREFIX = "AscendCL@"
 
 
 def is_torch_npu(events: Any) -> bool:
-    """A trace_view.json names an "Ascend Hardware" process."""
-    items = events.get("traceEvents", []) if isinstance(events, dict) else events
-    if not isinstance(items, list):
+    """A trace_view.json is a list of events naming an "Ascend Hardware" process (Kineto writes an
+    object with `traceEvents`: not scanned)."""
+    if not isinstance(events, list):
         return False
     return any(
         isinstance(e, dict) and e.get("ph") == "M" and e.get("name") == "process_name" and (e.get("args") or {}).get("name") == HARDWARE_LANE
-        for e in items
+        for e in events
     )
 
 
