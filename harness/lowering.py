@@ -18,6 +18,14 @@ after it is issued before its output shape is back on the host. An op run on the
 (heterogeneous execution) is dispatched (framework + InferShape), computes on a host CPU lane
 between a D2H of its input and an H2D of its result, and holds a host core like the dispatch threads.
 
+Ops of an imported profile carry measured host costs per step (a (step, op, cost) table replaces the
+preset's), and may be: a `sync` op (its framework time, then a blocking wait for the ops it names,
+then its own time); a follower in a launch group (no host work: its device task waits for the
+group's launch, e.g. the kernels of a graph launch, which also pay the device-side dispatch); carried
+in (device work launched before the step: no host work); or waiting for unseen device work (a task
+on the external lane holds its start until `not_before_us` after the step starts). Such op lists hold
+their own copies and syncs: no token copies are added around the step (`Workload.step_io`).
+
 Policies change host costs: a tiling-cache hit replaces Tiling by a lookup; parameter packing writes
 a kernel's parameters at once; without a memory pool every alloc/free goes to the driver, and
 stream-local pools make them cheaper.
@@ -55,7 +63,6 @@ from harness.workload import (
     KIND_HOST,
     KIND_SYNC,
     STREAM_COMM,
-    STREAM_COMPUTE,
     TOKEN_ID_BYTES,
     Workload,
 )

@@ -19,7 +19,6 @@ before anything is written.
 from __future__ import annotations
 
 import argparse
-import json
 import shlex
 import sys
 from pathlib import Path
@@ -174,6 +173,7 @@ def main(argv: Optional[list[str]] = None) -> None:
         "source": profile.source,
         "device": profile.device,
         "rank": profile.rank,
+        "device_index": profile.device_index,
         "dispatch": profile.dispatch,
         "steps_rule": imported.rule,
         "steps_found": len(imported.found),

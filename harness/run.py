@@ -85,6 +85,10 @@ def simulate_run(run: RunConfig, chunk_tasks: int = CHUNK_TASKS) -> RunResult:
         # Resident weights, KV cache and graphs, plus the activations live at the worst moment of the run.
         summary["peak_mem_gb"] = m.weights_gb + m.kv_cache_gb + m.graphs_gb + summary["peak_activation_gb"]
     summary["devices"] = run.workload.devices
+    if not workload.step_io:  # an imported profile: its steps' token count is whatever batch_size says
+        summary["throughput_note"] = (
+            f"tokens per step = workload.batch_size ({run.workload.batch_size}): a profile does not record its batch; set it for tok/s"
+        )
     if serving is not None:
         summary.update(serving_summary(serving))
     summary["sim_wall_s"] = time.perf_counter() - began

@@ -15,7 +15,6 @@ import sys
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 import pytest
 
 from conftest import compose_run
@@ -363,3 +362,16 @@ def test_runtime_calls_are_classified_by_name(name, kind):
 def test_kernel_names_are_shortened_for_the_op_list():
     assert short_name("void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float> >(int, float)") == "vectorized_elementwise_kernel"
     assert short_name("ampere_sgemm_128x64_nn") == "ampere_sgemm_128x64_nn"
+
+
+def test_the_same_trace_imports_to_the_same_files(tmp_path):
+    """Determinism: two imports of one trace write byte-identical profile.json and ops.csv."""
+    outs = []
+    for k in range(2):
+        out = tmp_path / f"out{k}"
+        done = run_profile(str(trace("ascend_msprof_analyze_ut")), "--out", str(out), cwd=tmp_path)
+        assert done.returncode == 0, done.stderr
+        outs.append(out)
+    for name in ("profile.json", "ops.csv"):
+        first, second = ((o / name).read_text() for o in outs)
+        assert first.replace(str(outs[0]), "") == second.replace(str(outs[1]), "")

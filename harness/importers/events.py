@@ -91,12 +91,13 @@ class Profile:
     path: str
     source: str  # "kineto" or "torch_npu"
     device: str  # device name as the trace records it ("" when blank)
-    rank: int
+    rank: Optional[int]  # the distributed rank the trace records (None: not recorded)
     dispatch: str  # "eager" (one issuing thread per op) or "async" (a task queue and a launch thread)
     calls: pd.DataFrame
     tasks: pd.DataFrame
     marks: pd.DataFrame  # host-side annotations (ProfilerStep#N, user annotations)
     span_us: tuple[float, float]  # first start and last end of every event of this rank
+    device_index: int = 0  # which device of the trace the tasks are from
     thread_names: dict[int, str] = field(default_factory=dict)
     # What the peer analyser (HolisticTraceAnalysis) would read: device-side rows, or None when it
     # does not load this format. Columns: name, cat, start_us, end_us, stream, runtime_start_us.

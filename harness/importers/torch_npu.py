@@ -233,7 +233,7 @@ def read_torch_npu(path: Path, data: Any, rank: Optional[int]) -> Profile:
         path=str(path),
         source="torch_npu",
         device="Ascend NPU",
-        rank=0,
+        rank=None,
         dispatch="async" if dequeues else "eager",
         calls=call_table,
         tasks=tasks,
