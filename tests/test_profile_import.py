@@ -375,3 +375,34 @@ def test_the_same_trace_imports_to_the_same_files(tmp_path):
     for name in ("profile.json", "ops.csv"):
         first, second = ((o / name).read_text() for o in outs)
         assert first.replace(str(outs[0]), "") == second.replace(str(outs[1]), "")
+
+
+def test_graph_launches_without_annotations_split_steps(tmp_path):
+    """Two steps, each: a copy, then a graph launch of three kernels (no annotation around them)."""
+    events, corr = [], 1
+    for step in range(2):
+        t = 1000.0 * step
+        events += [
+            {"ph": "X", "cat": "cuda_runtime", "name": "cudaMemcpyAsync", "pid": 1, "tid": 1, "ts": t + 10, "dur": 4, "args": {"correlation": corr}},
+            {"ph": "X", "cat": "gpu_memcpy", "name": "Memcpy HtoD", "pid": 0, "tid": 7, "ts": t + 15, "dur": 2, "args": {"correlation": corr, "stream": 7, "device": 0}},
+            {"ph": "X", "cat": "cuda_runtime", "name": "cudaGraphLaunch", "pid": 1, "tid": 1, "ts": t + 30, "dur": 20, "args": {"correlation": corr + 1}},
+        ]
+        events += [
+            {"ph": "X", "cat": "kernel", "name": f"k{j}_gemm", "pid": 0, "tid": 7, "ts": t + 40 + 101 * j, "dur": 100,
+             "args": {"correlation": corr + 1, "stream": 7, "device": 0}}
+            for j in range(3)
+        ]
+        events.append({"ph": "X", "cat": "cuda_runtime", "name": "cudaStreamSynchronize", "pid": 1, "tid": 1, "ts": t + 60, "dur": 285, "args": {"correlation": corr + 2}})
+        corr += 3
+    path = _write(tmp_path / "graphs.json", {"traceEvents": events})
+    im = import_profile(load_profile(path))
+    assert im.rule == "graph" and len(im.found) == 2 and im.kept == [0, 1]
+    table = ops_table(im)
+    graph = table[table["in_graph"] == 1]
+    assert len(graph) == 6 and set(graph.groupby("step")["group"].first()) == {1}
+    assert set(graph.groupby("step")["launch_us"].max()) == {20.0}
+    measured = measured_summary(im)
+    assert measured["launches_per_step"] == 2 and measured["ops_per_step"] == 4
+    replayed = replay(im, tmp_path)
+    assert replayed["step_ms_mean"] == pytest.approx(measured["step_ms_mean"], rel=0.02)
+    assert replayed["launches_per_step"] == 2

@@ -7,7 +7,7 @@ hold, are *carried in*: the step's device did that work, no host call of the ste
 Steps (`--steps`, default `auto`, first rule that applies):
   profiler   each `ProfilerStep#N` annotation is a step (its extent);
   graph      each graph launch (cudaGraphLaunch / hipGraphLaunch) is a step: the outermost annotation
-             around it, else from the previous graph launch's step to the next;
+             around it, else from the previous step's end to the first blocking sync after it;
   sync       device-wide syncs (cudaDeviceSynchronize, hipDeviceSynchronize, aclrtSynchronizeDevice)
              end steps;
   from=NAME  from each occurrence of annotation NAME to the next (auto: the most repeated annotation
@@ -143,22 +143,25 @@ def find_windows(profile: Profile, rule: str = "auto") -> tuple[str, list[Window
     if rule in ("auto", "graph") and (len(graphs) or rule == "graph"):
         if not len(graphs):
             raise ProfileError(f"{profile.path}: --steps graph: no graph launch (cudaGraphLaunch, hipGraphLaunch) in the trace")
-        windows = []
+        syncs = calls[calls["kind"].isin((CALL_SYNC, CALL_COPY_SYNC))]
+        launch_starts = graphs["start_us"].tolist() + [np.inf]
+        windows, previous_end = [], first_call
         for i, g in enumerate(graphs.itertuples()):
             around = on_threads[(on_threads["thread"] == g.thread) & (on_threads["start_us"] <= g.start_us) & (on_threads["end_us"] >= g.end_us)]
             if len(around):
                 outer = around.loc[(around["end_us"] - around["start_us"]).idxmax()]
-                windows.append(Window(f"graph launch {i}", float(outer.start_us), float(outer.end_us)))
+                start, end = float(outer.start_us), float(outer.end_us)
             else:
-                windows.append(Window(f"graph launch {i}", float("nan"), float(g.end_us)))
-        for i, w in enumerate(windows):  # no annotation: from the previous window's end to the next launch
-            if np.isnan(w.start_us):
-                w.start_us = windows[i - 1].end_us if i > 0 else first_call
-                nxt = windows[i + 1].start_us if i + 1 < len(windows) and not np.isnan(windows[i + 1].start_us) else None
-                later = calls[(calls["start_us"] >= w.end_us) & ((calls["start_us"] < nxt) if nxt is not None else True)]
-                if i + 1 < len(windows):
-                    later = later[later["end_us"] <= graphs["start_us"].iloc[i + 1]]
-                w.end_us = max(w.end_us, float(later["end_us"].max()) if len(later) else w.end_us)
+                # No annotation: the step runs from the previous one's end to the first blocking sync
+                # after its launch (the host waits for its results), else to the end of the launch;
+                # host work between launches is the next step's input preparation.
+                waits = syncs[(syncs["start_us"] >= g.end_us) & (syncs["start_us"] < launch_starts[i + 1])]
+                start = previous_end
+                end = float(waits["end_us"].iloc[0]) if len(waits) else float(g.end_us)
+                if i == len(graphs) - 1 and not len(waits):
+                    end = max(end, last_call)
+            windows.append(Window(f"graph launch {i}", start, end))
+            previous_end = end
         return "graph", windows
     device_syncs = calls[(calls["kind"] == CALL_SYNC) & calls["name"].str.contains(DEVICE_SYNC)]
     if rule in ("auto", "sync") and (len(device_syncs) or rule == "sync"):

@@ -98,7 +98,6 @@ class Profile:
     marks: pd.DataFrame  # host-side annotations (ProfilerStep#N, user annotations)
     span_us: tuple[float, float]  # first start and last end of every event of this rank
     device_index: int = 0  # which device of the trace the tasks are from
-    thread_names: dict[int, str] = field(default_factory=dict)
     # What the peer analyser (HolisticTraceAnalysis) would read: device-side rows, or None when it
     # does not load this format. Columns: name, cat, start_us, end_us, stream, runtime_start_us.
     peer_rows: Optional[pd.DataFrame] = None

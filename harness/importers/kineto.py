@@ -121,7 +121,6 @@ def read_kineto(path: Path, data: Any, rank: Optional[int]) -> Profile:
     if not isinstance(events, list):
         raise ProfileError(f"{path}: not a profiler trace (no 'traceEvents' list of duration events)")
     device, calls, syncs, marks, ops = _Group(), _Group(), _Group(), _Group(), _Group()
-    thread_names: dict[int, str] = {}
     peer_rows: list[tuple] = []  # what HolisticTraceAnalysis reads (see _peer_rows)
     host_start: dict[int, Any] = {}
     stamps_fractional = stamps_missing = stamps_text = False
@@ -139,12 +138,7 @@ def read_kineto(path: Path, data: Any, rank: Optional[int]) -> Profile:
             continue
         elif kind is str:
             stamps_text = True
-        ph = e.get("ph")
-        if ph != "X":
-            if ph == "M" and e.get("name") == "thread_name":
-                tid = _int(e.get("tid"), default=None)
-                if tid is not None:
-                    thread_names[tid] = str((e.get("args") or {}).get("name", ""))
+        if e.get("ph") != "X":
             continue
         whole = int(ts.split(".", 1)[0]) if kind is str else int(ts)
         if first is None or whole < first:
@@ -235,7 +229,6 @@ def read_kineto(path: Path, data: Any, rank: Optional[int]) -> Profile:
         tasks=tasks,
         marks=mark_table,
         span_us=(0.0, float(ends.max()) - shift),
-        thread_names=thread_names,
         peer_rows=_peer_rows(peer_rows, host_start, first, shift, rounding) if isinstance(data, dict) else None,
     )
 

@@ -239,7 +239,6 @@ def read_torch_npu(path: Path, data: Any, rank: Optional[int]) -> Profile:
         tasks=tasks,
         marks=mark_table,
         span_us=(0.0, last - first),
-        thread_names={},
         peer_rows=None,
         notes=notes,
     )
