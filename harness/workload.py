@@ -17,6 +17,7 @@ steps, so every step gets its own cost and its own shape key.
 from __future__ import annotations
 
 import functools
+import json
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
@@ -439,10 +440,19 @@ CARD_INT_KEYS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "num
 # ---------------------------------------------------------------- cards
 
 
+def load_card(name: str, overrides: Optional[dict] = None) -> dict:
+    """Read and check a model card, with `overrides` replacing its fields (any YAML values, op lists
+    included); normalise `layer_ops` into one layer group. Cached: treat as read-only."""
+    return _load_card(name, json.dumps(sorted((overrides or {}).items()), default=str))
+
+
+load_card.cache_clear = lambda: _load_card.cache_clear()  # type: ignore[attr-defined]  # cards edited on disk (tests)
+
+
 @functools.lru_cache(maxsize=32)
-def load_card(name: str, overrides: tuple = ()) -> dict:
-    """Read and check a model card, with `overrides` ((key, value) pairs) replacing its fields;
-    normalise `layer_ops` into one layer group. Cached: treat as read-only."""
+def _load_card(name: str, overrides_json: str) -> dict:
+    """load_card's body; overrides as JSON, so that list values can key the cache."""
+    overrides = [tuple(pair) for pair in json.loads(overrides_json)]
     path = WORKLOADS_DIR / f"{name}.yaml"
     if not path.is_file():
         raise ConfigError(f"workload.card={name!r}: no such model card in workloads/")
@@ -552,7 +562,7 @@ def build_workload(
     if batch is None:
         batch = np.full(cfg.steps, cfg.batch_size, dtype=np.int64)
     if cfg.card is not None:
-        return _from_card(load_card(cfg.card, tuple(sorted(cfg.card_overrides.items()))), cfg, np.asarray(batch, dtype=np.int64), devices_per_node, kv_len, moe_pad)
+        return _from_card(load_card(cfg.card, cfg.card_overrides), cfg, np.asarray(batch, dtype=np.int64), devices_per_node, kv_len, moe_pad)
     if cfg.path is not None:
         from harness.trace_io import read_ops_csv
 

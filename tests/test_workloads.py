@@ -8,7 +8,8 @@ from conftest import compose_run
 from harness.errors import ConfigError
 from harness.graph import CATEGORY
 from harness.run import simulate_run
-from harness.workload import FLAG_DYNAMIC, FLAG_VALUE_DEPENDENT, build_workload, parameter_count_b
+from harness.config import OpKind
+from harness.workload import FLAG_DYNAMIC, FLAG_VALUE_DEPENDENT, KIND_CODE, build_workload, parameter_count_b
 
 # Published totals (billions): model cards / release notes of each model.
 PUBLISHED_B = {"deepseek_v3": 671.0, "qwen3_30b_a3b": 30.5, "qwen25_7b": 7.61, "llama2_7b": 6.74, "llama31_8b": 8.03}
@@ -145,3 +146,20 @@ def test_value_dependent_dispatch_adds_host_syncs():
     tasks = outcome.result.graph.tasks
     syncs_per_step = np.count_nonzero((tasks["category"] == CATEGORY["sync"]) & (tasks["step"] == 0))
     assert syncs_per_step == 48 + 1  # one per MoE layer's dispatch, one for the sampled tokens
+
+
+def test_llama2_issues_an_all_reduce_per_attention_and_mlp_under_tensor_parallelism():
+    """The card used to issue no all-reduce: workload.tp=8 silently dropped all communication."""
+    tp1 = build_workload(compose_run("workload=llama2_7b_decode", "workload.steps=2").workload)
+    tp8 = build_workload(compose_run("workload=llama2_7b_decode", "workload.steps=2", "workload.tp=8").workload)
+    comm = KIND_CODE[OpKind.comm]
+    assert np.count_nonzero(tp1.kind == comm) == 0
+    assert np.count_nonzero(tp8.kind == comm) == 2 * 32 and tp8.n_ops == tp1.n_ops + 64
+
+
+def test_card_overrides_take_list_values():
+    """An op list override (any list value) used to crash with "unhashable type: 'list'"."""
+    wl = build_workload(compose_run("workload=llama2_7b_decode", "workload.steps=2", "+workload.card_overrides.layer_ops=[input_norm,q_proj,attention]").workload)
+    assert wl.n_ops == 1 + 32 * 3 + 3
+    again = build_workload(compose_run("workload=llama2_7b_decode", "workload.steps=2").workload)
+    assert again.n_ops > wl.n_ops  # the cache keyed the override: the plain card is unchanged
