@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Dict, List, Optional
 
+import numpy as np
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
@@ -29,6 +30,14 @@ Dispatch = enum.Enum("Dispatch", {"eager": "eager", "async": "async", "pipeline"
 class Phase(enum.Enum):
     decode = "decode"
     prefill = "prefill"
+
+
+class Kernels(enum.Enum):
+    """How a card's ops are issued: as a serving engine's fused kernels, or as HF transformers eager
+    issues them (unfused RMSNorm, RoPE and activation: several kernels each)."""
+
+    fused = "fused"
+    unfused = "unfused"
 
 
 class Quant(enum.Enum):
@@ -111,12 +120,20 @@ class HostConfig:
 
 @dataclass
 class DeviceConfig:
-    """The accelerator: AI cores, peaks, HBM, and the fixed cost every kernel pays."""
+    """The accelerator: AI cores, peaks, HBM, and the fixed cost every kernel pays.
+
+    The peaks are the datasheet's for `rated_cores` cores: one core's peak is a hardware number, and a
+    device with `ai_cores` cores has `ai_cores` of them (fewer cores, slower). Kernels reach
+    `matmul_efficiency` of the matmul peak and `hbm_efficiency` of the HBM bandwidth at best."""
 
     _key: ClassVar[str] = "hardware.device"
     ai_cores: int = 24
-    cube_tflops: float = 353.9
+    cube_tflops: float = 353.9  # BF16/FP16 dense matmul peak of `rated_cores` cores
+    cube_int8_tflops: float = 0.0  # INT8 (W8A8) dense matmul peak, TOPS; 0: as cube_tflops (no faster int8 path)
     vector_tflops: float = 22.0
+    rated_cores: int = 0  # cores the peaks above are for; 0: ai_cores
+    matmul_efficiency: float = 1.0  # best fraction of the matmul peak a kernel reaches (large GEMMs)
+    hbm_efficiency: float = 1.0  # best fraction of the HBM bandwidth a kernel reaches (streaming)
     hbm_gb: float = 64.0
     hbm_gbps: float = 1600.0
     matmul_fixed_us: float = 5.0
@@ -126,7 +143,13 @@ class DeviceConfig:
 
     def __post_init__(self) -> None:
         _positive(self, "ai_cores", "cube_tflops", "vector_tflops", "hbm_gb", "hbm_gbps", "block_quantum_us")
-        _non_negative(self, "matmul_fixed_us", "vector_fixed_us", "comm_fixed_us")
+        _non_negative(self, "matmul_fixed_us", "vector_fixed_us", "comm_fixed_us", "cube_int8_tflops", "rated_cores")
+        for name in ("matmul_efficiency", "hbm_efficiency"):
+            _check(self, 0 < getattr(self, name) <= 1, name, "must be in (0, 1]")
+
+    @property
+    def cores_rated(self) -> int:
+        return self.rated_cores or self.ai_cores
 
 
 @dataclass
@@ -234,6 +257,7 @@ class WorkloadConfig:
     path: Optional[str] = None  # op-list CSV (a trace workload); used when card is null
     phase: Phase = Phase.decode
     quant: Quant = Quant.bf16
+    kernels: Kernels = Kernels.fused  # fused (serving engine) or unfused (HF transformers eager) op sequences
     tp: int = 1  # tensor-parallel degree (attention heads, MLP columns)
     dp: int = 1  # data-parallel attention groups; devices = tp × dp
     ep: int = 0  # expert-parallel degree for MoE layers; 0: all devices
@@ -321,6 +345,68 @@ class StrategyConfig:
 
 
 @dataclass
+class EngineStageConfig:
+    """Host time of one stage of the serving engine's per-step loop: a fixed part, plus per sequence
+    in the batch, plus per token through the model (decode: one per sequence)."""
+
+    per_step_us: float = 0.0
+    per_request_us: float = 0.0
+    per_token_us: float = 0.0
+
+    def cost_us(self, sequences: np.ndarray, tokens: np.ndarray) -> np.ndarray:
+        return self.per_step_us + self.per_request_us * sequences + self.per_token_us * tokens
+
+
+ENGINE_STAGES = ("schedule", "prepare", "sample", "output", "api")
+
+
+@dataclass
+class EngineConfig:
+    """The serving engine's own host work around the model, every step (conf/engine/*.yaml).
+
+    Stages: `schedule` (admit requests, allocate KV blocks), `prepare` (build the model inputs: block
+    tables, positions, attention metadata), `sample` (host side of sampling and logits processing, once
+    the sampled tokens are back), `output` (process outputs, detokenize), `api` (the HTTP server: stream
+    the new tokens). Where they run decides what they cost: on the engine's main thread they
+    serialise with the model's dispatch; `api_process` / `output_process` move them to processes of
+    their own (their own host cores); `async_output` processes a step's outputs on another thread while
+    the next step runs; `async_scheduling` schedules and prepares the next step while this one's device
+    work runs; `multi_step` N schedules and prepares once per N steps and processes their outputs together.
+    `layer_overhead_us` is the engine's own model code per decoder layer in eager mode (attention
+    metadata, custom-op wrappers), which a graph replay skips."""
+
+    _key: ClassVar[str] = "engine"
+    name: str = "none"
+    layer_overhead_us: float = 0.0
+    schedule: EngineStageConfig = field(default_factory=EngineStageConfig)
+    prepare: EngineStageConfig = field(default_factory=EngineStageConfig)
+    sample: EngineStageConfig = field(default_factory=EngineStageConfig)
+    output: EngineStageConfig = field(default_factory=EngineStageConfig)
+    api: EngineStageConfig = field(default_factory=EngineStageConfig)
+    multi_step: int = 1
+    async_output: bool = False
+    async_scheduling: bool = False
+    api_process: bool = False
+    output_process: bool = False
+
+    def __post_init__(self) -> None:
+        _non_negative(self, "layer_overhead_us")
+        _positive(self, "multi_step")
+        for stage in ENGINE_STAGES:
+            for name in ("per_step_us", "per_request_us", "per_token_us"):
+                value = getattr(getattr(self, stage), name)
+                if not value >= 0:
+                    raise ConfigError(f"engine.{stage}.{name}={value!r}: must be >= 0")
+
+    @property
+    def active(self) -> bool:
+        return self.layer_overhead_us > 0 or any(
+            getattr(self, stage).per_step_us or getattr(self, stage).per_request_us or getattr(self, stage).per_token_us
+            for stage in ENGINE_STAGES
+        )
+
+
+@dataclass
 class TrackingConfig:
     _key: ClassVar[str] = "tracking"
     enabled: bool = True
@@ -346,6 +432,7 @@ class RunConfig:
     hardware: HardwareConfig = field(default_factory=HardwareConfig)
     workload: WorkloadConfig = field(default_factory=WorkloadConfig)
     strategy: StrategyConfig = field(default_factory=StrategyConfig)
+    engine: EngineConfig = field(default_factory=EngineConfig)
     seed: int = 0
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     output: OutputConfig = field(default_factory=OutputConfig)

@@ -1,7 +1,10 @@
 """Device cost model: how long an op runs on the accelerator and how many AI cores it holds.
 
-Compute ops: time = fixed kernel cost + roofline max(FLOPs / peak of the cores it holds, bytes / HBM
-bandwidth). AI cores held = the block-split rule of seed 002, on the op's own unit (cube or vector):
+Compute ops: time = fixed kernel cost + roofline max(FLOPs / achievable peak of the cores it holds,
+bytes / achievable HBM bandwidth). A core's peak is the datasheet peak over the cores it is rated for
+(so `ai_cores` is capacity: fewer cores, less compute); matmuls reach `matmul_efficiency` of it (INT8
+matmuls of W8A8 use the INT8 peak), memory traffic `hbm_efficiency` of the bandwidth.
+AI cores held = the block-split rule of seed 002, on the op's own unit (cube or vector):
 FLOPs < 10 % of one core's capacity → 1 block; > 50 % → min(cores, FLOPs / (0.3 × capacity));
 otherwise 4 blocks. "Capacity" is what one core computes in `block_quantum_us`.
 
@@ -19,23 +22,24 @@ import numpy as np
 
 from harness.config import DeviceConfig, HardwareConfig, LinkConfig
 from harness.config import OpKind
-from harness.workload import COMM_ALL_GATHER, COMM_ALL_REDUCE, COMM_ALL_TO_ALL, HOST_ONLY_KINDS, KIND_CODE, Workload
+from harness.workload import COMM_ALL_GATHER, COMM_ALL_REDUCE, COMM_ALL_TO_ALL, FLAG_INT8, HOST_ONLY_KINDS, KIND_CODE, Workload
 
 KIND_CUBE, KIND_VECTOR, KIND_COMM, KIND_COPY = (KIND_CODE[k] for k in (OpKind.cube, OpKind.vector, OpKind.comm, OpKind.copy))
 
 US_PER_S = 1e6
 
 
-def unit_peak_flop_per_us(kind: np.ndarray, device: DeviceConfig) -> np.ndarray:
-    """Peak FLOP/µs of the whole device for each op's unit (comm ops use the vector unit's peak)."""
-    cube = device.cube_tflops * 1e12 / US_PER_S
-    vector = device.vector_tflops * 1e12 / US_PER_S
-    return np.where(kind == KIND_CUBE, cube, vector)
+def core_peak_flop_per_us(kind: np.ndarray, device: DeviceConfig, int8: np.ndarray | bool = False) -> np.ndarray:
+    """Peak FLOP/µs of one AI core for each op's unit (comm ops use the vector unit's); INT8 matmuls
+    (W8A8) use the INT8 peak where the device has one."""
+    per_core = 1e12 / US_PER_S / device.cores_rated
+    cube = np.where(int8, device.cube_int8_tflops or device.cube_tflops, device.cube_tflops) * per_core
+    return np.where(kind == KIND_CUBE, cube, device.vector_tflops * per_core)
 
 
-def block_dim(flops: np.ndarray, kind: np.ndarray, device: DeviceConfig) -> np.ndarray:
+def block_dim(flops: np.ndarray, kind: np.ndarray, device: DeviceConfig, int8: np.ndarray | bool = False) -> np.ndarray:
     """AI cores an op holds, by the seed-002 block-split rule (vectorised over any shape)."""
-    per_core_capacity = unit_peak_flop_per_us(kind, device) / device.ai_cores * device.block_quantum_us
+    per_core_capacity = core_peak_flop_per_us(kind, device, int8) * device.block_quantum_us
     ratio = flops / per_core_capacity
     large = np.clip(np.ceil(flops / (0.3 * per_core_capacity)), 1, device.ai_cores)
     medium = min(4, device.ai_cores)
@@ -72,9 +76,11 @@ def device_times(workload: Workload, hardware: HardwareConfig) -> tuple[np.ndarr
     device = hardware.device
     flops, nbytes = workload.flops, workload.bytes
     kind = np.broadcast_to(workload.kind[None, :], flops.shape)
-    cores = block_dim(flops, kind, device)
-    compute_us = flops / (unit_peak_flop_per_us(kind, device) * cores / device.ai_cores)
-    memory_us = nbytes / (device.hbm_gbps * 1e9 / US_PER_S)
+    int8 = ((workload.flags & FLAG_INT8) > 0)[None, :]
+    cores = block_dim(flops, kind, device, int8)
+    efficiency = np.where(kind == KIND_CUBE, device.matmul_efficiency, 1.0)
+    compute_us = flops / (core_peak_flop_per_us(kind, device, int8) * cores * efficiency)
+    memory_us = nbytes / (device.hbm_gbps * device.hbm_efficiency * 1e9 / US_PER_S)
     transfer_us = collective_us(workload.comm[None, :], workload.comm_ranks[None, :], nbytes, hardware.link)
     is_comm = kind == KIND_COMM
     is_copy = kind == KIND_COPY  # a DMA on a stream: the copy engine, not the AI cores

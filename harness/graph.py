@@ -25,6 +25,7 @@ CATEGORIES = (
     "graph",
     "cpu",  # ops run on host CPU cores (heterogeneous execution)
     "external",  # a device stream busy with work outside the simulation (an imported profile's unseen work)
+    "engine",  # the serving engine's own host work: scheduling, input preparation, sampling, outputs, API
 )
 CATEGORY = {name: code for code, name in enumerate(CATEGORIES)}
 

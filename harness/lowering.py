@@ -47,7 +47,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from numba import njit
 
-from harness.config import Dispatch, GraphMode, HardwareConfig, StrategyConfig
+from harness.config import Dispatch, EngineConfig, GraphMode, HardwareConfig, StrategyConfig
 from harness.device import copy_time_us, device_times
 from harness.graph import CATEGORY, LANE_COPY, LANE_DEVICE, LANE_EXTERNAL, LANE_HOST, NO_POOL, TASK_DTYPE, TaskGraph, csr_from_edges
 from harness.policies import BUILD, REPLAY, StepPlan
@@ -91,7 +91,15 @@ SHAPE_READ_BYTES = 64  # a compute-dependent op's output shape copied back to th
 # of a host/sync op from the (step, op) cost table; the token copies; a CPU op's compute or copy; the
 # wait for device work outside the simulation (an imported profile's `not_before_us`).
 _FIXED, _DEVICE, _TILING, _H2D_TOKENS, _D2H_TOKENS, _CPU_COMPUTE, _CPU_COPY = 0, 1, 2, 3, 4, 5, 6
-_STAGE, _OWN, _GATE, _DEVICE_GRAPH = 7, 8, 9, 10
+_STAGE, _OWN, _GATE, _DEVICE_GRAPH, _ENGINE = 7, 8, 9, 10, 11
+
+# The serving engine's work in a step (harness.config.EngineConfig), as slots of a (steps, slots) cost
+# table: schedule + prepare before the model (`pre`) or, with async scheduling, the next step's while
+# this one's device work runs (`ahead`); host-side sampling; output processing and the API server,
+# on the engine's main thread after the step (`*_inline`) or on lanes of their own, processing the
+# previous step's outputs while this one runs (`*_side`).
+ENGINE_SLOTS = ("pre", "ahead", "sample", "output_inline", "output_side", "api_inline", "api_side")
+ENGINE_SLOT = {name: k for k, name in enumerate(ENGINE_SLOTS)}
 
 
 @dataclass
@@ -136,9 +144,11 @@ class Lanes:
     h2d: int
     d2h: int
     external: int = -1  # waits for device work outside the simulation (-1: none in this workload)
+    engine_output: int = -1  # the engine's output processing thread or process (-1: on the main thread)
+    engine_api: int = -1  # the engine's API server process (-1: on the main thread)
 
 
-def lanes_for(strategy: StrategyConfig, workload: Workload | None = None) -> Lanes:
+def lanes_for(strategy: StrategyConfig, workload: Workload | None = None, engine: EngineConfig | None = None) -> Lanes:
     """Host threads of the dispatch mode, the CPU-op lane, one lane per device stream the workload
     uses (at least compute and communication), the copy engines, and the external-wait lane when the
     workload has waits for unseen device work."""
@@ -153,10 +163,20 @@ def lanes_for(strategy: StrategyConfig, workload: Workload | None = None) -> Lan
         external = len(names)
         names.append("device.unseen")
         kinds.append(LANE_EXTERNAL)
+    engine_output = engine_api = -1
+    if engine is not None and engine.active:
+        if engine.async_output or engine.output_process:
+            engine_output = len(names)
+            names.append("engine.output")
+            kinds.append(LANE_HOST)
+        if engine.api_process:
+            engine_api = len(names)
+            names.append("engine.api")
+            kinds.append(LANE_HOST)
     first_stream = n + 1
     return Lanes(
         names, np.array(kinds, dtype=np.int8), stage_lane, {k: first_stream + k for k in range(n_streams)},
-        n, first_stream + n_streams, first_stream + n_streams + 1, external,
+        n, first_stream + n_streams, first_stream + n_streams + 1, external, engine_output, engine_api,
     )
 
 
@@ -178,6 +198,51 @@ def host_stage_costs(workload: Workload, hardware: HardwareConfig, strategy: Str
     return costs
 
 
+def engine_cost_table(workload: Workload, engine: EngineConfig | None) -> np.ndarray:
+    """(steps, ENGINE_SLOTS) µs of the serving engine's work in each step (see ENGINE_SLOTS).
+
+    Costs follow each step's sequences and tokens. With `multi_step` N, scheduling and preparation
+    happen on the first step of every N, and outputs (and their API streaming) are processed together
+    on the last. Work a step does for its neighbour (the next step's scheduling, the previous step's
+    outputs) is priced at the batch of the step it runs in: a step's cost never depends on later steps."""
+    steps = workload.steps
+    table = np.zeros((steps, len(ENGINE_SLOTS)))
+    if engine is None or not engine.active:
+        return table
+    sequences = np.asarray(workload.real_batch, dtype=np.float64)
+    tokens = np.asarray(workload.tokens, dtype=np.float64)
+    index = np.arange(steps)
+    n = engine.multi_step
+    starts_block, ends_block = index % n == 0, (index % n == n - 1) | (index == steps - 1)
+    scheduling = engine.schedule.cost_us(sequences, tokens) + engine.prepare.cost_us(sequences, tokens)
+
+    def per_block(cost: np.ndarray) -> np.ndarray:  # what the steps of a block produced, at its last step
+        totals = np.zeros(steps)
+        for end in np.flatnonzero(ends_block):
+            totals[end] = cost[end - end % n : end + 1].sum()
+        return totals
+
+    output = per_block(engine.output.cost_us(sequences, tokens))
+    api = per_block(engine.api.cost_us(sequences, tokens))
+    previous = lambda x: np.r_[0.0, x[:-1]]  # noqa: E731
+    if engine.async_scheduling:  # step 0 schedules itself; later steps were scheduled during the one before
+        table[0, ENGINE_SLOT["pre"]] = scheduling[0]
+        next_starts = np.r_[starts_block[1:], False]
+        table[:, ENGINE_SLOT["ahead"]] = np.where(next_starts, scheduling, 0.0)
+    else:
+        table[:, ENGINE_SLOT["pre"]] = np.where(starts_block, scheduling, 0.0)
+    table[:, ENGINE_SLOT["sample"]] = engine.sample.cost_us(sequences, tokens)
+    if engine.async_output or engine.output_process:
+        table[:, ENGINE_SLOT["output_side"]] = previous(output)
+    else:
+        table[:, ENGINE_SLOT["output_inline"]] = output
+    if engine.api_process:
+        table[:, ENGINE_SLOT["api_side"]] = previous(api)
+    else:
+        table[:, ENGINE_SLOT["api_inline"]] = api
+    return table
+
+
 def host_cost_table(workload: Workload, hardware: HardwareConfig, strategy: StrategyConfig) -> np.ndarray:
     """(steps or 1, ops, HOST_COSTS) µs: each op's host stages and own time. Measured costs of an
     imported profile are taken as they are; the preset (with the strategy's launch and memory
@@ -189,11 +254,19 @@ def host_cost_table(workload: Workload, hardware: HardwareConfig, strategy: Stra
     return np.ascontiguousarray(table, dtype=np.float64)
 
 
-def build_template(workload: Workload, hardware: HardwareConfig, strategy: StrategyConfig, mode: int, cpu_ops: np.ndarray) -> StepTemplate:
+def build_template(
+    workload: Workload, hardware: HardwareConfig, strategy: StrategyConfig, mode: int, cpu_ops: np.ndarray, engine: EngineConfig | None = None
+) -> StepTemplate:
     """Tasks and edges of one step in the given mode (EAGER, BUILD or REPLAY)."""
-    lanes = lanes_for(strategy, workload)
+    lanes = lanes_for(strategy, workload, engine)
     host = hardware.host
     tpl = StepTemplate()
+    serving = engine is not None and engine.active
+    if serving:  # the engine schedules the step and prepares its inputs before the model runs
+        first = tpl.add(0, "engine", -1, _ENGINE, ENGINE_SLOT["pre"], host=True)
+        for lane, slot in ((lanes.engine_output, "output_side"), (lanes.engine_api, "api_side")):
+            if lane >= 0:  # the previous step's outputs, on their own thread or process, while this step runs
+                tpl.edge(first, tpl.add(lane, "engine", -1, _ENGINE, ENGINE_SLOT[slot], host=True))
     if workload.step_io:
         launch_us = host_stage_costs(workload, hardware, strategy)["launch"]
         issue_h2d = tpl.add(0, "launch", -1, _FIXED, float(np.median(launch_us)) if launch_us.size else host.launch_us, host=True)
@@ -206,9 +279,14 @@ def build_template(workload: Workload, hardware: HardwareConfig, strategy: Strat
         gated = np.any(~np.isnan(workload.not_before_us), axis=0)
     body = _Body(tpl, workload, hardware, strategy, lanes, start, gated)
     last_device = body.replay() if mode == REPLAY else body.host_scheduled(cpu_ops)
+    if serving:  # with async scheduling, the next step is scheduled while this one's device work runs
+        tpl.add(0, "engine", -1, _ENGINE, ENGINE_SLOT["ahead"], host=True)
     if workload.step_io:
         # The sampled tokens return to the host; the next step's inputs are built from them.
         _read_back(tpl, [last_device], lanes.d2h, -1, _D2H_TOKENS, 0.0, host.sync_us)
+    if serving:  # then the engine samples, processes outputs and streams them (where they run inline)
+        for slot in ("sample", "output_inline", "api_inline"):
+            tpl.add(0, "engine", -1, _ENGINE, ENGINE_SLOT[slot], host=True)
     if mode == BUILD:
         g = hardware.graph
         build_us = (g.sink_load_ms if strategy.graph.mode == GraphMode.sink else g.capture_ms) * 1e3
@@ -371,7 +449,7 @@ def _read_back(tpl, device_tasks: list[int], d2h_lane: int, op: int, source: int
 @njit(cache=True)
 def _fill_records(
     out, steps, lane, category, op, stage, source, value, host_slot,
-    device_us, device_cores, graph_dispatch_us, tiling_us, stage_us, not_before_us, h2d_us, d2h_us, cpu_flops_per_us, flops,
+    device_us, device_cores, graph_dispatch_us, tiling_us, stage_us, not_before_us, engine_us, h2d_us, d2h_us, cpu_flops_per_us, flops,
     cpu_copy_latency_us, cpu_copy_bytes_per_us, op_bytes, jitter,
 ):
     """Write the records of `steps` (template repeated) into `out`, in one pass.
@@ -410,6 +488,8 @@ def _fill_records(
                 duration = stage_us[cost_row, np.int64(value[j]), stage[j] - 1]
             elif src == _OWN:
                 duration = stage_us[cost_row, np.int64(value[j]), stage_us.shape[2] - 1]
+            elif src == _ENGINE:
+                duration = engine_us[s, np.int64(value[j])]
             elif src == _GATE:
                 duration = not_before_us[wait_row, np.int64(value[j])]
                 if np.isnan(duration):
@@ -446,10 +526,14 @@ class Lowering:
     """Lowers steps of one run: what all steps share (device times, host costs, step templates) is
     computed once, so a long run can be lowered chunk by chunk."""
 
-    def __init__(self, workload: Workload, hardware: HardwareConfig, strategy: StrategyConfig, seed: int, plan: StepPlan | None = None):
-        self.workload, self.hardware, self.strategy, self.seed = workload, hardware, strategy, seed
+    def __init__(
+        self, workload: Workload, hardware: HardwareConfig, strategy: StrategyConfig, seed: int, plan: StepPlan | None = None,
+        engine: EngineConfig | None = None,
+    ):
+        self.workload, self.hardware, self.strategy, self.seed, self.engine = workload, hardware, strategy, seed, engine
         self.plan = plan or StepPlan.host_only(workload)
-        self.lanes = lanes_for(strategy, workload)
+        self.lanes = lanes_for(strategy, workload, engine)
+        self.engine_us = np.ascontiguousarray(engine_cost_table(workload, engine))
         device_us, device_cores = device_times(workload, hardware)
         self.stage_us = host_cost_table(workload, hardware, strategy)
         tiling = np.broadcast_to(self.stage_us[:, :, HOST_STAGES.index("tiling")], (workload.steps, workload.n_ops))
@@ -495,6 +579,7 @@ class Lowering:
             self.tiling_us,
             self.stage_us,
             self.not_before_us,
+            self.engine_us,
             np.array([copy_time_us(t * 2 * TOKEN_ID_BYTES, link) for t in workload.tokens[steps]], dtype=np.float64),
             np.array([copy_time_us(t * TOKEN_ID_BYTES, link) for t in workload.tokens_out[steps]], dtype=np.float64),
             hardware.host.cpu_gflops * 1e3,
@@ -532,7 +617,7 @@ class Lowering:
         for run in runs:
             m = int(mode[run[0]])
             if m not in self.templates:
-                self.templates[m] = build_template(workload, hardware, strategy, m, plan.cpu_ops)
+                self.templates[m] = build_template(workload, hardware, strategy, m, plan.cpu_ops, self.engine)
         sizes = [run.size * len(self.templates[int(mode[run[0]])].lane) for run in runs]
         all_tasks = np.empty(sum(sizes), dtype=TASK_DTYPE)
         # Tile each run of equal-mode steps in place; a barrier joins each piece's last step to the
@@ -571,6 +656,7 @@ def lower(
     plan: StepPlan | None = None,
     step_release_us: np.ndarray | None = None,
     only_steps: np.ndarray | None = None,
+    engine: EngineConfig | None = None,
 ) -> TaskGraph:
     """The task graph of the run (or of `only_steps`), step modes and policies from `plan`.
 
@@ -578,7 +664,7 @@ def lower(
     steps one at a time or all at once gives the same numbers.
     """
     steps = np.arange(workload.steps) if only_steps is None else np.asarray(only_steps, dtype=np.int64)
-    return Lowering(workload, hardware, strategy, seed, plan).graph(steps, step_release_us)
+    return Lowering(workload, hardware, strategy, seed, plan, engine).graph(steps, step_release_us)
 
 
 def _jitter(seed: int, steps: np.ndarray, cv: float, count: int) -> np.ndarray:

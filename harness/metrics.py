@@ -24,7 +24,7 @@ from harness.policies import BUILD, MODE_NAMES, StepPlan
 from harness.workload import Workload
 
 US_PER_MS = 1e3
-HOST_CATEGORIES = ("framework", "infer_shape", "tiling", "alloc", "launch", "sync", "graph", "cpu")
+HOST_CATEGORIES = ("framework", "infer_shape", "tiling", "alloc", "launch", "sync", "graph", "cpu", "engine")
 
 
 @njit(cache=True)

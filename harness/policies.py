@@ -106,7 +106,8 @@ def prepare(run: RunConfig, batch: np.ndarray, kv_len: np.ndarray | None) -> tup
     """The workload as the strategy runs it (padded, fused) and the plan of every step."""
     cfg, strategy, hardware = run.workload, run.strategy, run.hardware
     dpn = hardware.link.devices_per_node
-    real = build_workload(cfg, dpn, batch=batch, kv_len=kv_len)
+    layer_us = run.engine.layer_overhead_us
+    real = build_workload(cfg, dpn, batch=batch, kv_len=kv_len, engine_layer_us=layer_us)
     buckets_on = strategy.shape_buckets and cfg.phase.value == "decode"
     kv_padded = pad_up(real.kv_len, strategy.kv_block) if buckets_on else real.kv_len
     steps = real.steps
@@ -136,7 +137,7 @@ def prepare(run: RunConfig, batch: np.ndarray, kv_len: np.ndarray | None) -> tup
                     f"dynamic shapes ({', '.join(names)}, ...) change every step: a sunk graph needs static shapes;"
                     " bucket them (strategy.shape_buckets=true) or use capture"
                 )
-            probe = build_workload(cfg, dpn, batch=padded, kv_len=kv_padded, moe_pad=buckets_on)
+            probe = build_workload(cfg, dpn, batch=padded, kv_len=kv_padded, moe_pad=buckets_on, engine_layer_us=layer_us)
             keys = np.where(fits, _row_keys(probe.shape_key), -1)
         if not fallback:
             # In program order: a new shape set builds a graph while the budget lasts, else runs eagerly.
@@ -165,7 +166,7 @@ def prepare(run: RunConfig, batch: np.ndarray, kv_len: np.ndarray | None) -> tup
 
     # Inside graphs, routed (MoE) ops run at static shapes: token counts padded like the buckets do.
     in_graphs = bool(np.any(mode != EAGER))
-    workload = build_workload(cfg, dpn, batch=padded, kv_len=kv_padded, moe_pad=buckets_on or in_graphs)
+    workload = build_workload(cfg, dpn, batch=padded, kv_len=kv_padded, moe_pad=buckets_on or in_graphs, engine_layer_us=layer_us)
     workload.real_batch = real.batch
     workload.memory.graphs_gb = info.get("graph_captures", 0) * hardware.graph.graph_mem_mib * MIB / 1e9
     workload.real_kv_len = real.kv_len

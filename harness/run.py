@@ -54,7 +54,7 @@ def simulate_run(run: RunConfig, chunk_tasks: int = CHUNK_TASKS) -> RunResult:
     check_memory(workload, run.hardware.device.hbm_gb)
     release_us = serving.release_us if serving else np.zeros(workload.steps)
 
-    lowering = Lowering(workload, run.hardware, run.strategy, run.seed, plan)
+    lowering = Lowering(workload, run.hardware, run.strategy, run.seed, plan, run.engine)
 
     def simulate_steps(steps: np.ndarray, start_after_us: float) -> SimulationResult:
         release = release_us.copy()

@@ -93,7 +93,7 @@ def plan_serving(run: RunConfig, progress=None) -> ServingPlan:
         release[s] = now
         # Policies are causal (graph captures, cache contents depend on the steps so far): plan the prefix.
         workload, plan = prepare(run, batch[: s + 1], kv_len[: s + 1])
-        one = simulate(lower(workload, run.hardware, run.strategy, run.seed, plan, only_steps=np.array([s])))
+        one = simulate(lower(workload, run.hardware, run.strategy, run.seed, plan, only_steps=np.array([s]), engine=run.engine))
         step_us[s] = one.makespan_us
         now += step_us[s]
         if progress is not None:

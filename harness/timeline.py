@@ -30,6 +30,7 @@ COLOURS = {
     "graph": "#9467bd",
     "cpu": "#aec7e8",
     "external": "#c7c7c7",
+    "engine": "#98df8a",
 }
 
 

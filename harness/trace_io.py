@@ -17,6 +17,7 @@ Columns (one row per op, in issue order; header names as below):
 | `framework_us`, `infer_shape_us`, `tiling_us`, `alloc_us`, `launch_us`, `free_us` | no | measured host stage costs of the op in this step (empty: the hardware preset's); with any of them the file describes whole measured steps: its own copies and syncs, no token copies or end-of-step sync added |
 | `group` | no | index of the op whose host call also issued this one (a graph launch and its kernels): no host work of its own |
 | `in_graph`, `carried_in` | no | flags: ran inside a captured graph (device-side dispatch per task); launched before the step (device work only) |
+| `int8` | no | flag: an INT8 (W8A8) matmul, priced at the device's INT8 peak |
 | `not_before_us` | no | the op's stream was busy with work the file does not hold until this long after the step started |
 | `kernel`, `trace_stream` | no | the profiled kernel's full name and stream (for reading; not simulated) |
 | `comm`, `ranks` | no | collective (`all_reduce`, `all_gather`, `all_to_all`) and group size, to price a comm op without `device_us` |
@@ -44,6 +45,7 @@ from harness.workload import (
     FLAG_CPU_ELIGIBLE,
     FLAG_DYNAMIC,
     FLAG_IN_GRAPH,
+    FLAG_INT8,
     FLAG_ROUTED,
     FLAG_VALUE_DEPENDENT,
     HOST_COSTS,
@@ -63,6 +65,7 @@ FLAG_COLUMNS = {
     "routed": FLAG_ROUTED,
     "in_graph": FLAG_IN_GRAPH,
     "carried_in": FLAG_CARRIED_IN,
+    "int8": FLAG_INT8,
 }
 COST_COLUMNS = tuple(f"{stage}_us" for stage in HOST_COSTS[:-1])  # measured host stages
 NUMBER_COLUMNS = ("device_us", "host_us", "weight_bytes", "flops", "bytes", "not_before_us", *COST_COLUMNS)

@@ -40,6 +40,7 @@ FLAG_CPU_ELIGIBLE = 8
 FLAG_ROUTED = 16  # shapes follow MoE routing (static inside graphs: padded to capacity)
 FLAG_CARRIED_IN = 32  # launched before the step (an imported profile): device work, no host work
 FLAG_IN_GRAPH = 64  # ran inside a captured graph (an imported profile): device-side dispatch per task
+FLAG_INT8 = 128  # an INT8 matmul (W8A8 weights and activations): the device's INT8 peak applies
 
 # Host costs an op may carry per step (an imported profile measured them): the host stages of
 # harness.lowering.HOST_STAGES, then `own`, the host time of a host or sync op.
@@ -160,6 +161,7 @@ class Cost:
     ranks: int = 1
     routed: bool = False  # shapes follow the per-expert token counts: they change every step and layer
     host_us: float = 0.0  # kind=host: time on the host thread
+    int8: bool = False  # an INT8 matmul (W8A8)
 
 
 @dataclass
@@ -233,6 +235,7 @@ def _linear(s: Shapes, n_in: float, n_out: float, split: float = 1, tokens=None,
         params=params,
         full_params=full,
         weight_bytes=params * width,
+        int8=quantised and s.quant,
     )
 
 
@@ -247,6 +250,29 @@ def _vector(s: Shapes, elements, flops_per_element: float, passes: float, params
         weight_bytes=params * s.act,
         dynamic=dynamic,
     )
+
+
+def _elementwise(s: Shapes, elements, read_bytes: float, write_bytes: float, flops_per_element: float = 1.0, params: float = 0.0) -> Cost:
+    """One unfused PyTorch element-wise or reduction kernel over `elements`, reading and writing the
+    given bytes per element (HF transformers eager: RMSNorm in float32, RoPE, SiLU, casts)."""
+    return Cost(
+        OpKind.vector,
+        flops=flops_per_element * elements,
+        bytes=(read_bytes + write_bytes) * elements + params * s.act,
+        params=params,
+        full_params=params,
+        weight_bytes=params * s.act,
+    )
+
+
+FP32 = 4  # bytes: HF's RMSNorm computes in float32
+
+
+def _hf_kv_cat(s: Shapes) -> Cost:
+    """DynamicCache.update: torch.cat of the whole K (or V) cache with the new token's: reads and writes
+    the cache every step (its shape changes every step)."""
+    cached = s.batch * s.kv * s.kv_heads * s.head_dim
+    return Cost(OpKind.vector, flops=0.0, bytes=2.0 * cached * s.act, dynamic=True)
 
 
 def _norm(dim_attr: str, fused_add: bool = False):
@@ -324,6 +350,7 @@ def _grouped(s: Shapes, n_in: float, n_out: float) -> Cost:
         weight_bytes=params * width,
         dynamic=True,
         routed=True,
+        int8=s.quant,
     )
 
 
@@ -359,6 +386,34 @@ def _mlp_width(s: Shapes) -> int:
 OP_FORMULAS: dict[str, Callable[[Shapes], Optional[Cost]]] = {
     # front-end (Python) work of a decoder layer in eager mode, around its kernels; graphs skip it
     "layer_overhead": lambda s: Cost(OpKind.host, host_us=s.card["layer_overhead_us"]) if s.card.get("layer_overhead_us") else None,
+    # HF transformers eager (workload.kernels=unfused): RMSNorm as float32 element-wise kernels, RoPE
+    # (mul, rotate_half as neg + cat, mul, add) for q and k, the KV cache grown by torch.cat, SiLU and
+    # mul, casts; per element: bytes read and written
+    "rms_cast_up": lambda s: _elementwise(s, s.tokens * s.hidden_size, s.act, FP32),
+    "rms_pow": lambda s: _elementwise(s, s.tokens * s.hidden_size, FP32, FP32),
+    "rms_mean": lambda s: _elementwise(s, s.tokens * s.hidden_size, FP32, 0.0),
+    "rms_add_eps": lambda s: _elementwise(s, s.tokens, FP32, FP32),
+    "rms_rsqrt": lambda s: _elementwise(s, s.tokens, FP32, FP32, 4.0),
+    "rms_mul": lambda s: _elementwise(s, s.tokens * s.hidden_size, FP32, FP32),
+    "rms_cast_down": lambda s: _elementwise(s, s.tokens * s.hidden_size, FP32, s.act),
+    "rms_weight": lambda s: _elementwise(s, s.tokens * s.hidden_size, s.act, s.act, params=s.hidden_size),
+    "rope_q_mul": lambda s: _elementwise(s, s.tokens * s.heads * s.head_dim, 2 * s.act, s.act),
+    "rope_q_neg": lambda s: _elementwise(s, s.tokens * s.heads * s.head_dim / 2, s.act, s.act),
+    "rope_q_cat": lambda s: _elementwise(s, s.tokens * s.heads * s.head_dim, s.act, s.act, 0.0),
+    "rope_q_add": lambda s: _elementwise(s, s.tokens * s.heads * s.head_dim, 2 * s.act, s.act),
+    "rope_k_mul": lambda s: _elementwise(s, s.tokens * s.kv_heads * s.head_dim, 2 * s.act, s.act),
+    "rope_k_neg": lambda s: _elementwise(s, s.tokens * s.kv_heads * s.head_dim / 2, s.act, s.act),
+    "rope_k_cat": lambda s: _elementwise(s, s.tokens * s.kv_heads * s.head_dim, s.act, s.act, 0.0),
+    "rope_k_add": lambda s: _elementwise(s, s.tokens * s.kv_heads * s.head_dim, 2 * s.act, s.act),
+    "kv_cat": _hf_kv_cat,
+    "silu": lambda s: _elementwise(s, s.tokens * _mlp_width(s) / s.tp, s.act, s.act, 4.0),
+    "mul": lambda s: _elementwise(s, s.tokens * _mlp_width(s) / s.tp, 2 * s.act, s.act),
+    "rope_table": lambda s: _elementwise(s, s.tokens * s.head_dim, FP32, FP32),
+    "logits_cast": lambda s: _elementwise(s, s.batch * s.vocab_size / s.tp, s.act, FP32),
+    "argmax": lambda s: _elementwise(s, s.batch * s.vocab_size / s.tp, FP32, 0.0),
+    "generate_bookkeeping": lambda s: _elementwise(s, s.batch, 8.0, 8.0),
+    # the serving engine's own model code per layer in eager mode (engine.layer_overhead_us)
+    "engine_overhead": lambda s: Cost(OpKind.host, host_us=s.extra["engine_layer_us"]) if s.extra.get("engine_layer_us") else None,
     # embeddings and heads (vocab-parallel over TP)
     "embedding": lambda s: Cost(
         OpKind.vector,
@@ -472,9 +527,10 @@ def _load_card(name: str, overrides_json: str) -> dict:
     groups = card.get("layer_groups") or []
     if sum(g.get("count", 0) for g in groups) != card["num_hidden_layers"]:
         raise ConfigError(f"{where} layer_groups: counts add up to {sum(g.get('count', 0) for g in groups)}, not num_hidden_layers={card['num_hidden_layers']}")
+    unfused = [(key, card.get(key) or []) for key in ("unfused_pre_ops", "unfused_layer_ops", "unfused_post_ops")]
     for key, ops in [("pre_ops", card.get("pre_ops") or []), ("post_ops", card.get("post_ops") or [])] + [
         (f"layer_groups[{i}].ops", g.get("ops") or []) for i, g in enumerate(groups)
-    ]:
+    ] + unfused:
         if key.startswith("layer_groups") and not ops:
             raise ConfigError(f"{where} {key}=[]: empty op list")
         names = []
@@ -507,7 +563,14 @@ def card_parameter_count(card: dict) -> float:
     return total
 
 
-def _op_sequence_groups(card: dict) -> list[tuple[list, int]]:
+def _op_sequence_groups(card: dict, kernels: str = "fused") -> list[tuple[list, int]]:
+    """(ops, count) of the embedding part, each layer group and the head, as the card issues them:
+    `fused` (a serving engine's kernels) or `unfused` (HF transformers eager: `unfused_*` lists)."""
+    if kernels == "unfused":
+        layer_ops = card["unfused_layer_ops"]
+        return [(card.get("unfused_pre_ops") or [], 1)] + [(layer_ops, g["count"]) for g in card["layer_groups"]] + [
+            (card.get("unfused_post_ops") or [], 1)
+        ]
     return [(card.get("pre_ops") or [], 1)] + [(g["ops"], g["count"]) for g in card["layer_groups"]] + [(card.get("post_ops") or [], 1)]
 
 
@@ -552,17 +615,23 @@ def build_workload(
     batch: Optional[np.ndarray] = None,
     kv_len: Optional[np.ndarray] = None,
     moe_pad: bool = False,
+    engine_layer_us: float = 0.0,
 ) -> Workload:
     """Ops of every step with their costs, for the simulated rank.
 
     `batch` and `kv_len` (per step; default: `batch_size` sequences whose KV grows by one per step)
     come from the serving loop when the batch changes step by step. `moe_pad` pads per-expert token
     counts to powers of two, which makes routed ops' shapes static (shape bucketing).
+    `engine_layer_us` adds the serving engine's own model code per decoder layer (eager mode) as a
+    host op at the start of every layer.
     """
     if batch is None:
         batch = np.full(cfg.steps, cfg.batch_size, dtype=np.int64)
     if cfg.card is not None:
-        return _from_card(load_card(cfg.card, cfg.card_overrides), cfg, np.asarray(batch, dtype=np.int64), devices_per_node, kv_len, moe_pad)
+        card = load_card(cfg.card, cfg.card_overrides)
+        if cfg.kernels.value == "unfused" and not card.get("unfused_layer_ops"):
+            raise ConfigError(f"workload.kernels=unfused: card {cfg.card!r} lists no unfused (HF transformers eager) op sequence")
+        return _from_card(card, cfg, np.asarray(batch, dtype=np.int64), devices_per_node, kv_len, moe_pad, engine_layer_us)
     if cfg.path is not None:
         from harness.trace_io import read_ops_csv
 
@@ -576,9 +645,11 @@ def build_workload(
 
 
 def _from_card(
-    card: dict, cfg: WorkloadConfig, batch: np.ndarray, devices_per_node: int, kv_len: Optional[np.ndarray], moe_pad: bool
+    card: dict, cfg: WorkloadConfig, batch: np.ndarray, devices_per_node: int, kv_len: Optional[np.ndarray], moe_pad: bool,
+    engine_layer_us: float = 0.0,
 ) -> Workload:
     s = _shapes(card, cfg.phase, cfg.context_len, batch, cfg.tp, cfg.dp, cfg.ep, cfg.quant == Quant.w8a8, devices_per_node, kv_len, moe_pad)
+    s.extra["engine_layer_us"] = engine_layer_us
     steps = batch.shape[0]
     names: list[str] = []
     templates: list[int] = []  # index into `costs` per op
@@ -587,8 +658,10 @@ def _from_card(
     template_of: dict[tuple[int, str], int] = {}
     weights = 0.0
     layer = 0
-    for group_index, (entries, count) in enumerate(_op_sequence_groups(card)):
+    for group_index, (entries, count) in enumerate(_op_sequence_groups(card, cfg.kernels.value)):
         in_layers = 0 < group_index <= len(card["layer_groups"])
+        if in_layers and engine_layer_us > 0:
+            entries = ["engine_overhead", *entries]
         for repeat in range(count):
             issued: dict[str, int] = {}  # op name → index of its latest issue in this layer
             previous = len(names) - 1
@@ -632,6 +705,7 @@ def _from_card(
         dynamic_t * FLAG_DYNAMIC
         | np.array([c.value_dependent for c in used], dtype=bool) * FLAG_VALUE_DEPENDENT
         | np.array([c.routed for c in used], dtype=bool) * FLAG_ROUTED
+        | np.array([c.int8 for c in used], dtype=bool) * FLAG_INT8
     ).astype(np.uint8)
     # Attention-like ops change with the KV tokens; routed (MoE) ops with the routing, i.e. every step
     # in decode unless their token counts are padded to buckets.
