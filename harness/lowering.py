@@ -203,7 +203,7 @@ def engine_cost_table(workload: Workload, engine: EngineConfig | None) -> np.nda
 
     Costs follow each step's sequences and tokens. With `multi_step` N, scheduling and preparation
     happen on the first step of every N, and outputs (and their API streaming) are processed together
-    on the last. Work a step does for its neighbour (the next step's scheduling, the previous step's
+    on the last, in one call (its fixed part paid once). Work a step does for its neighbour (the next step's scheduling, the previous step's
     outputs) is priced at the batch of the step it runs in: a step's cost never depends on later steps."""
     steps = workload.steps
     table = np.zeros((steps, len(ENGINE_SLOTS)))
@@ -213,21 +213,26 @@ def engine_cost_table(workload: Workload, engine: EngineConfig | None) -> np.nda
     tokens = np.asarray(workload.tokens, dtype=np.float64)
     index = np.arange(steps)
     n = engine.multi_step
-    starts_block, ends_block = index % n == 0, (index % n == n - 1) | (index == steps - 1)
+    # Blocks by step number alone (a step's work never depends on how long the run is: serving plans
+    # a run one prefix of steps at a time); a run that ends inside a block leaves its outputs to later.
+    starts_block, ends_block = index % n == 0, index % n == n - 1
     scheduling = engine.schedule.cost_us(sequences, tokens) + engine.prepare.cost_us(sequences, tokens)
 
-    def per_block(cost: np.ndarray) -> np.ndarray:  # what the steps of a block produced, at its last step
+    def per_block(stage) -> np.ndarray:
+        """What the steps of a block produced, handled at its last step in one call: the fixed part
+        once, the per-sequence and per-token parts for every step of the block."""
+        variable = stage.cost_us(sequences, tokens) - stage.per_step_us
         totals = np.zeros(steps)
         for end in np.flatnonzero(ends_block):
-            totals[end] = cost[end - end % n : end + 1].sum()
+            totals[end] = stage.per_step_us + variable[end - end % n : end + 1].sum()
         return totals
 
-    output = per_block(engine.output.cost_us(sequences, tokens))
-    api = per_block(engine.api.cost_us(sequences, tokens))
+    output = per_block(engine.output)
+    api = per_block(engine.api)
     previous = lambda x: np.r_[0.0, x[:-1]]  # noqa: E731
     if engine.async_scheduling:  # step 0 schedules itself; later steps were scheduled during the one before
         table[0, ENGINE_SLOT["pre"]] = scheduling[0]
-        next_starts = np.r_[starts_block[1:], False]
+        next_starts = (index + 1) % n == 0
         table[:, ENGINE_SLOT["ahead"]] = np.where(next_starts, scheduling, 0.0)
     else:
         table[:, ENGINE_SLOT["pre"]] = np.where(starts_block, scheduling, 0.0)

@@ -43,6 +43,8 @@ class ServingPlan:
     requests: Requests
     admitted_us: np.ndarray  # when each request joined a batch (NaN: never)
     finished_us: np.ndarray  # when it produced its last token (NaN: not within the run)
+    first_token_us: np.ndarray  # when it produced its first token (NaN: never)
+    itl_us: np.ndarray  # every gap between two consecutive tokens of a request (inter-token latency)
 
 
 def draw_requests(serving: ServingConfig, seed: int, count: int) -> Requests:
@@ -72,6 +74,9 @@ def plan_serving(run: RunConfig, progress=None) -> ServingPlan:
     step_us = np.zeros(steps)
     admitted = np.full(requests.arrival_us.size, np.nan)
     finished = np.full(requests.arrival_us.size, np.nan)
+    first_token = np.full(requests.arrival_us.size, np.nan)
+    last_token = np.full(requests.arrival_us.size, np.nan)
+    gaps: list[np.ndarray] = []
     generated = np.zeros(requests.arrival_us.size, dtype=np.int64)
     running: list[int] = []
     waiting: deque[int] = deque()
@@ -99,14 +104,22 @@ def plan_serving(run: RunConfig, progress=None) -> ServingPlan:
         if progress is not None:
             progress.update(f"serving step {s + 1}/{steps}, batch {batch[s]}")
         generated[ids] += 1
+        seen = ~np.isnan(last_token[ids])
+        gaps.append(now - last_token[ids[seen]])
+        first_token[ids[~seen]] = now
+        last_token[ids] = now
         done = generated[ids] >= requests.output_len[ids]
         finished[ids[done]] = now
         running = [int(r) for r in ids[~done]]
-    return ServingPlan(batch, kv_len, release, step_us, requests, admitted, finished)
+    itl = np.concatenate(gaps) if gaps else np.zeros(0)
+    return ServingPlan(batch, kv_len, release, step_us, requests, admitted, finished, first_token, itl)
 
 
 def serving_summary(plan: ServingPlan) -> dict:
-    """Request-level numbers of a serving run (ms): latency from arrival to last token, queueing, TPOT."""
+    """Request-level numbers of a serving run (ms): the harness's own (latency from arrival to last token,
+    queueing, TPOT) and vLLM's benchmark_serving names (`mean_ttft_ms`, `median_tpot_ms`, `p99_itl_ms`,
+    `mean_e2el_ms`, ...). Requests arrive already prefilled, so TTFT here is the wait for the first
+    decode step's token, without prefill (`ttft_note`)."""
     done = ~np.isnan(plan.finished_us)
     req = plan.requests
     latency_ms = (plan.finished_us[done] - req.arrival_us[done]) / 1e3
@@ -122,4 +135,17 @@ def serving_summary(plan: ServingPlan) -> dict:
                 "tpot_ms_mean": float(tpot_ms.mean()),
             }
         )
+    started = ~np.isnan(plan.first_token_us)
+    # vLLM's definitions (benchmarks/benchmark_serving.py): TPOT excludes the first token; ITL is every gap.
+    series = {"ttft": (plan.first_token_us[started] - req.arrival_us[started]) / 1e3}
+    many = done & (req.output_len > 1)
+    series["tpot"] = (plan.finished_us[many] - plan.first_token_us[many]) / (req.output_len[many] - 1) / 1e3
+    series["itl"] = plan.itl_us / 1e3
+    series["e2el"] = latency_ms
+    for name, values in series.items():
+        if values.size:
+            out[f"mean_{name}_ms"] = float(values.mean())
+            out[f"median_{name}_ms"] = float(np.median(values))
+            out[f"p99_{name}_ms"] = float(np.percentile(values, 99))
+    out["ttft_note"] = "requests arrive prefilled: TTFT is the wait for the first decode token, without prefill"
     return out

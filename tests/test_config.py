@@ -30,6 +30,22 @@ def test_every_preset_combination_composes(hardware, workload, strategy):
     assert run.strategy.name == strategy
 
 
+@pytest.mark.parametrize("engine", sorted(p.stem for p in (CONF_DIR / "engine").glob("*.yaml")))
+def test_every_engine_composes_with_serving(engine):
+    run = compose_run(f"engine={engine}", "hardware=h100", "workload=llama31_8b_decode", "workload.serving.enabled=true")
+    assert run.engine.name == engine
+    assert run.engine.active == (engine != "none")
+
+
+def test_unfused_kernels_need_a_card_that_lists_them():
+    from harness.workload import build_workload
+
+    with pytest.raises(ConfigError, match="workload.kernels=unfused: card 'deepseek_v3'"):
+        build_workload(compose_run("workload=deepseek_v3", "workload.kernels=unfused").workload)
+    hf = build_workload(compose_run("workload=llama31_8b_decode", "workload.kernels=unfused", "workload.steps=2").workload)
+    assert hf.n_ops == 7 + 32 * 40 + 15  # HF transformers eager: 40 kernels per layer, 22 around them
+
+
 def test_defaults():
     run = compose_run()
     assert (run.hardware.name, run.workload.name, run.strategy.name) == ("atlas_a2", "llama2_7b_decode", "eager")
@@ -51,6 +67,10 @@ def test_defaults():
         ("workload.card=null", "workload.ops=[]"),  # no card and no ops: the empty op list is named
         ("workload.card=gpt5", "workload.card='gpt5'"),
         ("workload.warmup_steps=64", "workload.warmup_steps=64"),
+        ("engine.api.per_request_us=-1", "engine.api.per_request_us=-1"),
+        ("engine.multi_step=0", "engine.multi_step=0"),
+        ("hardware.device.hbm_efficiency=1.5", "hardware.device.hbm_efficiency=1.5"),
+        ("hardware.device.matmul_efficiency=0", "hardware.device.matmul_efficiency=0"),
     ],
 )
 def test_invalid_values_name_key_and_value(override, named):

@@ -1,0 +1,130 @@
+"""The serving engine's own host work (engine=): each mechanism checked by hand on one op.
+
+The step: one kernel of 100 µs, host costs framework 10 µs and launch 5 µs (the step's token copy is
+issued with one more launch), free copies and syncs. The engine's stages cost what the overrides
+say; B sequences per step.
+"""
+from __future__ import annotations
+
+import pytest
+
+from conftest import compose_run
+from harness.lowering import ENGINE_SLOT, engine_cost_table
+from harness.run import simulate_run
+from harness.workload import build_workload
+
+B = 4
+KERNEL, FRAMEWORK, LAUNCH = 100.0, 10.0, 5.0
+MODEL_ALONE = LAUNCH + FRAMEWORK + LAUNCH + KERNEL  # token copy issue, then the op, then its kernel
+BASE = (
+    "hardware=h100", "workload.card=null", "workload.ops=[{name:k,kind:cube,device_us:100}]", f"workload.batch_size={B}",
+    "workload.steps=8", "hardware.host.framework_us=10", "hardware.host.launch_us=5", "hardware.host.sync_us=0",
+    "hardware.link.pcie_latency_us=0", "hardware.link.pcie_gbps=1e9", "tracking.enabled=false",
+)
+
+
+def step_us(*overrides: str) -> list[float]:
+    outcome = simulate_run(compose_run(*BASE, *overrides))
+    return (outcome.steps["latency_ms"] * 1e3).round(6).tolist()
+
+
+def stage(name: str, per_step: float, per_request: float = 0.0) -> list[str]:
+    return [f"engine.{name}.per_step_us={per_step}", f"engine.{name}.per_request_us={per_request}"]
+
+
+def test_no_engine_is_the_model_alone():
+    assert step_us() == [pytest.approx(MODEL_ALONE)] * 8
+
+
+def test_engine_in_one_process_serialises_with_the_model():
+    """vLLM 0.5: schedule, prepare before; output and API after the tokens are back, on one thread."""
+    costs = [*stage("schedule", 30, 2), *stage("prepare", 20, 1), *stage("output", 10, 1), *stage("api", 40, 5)]
+    engine = 30 + 2 * B + 20 + B + 10 + B + 40 + 5 * B
+    assert step_us(*costs) == [pytest.approx(MODEL_ALONE + engine)] * 8
+
+
+def test_multi_step_schedules_once_and_processes_outputs_once_per_block():
+    """Multi-step 4: steps 0 and 4 schedule (30 µs); steps 3 and 7 process the block's outputs in one call:
+    10 µs once plus 1 µs per sequence for each of the 4 steps."""
+    got = step_us(*stage("schedule", 30), *stage("output", 10, 1), "engine.multi_step=4")
+    block_output = 10 + 4 * B
+    assert got == pytest.approx([MODEL_ALONE + 30, MODEL_ALONE, MODEL_ALONE, MODEL_ALONE + block_output] * 2)
+
+
+def test_async_output_overlaps_the_next_step():
+    """Output processing of step s runs on its own thread during step s + 1: hidden while it is shorter
+    than the step; the first step has nothing to process."""
+    short = step_us(*stage("output", 50), "engine.async_output=true")
+    assert short == [pytest.approx(MODEL_ALONE)] * 8
+    long = step_us(*stage("output", 500), "engine.async_output=true")
+    assert long[0] == pytest.approx(MODEL_ALONE) and long[1:] == [pytest.approx(500)] * 7
+
+
+def test_async_scheduling_prepares_the_next_step_during_this_ones_kernel():
+    """The next step's 60 µs of scheduling runs once this step's launches are out, while its 100 µs
+    kernel runs; only step 0 schedules itself first."""
+    got = step_us(*stage("schedule", 60), "engine.async_scheduling=true")
+    assert got[0] == pytest.approx(60 + MODEL_ALONE)
+    assert got[1:] == [pytest.approx(MODEL_ALONE)] * 7
+    slow = step_us(*stage("schedule", 300), "engine.async_scheduling=true")  # longer than the kernel
+    assert slow[1:] == [pytest.approx(LAUNCH + FRAMEWORK + LAUNCH + 300)] * 7
+
+
+def test_api_server_in_its_own_process_runs_beside_the_engine():
+    inline = step_us(*stage("api", 80))
+    apart = step_us(*stage("api", 80), "engine.api_process=true")
+    assert inline == [pytest.approx(MODEL_ALONE + 80)] * 8
+    assert apart == [pytest.approx(MODEL_ALONE)] * 8
+
+
+def test_engine_processes_compete_for_host_cores():
+    """With one host core, the API server's process and the engine's thread share it."""
+    apart = step_us(*stage("api", 80), "engine.api_process=true", "hardware.host.threads=1")
+    assert apart[0] == pytest.approx(MODEL_ALONE) and apart[-1] > MODEL_ALONE
+
+
+def test_per_request_costs_follow_the_batch():
+    table = engine_cost_table(
+        build_workload(compose_run(*BASE, "workload.batch_size=16").workload),
+        compose_run(*BASE, *stage("schedule", 5, 3), *stage("prepare", 0, 1)).engine,
+    )
+    assert table[:, ENGINE_SLOT["pre"]].tolist() == [5 + 16 * 4] * 8
+
+
+def test_layer_overhead_is_eager_only():
+    """The engine's own model code per layer (32 layers of Llama-3.1-8B): host time in eager mode, none in
+    a graph replay."""
+    card = ("hardware=h100", "workload=llama31_8b_decode", "workload.steps=4", "tracking.enabled=false")
+    eager = simulate_run(compose_run(*card, "engine.layer_overhead_us=100")).summary
+    plain = simulate_run(compose_run(*card)).summary
+    assert eager["task_ms_per_step"] - plain["task_ms_per_step"] == pytest.approx(32 * 0.1)
+    graph = simulate_run(compose_run(*card, "strategy=acl_graph", "engine.layer_overhead_us=100")).summary
+    graph_plain = simulate_run(compose_run(*card, "strategy=acl_graph")).summary
+    assert graph["step_ms_mean"] == pytest.approx(graph_plain["step_ms_mean"])
+
+
+@pytest.mark.parametrize("hardware", ["h100", "h200"])
+def test_graph_replay_beats_eager_at_batch_1_and_the_gain_shrinks_with_batch(hardware):
+    """Issue 12's acceptance: SGLang's Llama-3-8B decode (sgl-project/sglang#1401: 1.12-1.31x at batch 1)."""
+    def speedup(batch: int) -> float:
+        runs = [compose_run("+experiment=h100_sglang_eager_bs1", f"hardware={hardware}", f"workload.batch_size={batch}", *s)
+                for s in ((), ("strategy=acl_graph",))]
+        eager, graph = (simulate_run(r).summary["step_ms_mean"] for r in runs)
+        return eager / graph
+
+    at_1, at_64 = speedup(1), speedup(64)
+    assert at_1 > 1.1 and at_64 < at_1
+
+
+def test_serving_reports_vllm_benchmark_names():
+    outcome = simulate_run(compose_run(
+        "hardware=h100", "workload=llama31_8b_decode", "engine=vllm_v1", "strategy=acl_graph", "workload.steps=24",
+        "workload.serving.enabled=true", "workload.serving.initial_requests=40", "workload.serving.output_len_mean=8",
+        "workload.serving.max_batch=16", "tracking.enabled=false",
+    ))
+    summary = outcome.summary
+    for name in ("ttft", "tpot", "itl", "e2el"):
+        for stat in ("mean", "median", "p99"):
+            assert summary[f"{stat}_{name}_ms"] > 0
+    assert summary["median_itl_ms"] == pytest.approx(float(outcome.steps["latency_ms"].median()), rel=0.2)
+    assert "prefill" in summary["ttft_note"]
