@@ -130,6 +130,6 @@ def run_from_hydra(cfg: DictConfig) -> float:
     except HarnessError as exc:
         fail(str(exc))
     if run.output.print_summary:
-        names = {"hardware": run.hardware.name, "workload": run.workload.name, "strategy": run.strategy.name}
+        names = run.names
         print(format_summary(outcome.summary, names, run_dir))
     return float(outcome.summary["throughput_tok_s"])

@@ -442,6 +442,11 @@ class RunConfig:
         if self.seed < 0:
             raise ConfigError(f"seed={self.seed}: must be >= 0")
 
+    @property
+    def names(self) -> dict[str, str]:
+        """What ran, by preset name: summary.json's first keys, MLflow tags, the terminal header."""
+        return {"hardware": self.hardware.name, "workload": self.workload.name, "strategy": self.strategy.name, "engine": self.engine.name}
+
 
 def register_configs() -> None:
     """Register the schema so conf/config.yaml's defaults list starts from `run_schema`."""

@@ -99,7 +99,8 @@ def format_summary(summary: dict, names: dict, run_dir: Path) -> str:
         key=lambda kv: -kv[1],
     )
     lines = [
-        f"hostbound: {names['workload']} on {names['hardware']} with {names['strategy']}",
+        f"hostbound: {names['workload']} on {names['hardware']} with {names['strategy']}"
+        + (f", engine {names['engine']}" if names.get("engine", "none") != "none" else ""),
         f"  throughput   {summary['throughput_tok_s']:.1f} tok/s" + (f" ({summary['throughput_note']})" if "throughput_note" in summary else ""),
         f"  step         mean {summary['step_ms_mean']:.3f} ms, p50 {summary['step_ms_p50']:.3f} ms, p99 {summary['step_ms_p99']:.3f} ms",
     ]

@@ -123,7 +123,7 @@ def run_experiment(name: str) -> dict:
     from harness.run import simulate_run
 
     run = compose_run([f"+experiment={name}", "tracking.enabled=false"])
-    return {"hardware": run.hardware.name, "workload": run.workload.name, "strategy": run.strategy.name, **simulate_run(run).summary}
+    return {**run.names, **simulate_run(run).summary}
 
 
 def _ok(claim: Claim, simulated: float, rel_error: float) -> bool:

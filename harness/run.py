@@ -99,7 +99,7 @@ def simulate_run(run: RunConfig, chunk_tasks: int = CHUNK_TASKS) -> RunResult:
 def execute(run: RunConfig, run_dir: Path, params: dict) -> RunResult:
     """Simulate, write the run directory, log to MLflow when enabled. `params` = flattened resolved config."""
     outcome = simulate_run(run)
-    names = {"hardware": run.hardware.name, "workload": run.workload.name, "strategy": run.strategy.name}
+    names = run.names
     write_outputs(run_dir, outcome, names, trace_steps=run.output.trace_steps, timeline_steps=run.output.timeline_steps)
     if run.tracking.enabled:
         from harness.tracking import log_run  # mlflow takes ~1 s to import: only when tracking

@@ -76,7 +76,7 @@ def log_run(tracking: TrackingConfig, run_dir: Path, summary: dict, steps: pd.Da
     parent = parent_run_id()
     if parent:
         tags["mlflow.parentRunId"] = parent  # shows the job nested under its sweep in the UI
-    run_name = f"{names['workload']}·{names['strategy']}·{names['hardware']}"
+    run_name = "·".join(names[k] for k in ("workload", "strategy", "hardware")) + (f"·{names['engine']}" if names.get("engine", "none") != "none" else "")
     with mlflow.start_run(experiment_id=experiment_id, run_name=run_name, tags=tags) as active:
         mlflow.log_params({k: _param_value(v) for k, v in params.items()})
         mlflow.log_metrics(metrics)

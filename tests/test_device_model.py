@@ -1,0 +1,51 @@
+"""The device model's achievable peaks: AI cores as capacity, efficiencies, the INT8 matmul peak (by hand)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from conftest import compose_run
+from harness.device import device_times
+from harness.workload import FLAG_INT8, build_workload
+
+TFLOP = 1e12
+
+
+def one_op(*overrides: str, flops: float = 0.0, nbytes: float = 0.0, kind: str = "cube"):
+    run = compose_run("hardware=atlas_a2", "workload.card=null", f"workload.ops=[{{name:x,kind:{kind},flops:{flops},bytes:{nbytes}}}]", *overrides)
+    workload = build_workload(run.workload)
+    return workload, run.hardware
+
+
+def test_fewer_ai_cores_compute_less():
+    """A 35.39 TFLOP matmul holds every core: 24 cores at 353.9 TFLOPS x 0.89 take 112.36 ms; 6 of them, 4x that."""
+    for cores, expected_ms in ((24, 35.39 / 353.9 / 0.89 * 1e3), (6, 4 * 35.39 / 353.9 / 0.89 * 1e3)):
+        workload, hardware = one_op(f"hardware.device.ai_cores={cores}", flops=35.39 * TFLOP)
+        us, held = device_times(workload, hardware)
+        assert held[0, 0] == cores
+        assert us[0, 0] == pytest.approx(hardware.device.matmul_fixed_us + expected_ms * 1e3)
+
+
+def test_hbm_efficiency_scales_memory_bound_time():
+    """1.6 GB through 1.6 TB/s at 50 % efficiency: 2 ms (plus the vector kernel's fixed cost)."""
+    workload, hardware = one_op("hardware.device.hbm_efficiency=0.5", nbytes=1.6e9, kind="vector")
+    us, _ = device_times(workload, hardware)
+    assert us[0, 0] == pytest.approx(hardware.device.vector_fixed_us + 2000.0)
+
+
+def test_w8a8_linears_use_the_int8_peak():
+    bf16 = build_workload(compose_run("workload=llama2_7b_prefill", "workload.steps=1").workload)
+    int8 = build_workload(compose_run("workload=llama2_7b_prefill", "workload.steps=1", "workload.quant=w8a8").workload)
+    hardware = compose_run().hardware
+    q = bf16.op_names.index("layers.0.q_proj")
+    assert not bf16.flags[q] & FLAG_INT8 and int8.flags[q] & FLAG_INT8
+    assert not int8.flags[int8.op_names.index("layers.0.attention")] & FLAG_INT8  # attention stays bf16
+    fixed = hardware.device.matmul_fixed_us
+    bf16_us, int8_us = device_times(bf16, hardware)[0][0, q] - fixed, device_times(int8, hardware)[0][0, int8.op_names.index("layers.0.q_proj")] - fixed
+    assert bf16_us / int8_us == pytest.approx(752.0 / 353.9, rel=0.02)  # compute-bound prefill: the peaks' ratio
+
+
+def test_rated_cores_default_to_ai_cores():
+    run = compose_run("hardware.device.rated_cores=0", "hardware.device.ai_cores=12")
+    assert run.hardware.device.cores_rated == 12
+    assert np.isfinite(run.hardware.device.cube_tflops)
