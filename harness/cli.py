@@ -126,7 +126,7 @@ def run_from_hydra(cfg: DictConfig) -> float:
         run = to_run_config(cfg)
         run_dir = Path(HydraConfig.get().runtime.output_dir)
         params = flatten(OmegaConf.to_container(cfg, resolve=True, enum_to_str=True))
-        outcome = execute(run, run_dir, params)
+        outcome = execute(run, run_dir, params, tuple(HydraConfig.get().overrides.task))
     except HarnessError as exc:
         fail(str(exc))
     if run.output.print_summary:

@@ -7,6 +7,8 @@ the value. Building a config has no side effects.
 from __future__ import annotations
 
 import enum
+import os
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Dict, List, Optional
@@ -448,10 +450,17 @@ class RunConfig:
         return {"hardware": self.hardware.name, "workload": self.workload.name, "strategy": self.strategy.name, "engine": self.engine.name}
 
 
+_PROCESS_ID = f"{os.getpid()}{time.time_ns() // 1000 % 1000:03d}"  # unique among processes started together
+
+
 def register_configs() -> None:
-    """Register the schema so conf/config.yaml's defaults list starts from `run_schema`."""
+    """Register the schema so conf/config.yaml's defaults list starts from `run_schema`, and the
+    `hostbound_id` resolver that makes run and sweep folders unique (two runs started in the same second
+    used to share one)."""
     cs = ConfigStore.instance()
     cs.store(name="run_schema", node=RunConfig)
+    if not OmegaConf.has_resolver("hostbound_id"):
+        OmegaConf.register_new_resolver("hostbound_id", lambda: _PROCESS_ID)
 
 
 def compose_run(overrides: list[str] | tuple[str, ...] = ()) -> RunConfig:

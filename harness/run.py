@@ -96,13 +96,27 @@ def simulate_run(run: RunConfig, chunk_tasks: int = CHUNK_TASKS) -> RunResult:
     return RunResult(summary=summary, steps=steps_table, result=result, workload=workload)
 
 
-def execute(run: RunConfig, run_dir: Path, params: dict) -> RunResult:
-    """Simulate, write the run directory, log to MLflow when enabled. `params` = flattened resolved config."""
+def identity(run: RunConfig, overrides: tuple[str, ...] = ()) -> dict:
+    """What ran, for summary.json: the deployment's sizes and the overrides on top of the presets."""
+    w = run.workload
+    return {
+        "batch_size": w.batch_size, "context_len": w.context_len, "phase": w.phase.value, "quant": w.quant.value,
+        "kernels": w.kernels.value, "tp": w.tp, "dp": w.dp, "ep": w.ep, "steps": w.steps, "warmup_steps": w.warmup_steps,
+        "serving": w.serving.enabled, "seed": run.seed, "overrides": " ".join(overrides),
+    }
+
+
+def execute(run: RunConfig, run_dir: Path, params: dict, overrides: tuple[str, ...] = ()) -> RunResult:
+    """Simulate, write the run directory, log to MLflow when enabled. `params` = flattened resolved config,
+    `overrides` the command line's (recorded in summary.json, so the file alone says what ran)."""
     outcome = simulate_run(run)
+    what_ran = identity(run, overrides)
+    outcome.summary.update(what_ran)
     names = run.names
     write_outputs(run_dir, outcome, names, trace_steps=run.output.trace_steps, timeline_steps=run.output.timeline_steps)
     if run.tracking.enabled:
         from harness.tracking import log_run  # mlflow takes ~1 s to import: only when tracking
 
-        log_run(run.tracking, run_dir, outcome.summary, outcome.steps, params, names)
+        measured = {k: v for k, v in outcome.summary.items() if k not in what_ran}  # the config is logged as params
+        log_run(run.tracking, run_dir, measured, outcome.steps, params, names)
     return outcome

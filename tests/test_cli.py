@@ -80,3 +80,23 @@ def test_mlflow_run_is_logged_to_the_given_store(tmp_path):
     mlflow.set_tracking_uri(f"sqlite:///{db}")
     listed = {a.path for a in mlflow.MlflowClient().list_artifacts(run_id)}
     assert {"summary.json", "steps.parquet", "trace.json", ".hydra"} <= listed
+
+
+def test_runs_started_together_get_their_own_folders_and_say_what_ran(tmp_path):
+    """Two runs started in the same second used to share one folder; summary.json now names its run."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true"}
+    args = [sys.executable, "-m", "harness", "tracking.enabled=false", "output.timeline_steps=0", "output.trace_steps=0", "workload.steps=4"]
+    procs = [subprocess.Popen([*args, f"workload.batch_size={b}"], cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+             for b in (2, 4)]
+    for proc in procs:
+        assert proc.wait(timeout=300) == 0, proc.stderr.read().decode()
+    summaries = [json.loads(p.read_text()) for p in (tmp_path / "outputs" / "runs").rglob("summary.json")]
+    assert sorted(s["batch_size"] for s in summaries) == [2, 4]
+    for s in summaries:
+        assert s["engine"] == "none" and s["hardware"] == "atlas_a2" and f"workload.batch_size={s['batch_size']}" in s["overrides"]
+        assert {"context_len", "tp", "dp", "ep", "quant", "seed"} <= set(s)
