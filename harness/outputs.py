@@ -125,6 +125,8 @@ def format_summary(summary: dict, names: dict, run_dir: Path) -> str:
         if "tpot_ms_mean" in summary:
             serving += f", latency p50 {summary['request_latency_ms_p50']:.0f} ms, TPOT {summary['tpot_ms_mean']:.1f} ms"
         lines.append(serving)
+        if "serving_note" in summary:
+            lines.append(f"  note         {summary['serving_note']}")
     lines += [
         f"  {summary['ops_per_step']} ops/step, {summary['launches_per_step']:.0f} launches/step, "
         f"{summary['tasks_simulated']} tasks in {summary['sim_wall_s']:.2f} s",

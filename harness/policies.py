@@ -139,7 +139,17 @@ def prepare(run: RunConfig, batch: np.ndarray, kv_len: np.ndarray | None) -> tup
                 )
             probe = build_workload(cfg, dpn, batch=padded, kv_len=kv_padded, moe_pad=buckets_on, engine_layer_us=layer_us)
             keys = np.where(fits, _row_keys(probe.shape_key), -1)
-        if not fallback:
+        startup = cfg.serving.enabled and graph.mode == GraphMode.capture
+        if startup and not fallback:
+            # A serving engine captures its graphs at start-up, before the first request (vLLM: every
+            # capture size up to max_num_seqs): the request stream only replays them.
+            sizes = [b for b in buckets if b <= cfg.serving.max_batch] or buckets[:1]
+            startup_graphs = sizes[:max_graphs]
+            mode[np.isin(keys, startup_graphs)] = REPLAY
+            info["graph_captures"] = len(startup_graphs)
+            info["capture_ms"] = len(startup_graphs) * (hardware.graph.capture_ms + 0.0)
+            info["graph_note"] = f"{len(startup_graphs)} graphs captured at start-up, before the first request (not in the request times)"
+        elif not fallback:
             # In program order: a new shape set builds a graph while the budget lasts, else runs eagerly.
             seen: set[int] = set()
             for s in range(steps):
@@ -156,7 +166,7 @@ def prepare(run: RunConfig, batch: np.ndarray, kv_len: np.ndarray | None) -> tup
         info["graph_note"] = f"{graph.mode.value} not applied, host scheduling instead: {fallback}"
         padded = host_padded
     if graph_on:
-        info["graph_captures"] = int(np.count_nonzero(mode == BUILD))
+        info.setdefault("graph_captures", int(np.count_nonzero(mode == BUILD)))
         syncs = int(np.count_nonzero(real.kind == KIND_SYNC))
         if syncs and np.any(mode == REPLAY):
             # An imported profile's blocking syncs cannot sit inside a captured graph: a replay drops

@@ -13,6 +13,7 @@ starts at its prompt length and grows by one per generated token.
 """
 from __future__ import annotations
 
+import logging
 from collections import deque
 from dataclasses import dataclass
 
@@ -25,6 +26,9 @@ from harness.lowering import lower
 from harness.policies import prepare
 
 SERVING_STREAM = 1  # generator stream of the request draws: (seed, 1); host jitter uses (seed, 0, step)
+MIN_REQUESTS_FOR_PERCENTILES = 20  # fewer completed requests: the summary says its latency figures are thin
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -148,4 +152,10 @@ def serving_summary(plan: ServingPlan) -> dict:
             out[f"median_{name}_ms"] = float(np.median(values))
             out[f"p99_{name}_ms"] = float(np.percentile(values, 99))
     out["ttft_note"] = "requests arrive prefilled: TTFT is the wait for the first decode token, without prefill"
+    if done.sum() < MIN_REQUESTS_FOR_PERCENTILES:
+        out["serving_note"] = (
+            f"latency figures rest on {int(done.sum())} completed request(s), fewer than {MIN_REQUESTS_FOR_PERCENTILES}:"
+            " raise workload.steps or lower workload.serving.output_len_mean"
+        )
+        log.warning("%s", out["serving_note"])
     return out

@@ -59,3 +59,27 @@ def test_serving_needs_decode():
 
     with pytest.raises(ConfigError, match="workload.phase"):
         compose_run("workload=llama2_7b_prefill", "workload.serving.enabled=true")
+
+
+def test_graphs_are_captured_before_the_first_request():
+    """A serving engine captures its graphs at start-up: no capture inside the request stream (TPOT used
+    to include ~3 s captures while steps took 22 ms)."""
+    outcome = simulate_run(compose_run(
+        "workload=qwen3_30b_decode", "strategy=acl_graph", "workload.steps=40", "workload.serving.enabled=true",
+        "workload.serving.initial_requests=24", "workload.serving.output_len_mean=8", "workload.serving.max_batch=16",
+        "tracking.enabled=false",
+    ))
+    summary, steps = outcome.summary, outcome.steps
+    assert set(steps["mode"]) == {"replay"}
+    # The capture sizes up to max_batch left after trimming to the A2's stream resources (1800 / 49 graphs).
+    assert summary["graph_captures"] >= 3 and summary["capture_ms"] == pytest.approx(summary["graph_captures"] * 2960.0)
+    assert summary["mean_tpot_ms"] == pytest.approx(float(steps["latency_ms"].median()), rel=0.25)
+    assert summary["p99_e2el_ms"] < 2960.0  # no request waited for a capture
+
+
+def test_thin_percentiles_are_flagged():
+    summary = simulate_run(compose_run(
+        "workload=llama31_8b_decode", "hardware=h100", "workload.steps=12", "workload.serving.enabled=true",
+        "workload.serving.initial_requests=3", "workload.serving.output_len_mean=4", "tracking.enabled=false",
+    )).summary
+    assert summary["requests_completed"] < 20 and "fewer than 20" in summary["serving_note"]
