@@ -52,7 +52,7 @@ def load_mlflow(uri: str, experiment: str = "hostbound", parent: str | None = No
     if runs.empty:
         return runs
     runs = runs[runs.get("tags.kind", pd.Series(index=runs.index, dtype=object)).ne("sweep")]
-    out = pd.DataFrame({k: runs.get(f"tags.{k}") for k in KEYS + ["bound"]})
+    out = pd.DataFrame({k: runs.get(f"tags.{k}") for k in KEYS + ["bound", "overrides"]})
     for column in runs.columns:
         if column.startswith("metrics."):
             out[column.removeprefix("metrics.")] = runs[column]
@@ -62,7 +62,8 @@ def load_mlflow(uri: str, experiment: str = "hostbound", parent: str | None = No
 
 def comparison(runs: pd.DataFrame) -> pd.DataFrame:
     """Per (hardware, workload, other swept values): each strategy's throughput, speed-up over the eager
-    run with the same values, step time, bubble, bound."""
+    run with the same values (NaN, and said by `missing_eager`, when there is none), step time, bubble,
+    bound; eager first, swept values in numeric order."""
     if runs.empty:
         return runs
     table = runs.copy()
@@ -75,7 +76,32 @@ def comparison(runs: pd.DataFrame) -> pd.DataFrame:
     columns = KEYS + [c for c in SHOWN if c in table.columns]
     if "swept" in table.columns and table["swept"].ne("").any():
         columns.insert(len(KEYS), "swept")
-    return table[columns].sort_values(KEYS + (["swept"] if "swept" in columns else [])).reset_index(drop=True)
+    order = table.assign(
+        _eager_first=table["strategy"].ne("eager"),
+        _swept_key=table["swept"].map(_numeric_key) if "swept" in table.columns else 0,
+    ).sort_values(["hardware", "workload", "_swept_key", "_eager_first", "strategy"], key=None)
+    return order[columns].reset_index(drop=True)
+
+
+def missing_eager(table: pd.DataFrame) -> list[str]:
+    """The (hardware, workload, swept values) with no eager run to compare with."""
+    if table.empty or "speedup_vs_eager" not in table:
+        return []
+    lacking = table[table["speedup_vs_eager"].isna()]
+    keys = ["hardware", "workload"] + (["swept"] if "swept" in lacking else [])
+    return [" ".join(str(v) for v in row if v) for row in lacking[keys].drop_duplicates().itertuples(index=False)]
+
+
+def _numeric_key(swept: str) -> tuple:
+    """Sort key of a swept-values string: numbers compare as numbers (batch 1, 8, 32, not 1, 32, 8)."""
+    parts = []
+    for item in str(swept).split():
+        key, _, value = item.partition("=")
+        try:
+            parts.append((key, 0, float(value), ""))
+        except ValueError:
+            parts.append((key, 1, 0.0, value))
+    return tuple(parts)
 
 
 def swept_values(overrides: pd.Series) -> pd.Series:
@@ -98,8 +124,11 @@ def plot(table: pd.DataFrame, out: Path) -> list[Path]:
     written = []
     for metric, name, label in [("speedup_vs_eager", "speedup.png", "throughput / eager"), ("bubble_ratio", "bubble.png", "bubble ratio")]:
         if metric not in table or table[metric].isna().all():
+            print(f"hostbound report: note: no {label} to plot (no eager run to compare with)" if metric == "speedup_vs_eager"
+                  else f"hostbound report: note: no {label} to plot", file=sys.stderr)
             continue
-        pivot = table.pivot_table(index=["workload", "hardware"], columns="strategy", values=metric, aggfunc="mean")
+        index = ["workload", "hardware"] + (["swept"] if "swept" in table else [])  # one bar per swept value
+        pivot = table.pivot_table(index=index, columns="strategy", values=metric, aggfunc="mean", sort=False)
         ax = pivot.plot.bar(figsize=(max(6, 1.6 * len(pivot)), 4), rot=0)
         ax.set_ylabel(label)
         ax.set_xlabel("")
@@ -120,7 +149,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--tracking-uri", help="read runs from this MLflow store instead")
     parser.add_argument("--experiment", default="hostbound")
     parser.add_argument("--parent", help="only the child runs of this sweep (parent run id)")
-    parser.add_argument("--out", type=Path, help="where to write the table and plots (default: the first directory, or .)")
+    parser.add_argument("--out", type=Path, help="where to write the table and plots (default: the first directory, or outputs/report)")
     args = parser.parse_args(argv)
     if not args.dirs and not args.tracking_uri:
         parser.error("give sweep/run directories or --tracking-uri")
@@ -133,13 +162,15 @@ def main(argv: list[str] | None = None) -> None:
         print("hostbound report: error: no runs found", file=sys.stderr)
         raise SystemExit(2)
     table = comparison(runs)
-    out = args.out or (args.dirs[0] if args.dirs else Path("."))
+    out = args.out or (args.dirs[0] if args.dirs else Path("outputs") / "report")
     out.mkdir(parents=True, exist_ok=True)
     table.to_csv(out / "comparison.csv", index=False)
-    markdown = table.to_markdown(index=False, floatfmt=".3g")
+    markdown = table.to_markdown(index=False, floatfmt=".3f")
     (out / "comparison.md").write_text(markdown + "\n")
     plots = plot(table, out)
     print(markdown)
+    for key in missing_eager(table):
+        print(f"hostbound report: note: no eager run for {key}: no speed-up to show", file=sys.stderr)
     print(f"\nwrote {out / 'comparison.csv'}, {out / 'comparison.md'}" + "".join(f", {p}" for p in plots), file=sys.stderr)
 
 

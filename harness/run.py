@@ -118,5 +118,5 @@ def execute(run: RunConfig, run_dir: Path, params: dict, overrides: tuple[str, .
         from harness.tracking import log_run  # mlflow takes ~1 s to import: only when tracking
 
         measured = {k: v for k, v in outcome.summary.items() if k not in what_ran}  # the config is logged as params
-        log_run(run.tracking, run_dir, measured, outcome.steps, params, names)
+        log_run(run.tracking, run_dir, measured, outcome.steps, params, names, what_ran["overrides"])
     return outcome

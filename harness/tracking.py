@@ -62,7 +62,9 @@ def ensure_experiment(tracking: TrackingConfig) -> str:
     return mlflow.create_experiment(tracking.experiment, artifact_location=artifact_location)
 
 
-def log_run(tracking: TrackingConfig, run_dir: Path, summary: dict, steps: pd.DataFrame, params: dict, names: dict) -> str:
+def log_run(
+    tracking: TrackingConfig, run_dir: Path, summary: dict, steps: pd.DataFrame, params: dict, names: dict, overrides: str = ""
+) -> str:
     """Log one run; returns its MLflow run id."""
     import mlflow
     from mlflow.entities import Metric
@@ -71,6 +73,8 @@ def log_run(tracking: TrackingConfig, run_dir: Path, summary: dict, steps: pd.Da
     metrics = {k: float(v) for k, v in summary.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
     metrics = {k: v for k, v in metrics.items() if math.isfinite(v)}
     tags = {**names, "bound": summary["bound"], "run_dir": str(run_dir)}
+    if overrides:  # the same record of what was swept that a run folder keeps (.hydra/overrides.yaml)
+        tags["overrides"] = overrides
     from harness.sweep import parent_run_id
 
     parent = parent_run_id()

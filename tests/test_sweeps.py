@@ -170,3 +170,23 @@ def test_speedup_compares_with_the_eager_run_of_the_same_swept_values():
     assert table.loc[("acl_graph", "workload.batch_size=16"), "speedup_vs_eager"] == pytest.approx(4.0)
     assert table.loc[("acl_graph", "workload.batch_size=64"), "speedup_vs_eager"] == pytest.approx(3.0)
     assert table.loc[("eager", "workload.batch_size=64"), "speedup_vs_eager"] == pytest.approx(1.0)
+
+
+def test_report_orders_rows_eager_first_in_numeric_order_and_names_missing_eager_runs():
+    from harness.report import comparison, missing_eager
+
+    runs = pd.DataFrame(
+        {
+            "hardware": ["a2"] * 5,
+            "workload": ["w"] * 5,
+            "strategy": ["async", "eager", "async", "eager", "async"],
+            "throughput_tok_s": [30.0, 10.0, 90.0, 20.0, 50.0],
+            "overrides": [f"workload.batch_size={b}" for b in (32, 32, 8, 8, 1)],
+        }
+    )
+    table = comparison(runs)
+    assert table["swept"].tolist() == ["workload.batch_size=1", "workload.batch_size=8", "workload.batch_size=8",
+                                       "workload.batch_size=32", "workload.batch_size=32"]
+    assert table["strategy"].tolist() == ["async", "eager", "async", "eager", "async"]
+    assert table["speedup_vs_eager"].iloc[2] == pytest.approx(4.5) and np.isnan(table["speedup_vs_eager"].iloc[0])
+    assert missing_eager(table) == ["a2 w workload.batch_size=1"]
