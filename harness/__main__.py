@@ -1,7 +1,7 @@
 """`python -m harness [overrides]` — the thin Hydra entry point.
 
-The @hydra.main function must live in this file: run as `__main__`, Hydra resolves config_path
-relative to it (../conf), which works from any working directory.
+The @hydra.main function must live in this file; its config_path is the absolute conf/ directory of
+a source checkout or of an installed wheel (harness.config.CONF_DIR), found from any working directory.
 """
 import sys
 
@@ -9,16 +9,21 @@ import hydra
 from omegaconf import DictConfig
 
 from harness.cli import preflight, run_from_hydra
-from harness.config import register_configs
+from harness.config import CONF_DIR, register_configs
 
 register_configs()
 
 
-@hydra.main(version_base="1.3", config_path="../conf", config_name="config")
+@hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")
 def main(cfg: DictConfig) -> float:
     return run_from_hydra(cfg)
 
 
-if __name__ == "__main__":
+def run() -> None:
+    """`python -m harness` and the `hostbound` command: check the overrides, then let Hydra run."""
     preflight(sys.argv[1:])
     main()
+
+
+if __name__ == "__main__":
+    run()

@@ -20,8 +20,11 @@ from omegaconf import DictConfig, OmegaConf
 from harness.errors import ConfigError
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-CONF_DIR = REPO_ROOT / "conf"
-WORKLOADS_DIR = REPO_ROOT / "workloads"
+_PACKAGE = Path(__file__).resolve().parent
+# A source checkout (or an editable install) keeps conf/ and workloads/ at the top level; a wheel ships
+# them inside the package (pyproject.toml maps them to harness/conf, harness/workloads).
+CONF_DIR = _PACKAGE / "conf" if (_PACKAGE / "conf").is_dir() else REPO_ROOT / "conf"
+WORKLOADS_DIR = _PACKAGE / "workloads" if (_PACKAGE / "workloads").is_dir() else REPO_ROOT / "workloads"
 
 
 # How the host issues ops: one thread (eager), two (async launch queue), three (pipeline). Built
