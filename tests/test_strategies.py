@@ -99,18 +99,23 @@ def test_batch_above_the_largest_bucket_runs_eagerly_and_buckets_trim_to_the_gra
     assert plan.info["graph_buckets"] == 3  # 99 streams / (32 layers + 1) per graph
 
 
-def test_captures_follow_the_buckets_a_serving_run_visits():
+def test_a_serving_run_captures_its_buckets_at_start_up_and_only_replays():
     run = compose_run("workload=llama31_8b_decode", "strategy=acl_graph", "workload.serving.enabled=true", "workload.steps=40",
                       "workload.serving.arrival_rate_rps=100", "workload.serving.output_len_mean=16")
     outcome = simulate_run(run)
     steps = outcome.steps
-    buckets_seen = len(set(steps["padded_batch"][steps["mode"] != "eager"]))
-    assert outcome.summary["graph_captures"] == buckets_seen == (steps["mode"] == "build").sum() > 1
+    # Like vLLM: every capture size up to the engine's largest batch, before the first request.
+    sizes = [b for b in sorted(run.strategy.graph.buckets) if b <= run.workload.serving.max_batch]
+    assert outcome.summary["graph_captures"] == len(sizes) > 1
+    assert outcome.summary["capture_ms"] == pytest.approx(len(sizes) * run.hardware.graph.capture_ms)
+    assert (steps["mode"] == "build").sum() == 0 and (steps["mode"] == "replay").sum() > 0
+    replayed = steps["padded_batch"][steps["mode"] == "replay"]
+    assert set(replayed) <= set(sizes) and len(set(replayed)) > 1
     assert np.all(steps["padded_batch"] >= steps["batch"])
-    # Each captured graph holds device memory.
+    # Each captured graph holds device memory, visited by the request stream or not.
     m = outcome.workload.memory
     assert outcome.summary["peak_mem_gb"] == pytest.approx(m.weights_gb + m.kv_cache_gb + m.graphs_gb + outcome.summary["peak_activation_gb"])
-    assert outcome.workload.memory.graphs_gb == pytest.approx(buckets_seen * run.hardware.graph.graph_mem_mib * 2**20 / 1e9)
+    assert m.graphs_gb == pytest.approx(len(sizes) * run.hardware.graph.graph_mem_mib * 2**20 / 1e9)
 
 
 def test_acl_graph_is_several_times_faster_on_the_moe_presets():
