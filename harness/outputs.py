@@ -67,8 +67,11 @@ def chrome_trace(outcome: "RunResult", trace_steps: int) -> dict:
     # Plain lists: reading numpy records one by one costs more than building the events.
     ops, categories, lanes, steps = (tasks[field][chosen].tolist() for field in ("op", "category", "lane", "step"))
     # Times to the nanosecond: the viewer's resolution, and short numbers write several times faster.
-    starts = np.round(result.start_us[chosen], 3).tolist()
-    durations = np.round(result.end_us[chosen] - result.start_us[chosen], 3).tolist()
+    # Ends are rounded like starts and durations taken between the rounded times: rounding a duration
+    # on its own can push an event 1 ns into the next one on its lane.
+    starts_rounded = np.round(result.start_us[chosen], 3)
+    starts = starts_rounded.tolist()
+    durations = np.round(np.round(result.end_us[chosen], 3) - starts_rounded, 3).tolist()
     deciders = result.decider[chosen].tolist()
     pid_of_lane = [pid_of_kind[int(kind)] for kind in graph.lane_kinds]
     for i, op, code, lane, step, start, duration, decider in zip(chosen.tolist(), ops, categories, lanes, steps, starts, durations, deciders):

@@ -7,7 +7,7 @@ import sqlite3
 import pandas as pd
 import pytest
 
-from conftest import run_cli
+from conftest import compose_run, run_cli
 from harness.graph import CATEGORIES
 
 CONTRACT_KEYS = {
@@ -100,3 +100,21 @@ def test_runs_started_together_get_their_own_folders_and_say_what_ran(tmp_path):
     for s in summaries:
         assert s["engine"] == "none" and s["hardware"] == "atlas_a2" and f"workload.batch_size={s['batch_size']}" in s["overrides"]
         assert {"context_len", "tp", "dp", "ep", "quant", "seed"} <= set(s)
+
+
+@pytest.mark.parametrize("strategy", ["acl_graph", "eager"])
+def test_trace_events_on_one_lane_never_overlap(strategy):
+    from harness.outputs import chrome_trace
+    from harness.run import simulate_run
+
+    outcome = simulate_run(compose_run("workload=deepseek_v3", f"strategy={strategy}", "workload.steps=4"))
+    events = [e for e in chrome_trace(outcome, trace_steps=2)["traceEvents"] if e["ph"] == "X"]
+    by_lane: dict[int, list[tuple[float, float]]] = {}
+    for e in events:
+        by_lane.setdefault(e["tid"], []).append((e["ts"], e["dur"]))
+    overlaps = 0
+    for spans in by_lane.values():
+        spans.sort()
+        # Viewers work in whole nanoseconds: 1e-6 µs is float noise, 1e-3 µs would be an overlap.
+        overlaps += sum(ts + dur > next_ts + 1e-6 for (ts, dur), (next_ts, _) in zip(spans, spans[1:]))
+    assert len(events) > 1000 and overlaps == 0
