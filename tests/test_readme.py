@@ -1,0 +1,148 @@
+"""Every `python -m harness…` command in the README runs as shown.
+
+Commands run in-process on a scratch folder (one Numba compilation for all of them): a run command
+is composed and checked as the command line would (`preflight`'s checks), then simulated, once for
+every combination of a sweep's values. Lines shown with a `$` prompt must print what the README shows.
+A command that cannot run here (a placeholder, a remote server) must be listed in ILLUSTRATIVE with the
+reason, so a new README line is never skipped silently.
+"""
+from __future__ import annotations
+
+import itertools
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+
+from harness.cli import check_run
+from harness.config import REPO_ROOT, compose_run
+from harness.errors import HarnessError
+
+# Lines that name something this machine cannot have; each is covered elsewhere as noted.
+ILLUSTRATIVE = {
+    "python -m harness.profile trace.json.gz --out imported": "a user's own trace (test_profile_import)",
+    "python -m harness.report outputs/sweeps/<date>/<time>_<id>": "placeholders (test_sweeps)",
+    "python -m harness.report --tracking-uri sqlite:///outputs/mlflow.db --parent <sweep's parent run id>":
+        "placeholders (test_sweeps)",
+    "python -m harness tracking.uri=http://mlflow-host:5000": "a remote server (test_cli starts a local one)",
+}
+
+
+def readme_commands() -> list[tuple[str, list[str]]]:
+    """(command, the lines the README shows it printing) for every harness command in a code block."""
+    text = (REPO_ROOT / "README.md").read_text()
+    commands: list[tuple[str, list[str]]] = []
+    for block in re.findall(r"^```[a-z]*\n(.*?)^```", text, flags=re.S | re.M):
+        lines = block.splitlines()
+        for i, line in enumerate(lines):
+            prompt = line.startswith("$ ")
+            command = line[2:] if prompt else line
+            if not command.startswith(("python -m harness", "hostbound ")):
+                continue
+            try:
+                command = " ".join(shlex.split(command, comments=True))
+            except ValueError:  # prose in a placeholder (an apostrophe): keep the line as written
+                command = re.sub(r"\s+#.*$", "", command)
+            shown: list[str] = []
+            if prompt:
+                for after in lines[i + 1:]:
+                    if after.startswith("$ "):
+                        break
+                    shown.append(after)
+            commands.append((command, shown))
+    return commands
+
+
+COMMANDS = readme_commands()
+
+
+def test_the_readme_has_commands_and_every_illustrative_one_is_still_there():
+    shown = {command for command, _ in COMMANDS}
+    assert len(shown) > 15
+    assert set(ILLUSTRATIVE) <= shown, f"ILLUSTRATIVE names lines the README no longer has: {set(ILLUSTRATIVE) - shown}"
+
+
+def _sweep_combinations(overrides: list[str]) -> list[list[str]]:
+    """Every combination of a multirun's comma-separated values (as Hydra's basic sweeper runs them)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    choices = []
+    for override in OverridesParser.create().parse_overrides(overrides):
+        if override.is_hydra_override():
+            continue
+        key = override.input_line.split("=", 1)[0]
+        values = list(override.sweep_string_iterator()) if override.is_sweep_override() else [override.value()]
+        choices.append([f"{key}={value}" for value in values])
+    return [list(combination) for combination in itertools.product(*choices)]
+
+
+def _run_harness(args: list[str], capsys) -> str:
+    """What `python -m harness ARGS` does, in-process: check every job, simulate it, print the summary."""
+    from harness.__main__ import main as hydra_main
+    import sys
+
+    if "--cfg" in args:
+        old_argv = sys.argv
+        sys.argv = ["harness", *args]
+        try:
+            hydra_main()
+        finally:
+            sys.argv = old_argv
+        return capsys.readouterr().out
+    from harness.run import simulate_run
+
+    multirun = "-m" in args or "--multirun" in args
+    overrides = [a for a in args if not a.startswith("-")]
+    for launcher in [o.split("=", 1)[1] for o in overrides if o.startswith("hydra/launcher=")]:
+        __import__(f"hydra_plugins.hydra_{launcher}_launcher")  # the launcher the line names is installed
+    jobs = _sweep_combinations(overrides) if multirun else [overrides]
+    for job in jobs:
+        run = compose_run([o for o in job if not o.startswith("hydra")])
+        check_run(run)
+        outcome = simulate_run(run)
+        assert outcome.summary["throughput_tok_s"] > 0, job
+    return ""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("command,shown", COMMANDS, ids=[c for c, _ in COMMANDS])
+def test_readme_command_runs_as_shown(command, shown, tmp_path, monkeypatch, capsys):
+    if command in ILLUSTRATIVE:
+        pytest.skip(ILLUSTRATIVE[command])
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("MLFLOW_DISABLE_TELEMETRY", "true")
+    words = command.split()
+    module, args = words[2], words[3:]
+    if module == "harness.export_ops":
+        from harness.export_ops import main
+
+        main(args)
+        assert (tmp_path / args[args.index("--out") + 1]).stat().st_size > 0
+        # Its companion line reads the file it wrote: run it here too.
+        _run_harness(["workload=trace", f"workload.path={args[args.index('--out') + 1]}"], capsys)
+        return
+    if module == "harness.profile":
+        from harness.profile import main
+
+        for path_arg in [a for a in args if a.startswith("tests/")]:
+            args[args.index(path_arg)] = str(REPO_ROOT / path_arg)
+        main(args)
+        printed = capsys.readouterr()
+        assert (printed.err + printed.out).splitlines() == shown
+        # The replay line it prints must run too.
+        replay = (tmp_path / args[args.index("--out") + 1] / "replay.txt").read_text().split()
+        _run_harness(replay[3:], capsys)
+        return
+    if words[:3] == ["python", "-m", "harness"] and "workload=trace" in args:
+        path = next(a.split("=", 1)[1] for a in args if a.startswith("workload.path="))
+        if not (tmp_path / path).exists():
+            pytest.skip(f"reads {path}, which the line before it writes (run there)")
+    if shown and shown[0].startswith("hostbound: error:"):
+        with pytest.raises(HarnessError) as refused:
+            _run_harness(args, capsys)
+        assert f"hostbound: error: {refused.value}" == shown[0]
+        return
+    printed = _run_harness(args, capsys)
+    if "--cfg" in args:
+        assert "workload:" in printed and "strategy:" in printed
