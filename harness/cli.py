@@ -107,7 +107,11 @@ def preflight(argv: list[str]) -> None:
 
 def check_run(run: RunConfig) -> None:
     """What can fail before simulating: the model card or trace file, and whether the rank fits in HBM
-    (for serving batches: max_batch sequences of mean prompt + output length)."""
+    (for serving batches: max_batch sequences of mean prompt + output length), and whether the run's
+    arrays fit in this machine's memory (checked first: it needs only a one-step build)."""
+    from harness.run import check_size
+
+    check_size(run)
     batch = kv = None
     serving = run.workload.serving
     if serving.enabled:

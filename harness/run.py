@@ -4,7 +4,9 @@ Everything here is callable without Hydra (tests do), given a RunConfig and a ru
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,7 +22,8 @@ from harness.outputs import write_outputs
 from harness.serving import plan_serving, serving_summary
 from harness.policies import prepare
 from harness.progress import Progress
-from harness.workload import Workload, check_memory
+from harness.errors import ConfigError
+from harness.workload import Workload, build_workload, check_memory
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +42,73 @@ CHUNK_TASKS = 2_000_000
 TASKS_PER_OP_GUESS = 8  # sizes the first chunk (host stages + device task); later chunks use the count
 
 
+# What a run costs this process, measured on the presets (2-core machine, benchmarks/bench_scaling.py):
+# peak memory grows by 55–78 bytes per op and step (the per-step op arrays and their temporaries; the
+# simulation itself works in bounded chunks) above ~0.7 GB of libraries, and the whole run goes at
+# 5–7 M tasks/s. The estimate takes the high ends.
+BYTES_PER_OP_STEP = 80
+BASE_MEMORY_BYTES = 0.7e9
+TASKS_PER_S = 5e6
+SLOW_RUN_S = 60.0  # beyond this a run says up front (stderr) how long it will take
+
+
+@dataclass
+class SizeEstimate:
+    op_steps: int
+    memory_bytes: float
+    seconds: float
+
+
+def available_memory_bytes() -> float | None:
+    """Memory the kernel reports available now (Linux /proc/meminfo), else physical memory, else None."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return float(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def estimate_size(run: RunConfig) -> SizeEstimate | None:
+    """Ops per step (from a one-step build) × steps → memory and time, before anything large is built.
+    None for an imported op list: its size is the file's, already read."""
+    cfg = run.workload
+    if cfg.card is None and cfg.path:
+        return None
+    probe = build_workload(
+        dataclasses.replace(cfg, steps=1, warmup_steps=0),
+        devices_per_node=run.hardware.link.devices_per_node,
+        engine_layer_us=run.engine.layer_overhead_us,
+    )
+    op_steps = probe.n_ops * cfg.steps
+    return SizeEstimate(
+        op_steps=op_steps,
+        memory_bytes=BASE_MEMORY_BYTES + BYTES_PER_OP_STEP * op_steps,
+        seconds=op_steps * TASKS_PER_OP_GUESS / TASKS_PER_S,
+    )
+
+
+def check_size(run: RunConfig) -> SizeEstimate | None:
+    """Refuse, naming workload.steps, a run whose arrays cannot fit in this machine's memory."""
+    estimate = estimate_size(run)
+    if estimate is None:
+        return None
+    available = available_memory_bytes()
+    steps = run.workload.steps
+    ops_per_step = estimate.op_steps // steps
+    if available is not None and estimate.memory_bytes > available:
+        fitting = max(0, int((available - BASE_MEMORY_BYTES) / BYTES_PER_OP_STEP / ops_per_step))
+        raise ConfigError(
+            f"workload.steps={steps}: needs about {estimate.memory_bytes / 1e9:.1f} GB of memory"
+            f" ({ops_per_step} ops/step × {steps} steps), {available / 1e9:.1f} GB available (about {fitting:,} steps fit)"
+        )
+    return estimate
+
+
 def simulate_run(run: RunConfig, chunk_tasks: int = CHUNK_TASKS) -> RunResult:
     """Build the workload, lower it under the strategy, run the engine, compute the metrics.
 
@@ -46,6 +116,12 @@ def simulate_run(run: RunConfig, chunk_tasks: int = CHUNK_TASKS) -> RunResult:
     steps that trace.json and timeline.png show (simulated again from their start).
     """
     began = time.perf_counter()
+    estimate = check_size(run)
+    if estimate is not None and estimate.seconds > SLOW_RUN_S:
+        log.warning(
+            "workload.steps=%d: about %.0f s to simulate (%d ops/step at an estimated %.0f M tasks/s)",
+            run.workload.steps, estimate.seconds, estimate.op_steps // run.workload.steps, TASKS_PER_S / 1e6,
+        )
     progress = Progress("hostbound")
     progress.update("planning serving batches" if run.workload.serving.enabled else "building the workload", force=True)
     serving = plan_serving(run, progress) if run.workload.serving.enabled else None

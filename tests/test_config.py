@@ -129,3 +129,42 @@ def test_explicit_op_list_by_override():
 def test_flatten_keeps_dotted_keys():
     flat = flatten({"a": {"b": 1, "c": [1, 2]}, "d": [{"e": 1}]})
     assert flat == {"a.b": 1, "a.c": [1, 2], "d.0.e": 1}
+
+
+def test_a_run_too_large_for_memory_is_refused_before_anything_is_built(capsys):
+    # A billion steps would need ~40 TB of arrays: refused from a one-step build, naming the key.
+    with pytest.raises(SystemExit) as stopped:
+        preflight(["workload.steps=1000000000"])
+    assert stopped.value.code == 2
+    line = capsys.readouterr().err.strip()
+    assert line.startswith("hostbound: error: workload.steps=1000000000: needs about ") and "steps fit)" in line
+
+
+def test_the_memory_limit_is_the_machines(monkeypatch):
+    import harness.run as run_module
+
+    monkeypatch.setattr(run_module, "available_memory_bytes", lambda: 2e9)
+    small = compose_run("workload=deepseek_v3", "workload.steps=32")
+    ops_per_step = run_module.check_size(small).op_steps // 32
+    big = compose_run("workload=deepseek_v3", "workload.steps=20000")
+    fitting = int((2e9 - run_module.BASE_MEMORY_BYTES) / run_module.BYTES_PER_OP_STEP / ops_per_step)
+    expected = (f"workload.steps=20000: needs about 3.4 GB of memory ({ops_per_step} ops/step × 20000 steps),"
+                f" 2.0 GB available (about {fitting:,} steps fit)")
+    with pytest.raises(ConfigError) as refused:
+        run_module.check_size(big)
+    assert str(refused.value) == expected
+
+
+def test_the_memory_estimate_covers_the_arrays_a_run_builds():
+    import numpy as np
+
+    from harness.run import BYTES_PER_OP_STEP, estimate_size
+    from harness.workload import build_workload
+
+    for preset in ("llama2_7b_decode", "deepseek_v3", "qwen3_30b_prefill"):
+        run = compose_run(f"workload={preset}", "workload.steps=64")
+        built = build_workload(run.workload, devices_per_node=run.hardware.link.devices_per_node)
+        array_bytes = sum(v.nbytes for v in vars(built).values() if isinstance(v, np.ndarray))
+        estimate = estimate_size(run)
+        assert estimate.op_steps == built.n_ops * 64
+        assert array_bytes < BYTES_PER_OP_STEP * estimate.op_steps
