@@ -8,7 +8,7 @@ import sys
 import hydra
 from omegaconf import DictConfig
 
-from harness.cli import preflight, run_from_hydra
+from harness.cli import normalize_argv, preflight, run_from_hydra
 from harness.config import CONF_DIR, register_configs
 
 register_configs()
@@ -21,6 +21,7 @@ def main(cfg: DictConfig) -> float:
 
 def run() -> None:
     """`python -m harness` and the `hostbound` command: check the overrides, then let Hydra run."""
+    sys.argv[1:] = normalize_argv(sys.argv[1:])
     preflight(sys.argv[1:])
     main()
 

@@ -14,7 +14,6 @@ import numpy as np
 from hydra import compose, initialize_config_dir
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
-from hydra.core.override_parser.types import OverrideType
 from omegaconf import DictConfig, OmegaConf
 
 from harness.config import CONF_DIR, RunConfig, flatten, one_line, to_run_config
@@ -27,7 +26,6 @@ EXIT_BAD_INPUT = 2
 # Hydra flags that take a value, and flags after which there is nothing to check.
 _FLAGS_WITH_VALUE = {"--config-path", "-cp", "--config-name", "-cn", "--config-dir", "-cd", "--experimental-rerun"}
 _INFO_FLAGS = {"--help", "-h", "--hydra-help", "--info", "-i", "--shell-completion", "-sc", "--version", "--cfg", "-c", "--resolve", "-p", "--package"}
-_PREFIX = {OverrideType.ADD: "+", OverrideType.FORCE_ADD: "++", OverrideType.DEL: "~", OverrideType.CHANGE: ""}
 
 
 def fail(message: str) -> None:
@@ -58,6 +56,16 @@ def _split_argv(argv: list[str]) -> tuple[list[str], str, bool]:
     return overrides, config_name, True
 
 
+# Groups not in conf/config.yaml's defaults list that may be named without Hydra's `+`
+# (lightning-hydra-template's convention: `experiment=name`).
+_OPTIONAL_GROUPS = ("experiment",)
+
+
+def normalize_argv(argv: list[str]) -> list[str]:
+    """`experiment=x` → `+experiment=x`, so the README's and the templates' spelling both work."""
+    return [f"+{arg}" if arg.split("=", 1)[0] in _OPTIONAL_GROUPS and "=" in arg else arg for arg in argv]
+
+
 def override_variants(overrides: list[str]) -> list[list[str]]:
     """Single-valued override lists that together cover every value of every sweep."""
     parsed = OverridesParser.create().parse_overrides(overrides)
@@ -65,7 +73,7 @@ def override_variants(overrides: list[str]) -> list[list[str]]:
     sweeps: list[tuple[int, str, list[str]]] = []
     for position, override in enumerate(parsed):
         if override.is_sweep_override() and not override.is_hydra_override():
-            key = _PREFIX[override.type] + override.get_key_element()
+            key = override.get_key_element()  # with its +, ++ or ~
             try:
                 values = list(override.sweep_string_iterator())
             except Exception:  # interval sweeps (for optimisers) have no finite value list
@@ -102,7 +110,7 @@ def preflight(argv: list[str]) -> None:
             except HarnessError as exc:
                 fail(str(exc))
             except Exception as exc:
-                fail(one_line(exc))
+                fail(one_line(exc, overrides))
 
 
 def check_run(run: RunConfig) -> None:

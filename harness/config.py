@@ -6,12 +6,14 @@ the value. Building a config has no side effects.
 """
 from __future__ import annotations
 
+import difflib
 import enum
 import os
+import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, Dict, List, Optional
+from typing import Any, ClassVar, Dict, List, Optional, Sequence
 
 import numpy as np
 from hydra.core.config_store import ConfigStore
@@ -83,6 +85,18 @@ def _positive(obj: Any, *field_names: str) -> None:
 def _non_negative(obj: Any, *field_names: str) -> None:
     for name in field_names:
         _check(obj, getattr(obj, name) >= 0, name, "must be >= 0")
+
+
+class Platform(enum.Enum):
+    """The software stack a hardware preset runs, or a strategy needs."""
+
+    any = "any"
+    ascend = "ascend"  # CANN / torch_npu / MindSpore
+    cuda = "cuda"  # CUDA / PyTorch
+
+
+# The graph capture/replay preset of each platform: where a strategy of the other platform points to.
+GRAPH_STRATEGY_OF = {Platform.ascend: "acl_graph", Platform.cuda: "cuda_graph"}
 
 
 @dataclass
@@ -200,6 +214,7 @@ class GraphCostConfig:
 class HardwareConfig:
     _key: ClassVar[str] = "hardware"
     name: str = "custom"
+    platform: Platform = Platform.any
     host: HostConfig = field(default_factory=HostConfig)
     device: DeviceConfig = field(default_factory=DeviceConfig)
     link: LinkConfig = field(default_factory=LinkConfig)
@@ -330,6 +345,7 @@ class GraphStrategyConfig:
 class StrategyConfig:
     _key: ClassVar[str] = "strategy"
     name: str = "custom"
+    platform: Platform = Platform.any  # a stack-specific preset (GE graph sink, MindSpore, CUDA graphs)
     dispatch: Dispatch = Dispatch.eager
     queue_capacity: int = 64  # bounded queue between host threads (async / pipeline), in ops
     graph: GraphStrategyConfig = field(default_factory=GraphStrategyConfig)
@@ -446,6 +462,13 @@ class RunConfig:
     def __post_init__(self) -> None:
         if self.seed < 0:
             raise ConfigError(f"seed={self.seed}: must be >= 0")
+        needs, has = self.strategy.platform, self.hardware.platform
+        if Platform.any not in (needs, has) and needs != has:
+            nearest = GRAPH_STRATEGY_OF[has]
+            raise ConfigError(
+                f"strategy={self.strategy.name}: runs on {needs.value} hardware, hardware={self.hardware.name} is"
+                f" {has.value} (graph capture/replay there: strategy={nearest})"
+            )
 
     @property
     def names(self) -> dict[str, str]:
@@ -493,8 +516,9 @@ def to_run_config(cfg: DictConfig) -> RunConfig:
     return run
 
 
-def one_line(exc: BaseException) -> str:
-    """Squeeze an OmegaConf/Hydra error (and its causes) into one line that keeps key and value."""
+def one_line(exc: BaseException, overrides: Sequence[str] = ()) -> str:
+    """An OmegaConf/Hydra error as one line naming the key and the value the user wrote, with "did you
+    mean" for a misspelt key or preset; errors it does not know are squeezed (causes included) as they are."""
     parts: list[str] = []
     seen = set()
     current: Optional[BaseException] = exc
@@ -507,7 +531,58 @@ def one_line(exc: BaseException) -> str:
             if line not in parts:
                 parts.append(line)
         current = current.__cause__ or current.__context__
-    return "; ".join(parts) if parts else type(exc).__name__
+    raw = "; ".join(parts) if parts else type(exc).__name__
+    return _explain(raw, overrides) or raw
+
+
+def _written(key: str, overrides: Sequence[str], fallback: str) -> str:
+    """`key=value` as the command line wrote it (`+`/`++` prefixes dropped), else with `fallback`."""
+    for override in overrides:
+        name, _, value = override.partition("=")
+        if name.lstrip("+~") == key:
+            return f"{key}={value}"
+    return f"{key}={fallback}"
+
+
+def _did_you_mean(word: str, choices: Sequence[str]) -> str:
+    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
+    return f" (did you mean {close[0]}?)" if close else ""
+
+
+def group_options(group: str) -> list[str]:
+    return sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
+
+
+def config_keys() -> list[str]:
+    """Every key of the run schema (dotted), and the config groups."""
+    groups = [p.name for p in CONF_DIR.iterdir() if p.is_dir()]
+    return sorted(set(flatten(OmegaConf.to_container(OmegaConf.structured(RunConfig)))) | set(groups))
+
+
+_TYPE_WORDS = {"Integer": "an integer", "Float": "a number", "Boolean": "true or false", "String": "text"}
+
+
+def _explain(raw: str, overrides: Sequence[str]) -> Optional[str]:
+    if m := re.search(r"Could not find '(?P<group>[\w/]+)/(?P<value>[^']+)'", raw):
+        group, value = m["group"], m["value"]
+        options = group_options(group)
+        if not options:
+            return None
+        return f"{group}={value}: no such {group} preset{_did_you_mean(value, options)}; choose from {', '.join(options)}"
+    if m := re.search(r"Key '[^']+' not in '\w+'; full_key: (?P<key>\S+)", raw):
+        key = m["key"]
+        return f"{_written(key, overrides, '...')}: no such key{_did_you_mean(key, config_keys())}"
+    if m := re.search(r"Value '(?P<value>.*?)' of type '\w+' could not be converted to (?P<to>\w+); full_key: (?P<key>[^;\s]+)", raw):
+        return f"{_written(m['key'], overrides, m['value'])}: must be {_TYPE_WORDS.get(m['to'], m['to'])}"
+    if m := re.search(r"Value '(?P<value>.*?)' is not a valid bool \(type \w+\); full_key: (?P<key>[^;\s]+)", raw):
+        return f"{_written(m['key'], overrides, m['value'])}: must be true or false"
+    if m := re.search(r"Invalid value '(?P<value>.*?)', expected one of \[(?P<options>[^\]]*)\]; full_key: (?P<key>[^;\s]+)", raw):
+        options = [o.strip() for o in m["options"].split(",")]
+        return f"{_written(m['key'], overrides, m['value'])}: must be one of {', '.join(options)}{_did_you_mean(m['value'], options)}"
+    if m := re.search(r"Could not override '(?P<key>[^']+)'\. No match in the defaults list", raw):
+        key = m["key"]
+        return f"{_written(key, overrides, '...')}: {key} is not in the defaults list; add it with +{_written(key, overrides, '...')}"
+    return None
 
 
 def flatten(cfg: Any, prefix: str = "") -> dict[str, Any]:

@@ -118,3 +118,11 @@ def test_trace_events_on_one_lane_never_overlap(strategy):
         # Viewers work in whole nanoseconds: 1e-6 µs is float noise, 1e-3 µs would be an overlap.
         overlaps += sum(ts + dur > next_ts + 1e-6 for (ts, dur), (next_ts, _) in zip(spans, spans[1:]))
     assert len(events) > 1000 and overlaps == 0
+
+
+def test_help_says_what_the_harness_is_and_lists_the_presets(tmp_path):
+    done = run_cli("--help", cwd=tmp_path)
+    assert done.returncode == 0
+    assert done.stdout.startswith("hostbound: simulate how LLM inference is scheduled between a host CPU and an accelerator")
+    assert "strategy: acl_graph, async, cuda_graph, eager, ge_sink, mindspore, pipeline, tiling_cache" in done.stdout
+    assert "Powered by Hydra" not in done.stdout and not (tmp_path / "outputs").exists()

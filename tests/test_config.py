@@ -24,7 +24,14 @@ def test_every_group_has_the_issue_presets():
 @pytest.mark.parametrize("hardware,workload,strategy", list(itertools.product(*GROUPS.values())))
 def test_every_preset_combination_composes(hardware, workload, strategy):
     extra = [f"workload.path={TINY_TRACE}"] if workload == "trace" else []
-    run = compose_run(f"hardware={hardware}", f"workload={workload}", f"strategy={strategy}", *extra)
+    overrides = (f"hardware={hardware}", f"workload={workload}", f"strategy={strategy}", *extra)
+    stack_specific = {"ge_sink": "ascend", "mindspore": "ascend", "cuda_graph": "cuda"}
+    has = "ascend" if hardware.startswith("atlas") else "cuda"
+    if stack_specific.get(strategy, has) != has:
+        with pytest.raises(ConfigError, match=rf"^strategy={strategy}: runs on {stack_specific[strategy]} hardware, hardware={hardware} is {has}"):
+            compose_run(*overrides)
+        return
+    run = compose_run(*overrides)
     assert run.hardware.name == hardware
     assert run.workload.name == workload
     assert run.strategy.name == strategy
@@ -98,6 +105,51 @@ def test_preflight_turns_hydra_errors_into_one_line_exit_2(override, fragments, 
     assert len(err.splitlines()) == 1
     for fragment in fragments:
         assert fragment in err
+
+
+@pytest.mark.parametrize(
+    "override,line",
+    [
+        ("workload=llama2_7b_decod", "workload=llama2_7b_decod: no such workload preset (did you mean llama2_7b_decode?); choose from "),
+        ("strategy=cudagraph", "strategy=cudagraph: no such strategy preset (did you mean cuda_graph?); choose from acl_graph, async, cuda_graph,"),
+        ("workload.batchsize=8", "workload.batchsize=8: no such key (did you mean workload.batch_size?)"),
+        ("wrkload=deepseek_v3", "wrkload=deepseek_v3: no such key (did you mean workload?)"),
+        ("workload.steps=1e9", "workload.steps=1e9: must be an integer"),
+        ("hardware.device.hbm_gb=lots", "hardware.device.hbm_gb=lots: must be a number"),
+        ("strategy.tiling_cache=maybe", "strategy.tiling_cache=maybe: must be true or false"),
+        ("strategy.graph.mode=sinc", "strategy.graph.mode=sinc: must be one of none, sink, capture (did you mean sink?)"),
+        ("+experiment=a2_llama_host", "experiment=a2_llama_host: no such experiment preset (did you mean a2_llama2_host?); choose from "),
+        ("hardware=h100 strategy=ge_sink", "strategy=ge_sink: runs on ascend hardware, hardware=h100 is cuda (graph capture/replay there: strategy=cuda_graph)"),
+        ("strategy=cuda_graph", "strategy=cuda_graph: runs on cuda hardware, hardware=atlas_a2 is ascend (graph capture/replay there: strategy=acl_graph)"),
+    ],
+)
+def test_errors_say_what_was_written_and_what_was_meant(override, line, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        preflight(override.split())
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"hostbound: error: {line}")
+    assert "$VALUE" not in err and "search path" not in err
+
+
+def test_experiment_may_be_named_without_the_plus(capsys):
+    from harness.cli import normalize_argv
+
+    # Already prefixed and other keys stay as written.
+    assert normalize_argv(["+experiment=x", "seed=1"]) == ["+experiment=x", "seed=1"]
+    argv = normalize_argv(["-m", "experiment=a2_llama2_host,a2_qwen3_eager", "seed=1"])
+    assert argv == ["-m", "+experiment=a2_llama2_host,a2_qwen3_eager", "seed=1"]
+    preflight(argv)  # both experiments compose: returns
+    assert capsys.readouterr().err == ""
+
+
+def test_cuda_graph_is_acl_graph_by_its_gpu_name():
+    from harness.run import simulate_run
+
+    cuda = simulate_run(compose_run("hardware=h100", "strategy=cuda_graph", "workload.steps=8")).summary
+    acl = simulate_run(compose_run("hardware=h100", "strategy=acl_graph", "workload.steps=8")).summary
+    assert cuda["graph_captures"] == acl["graph_captures"] == 1
+    assert cuda["step_ms_mean"] == acl["step_ms_mean"] and cuda["throughput_tok_s"] == acl["throughput_tok_s"]
 
 
 def test_trace_workload_needs_a_path(capsys):
