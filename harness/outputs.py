@@ -132,7 +132,8 @@ def format_summary(summary: dict, names: dict, run_dir: Path) -> str:
             lines.append(f"  note         {summary['serving_note']}")
     lines += [
         f"  {summary['ops_per_step']} ops/step, {summary['launches_per_step']:.0f} launches/step, "
-        f"{summary['tasks_simulated']} tasks in {summary['sim_wall_s']:.2f} s",
+        f"{summary['tasks_simulated']} tasks in {summary['sim_wall_s']:.2f} s"
+        + (f", of which {summary['compile_s']:.2f} s compiling kernels (first run only)" if summary.get("compile_s", 0) > 0 else ""),
         f"  outputs      {run_dir}",
     ]
     return "\n".join(lines)

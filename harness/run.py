@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from numba.core import event
 
 from harness.config import RunConfig
 from harness.core import SimulationResult, simulate
@@ -109,13 +110,49 @@ def check_size(run: RunConfig) -> SizeEstimate | None:
     return estimate
 
 
+class CompileWatch(event.Listener):
+    """Times Numba's compilations during a run and says when the first starts: the first run on a
+    machine compiles the kernels (seconds), later ones load them from the cache."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self._depth = 0
+        self._began = 0.0
+        self._announced = False
+
+    def on_start(self, event: event.Event) -> None:
+        if self._depth == 0:
+            self._began = time.perf_counter()
+            if not self._announced:
+                self._announced = True
+                log.info("compiling the simulation kernels (first run only: later runs load them from the Numba cache)")
+                Progress("hostbound").update("compiling kernels (first run only)", force=True)
+        self._depth += 1
+
+    def on_end(self, event: event.Event) -> None:
+        self._depth -= 1
+        if self._depth == 0:  # nested compilations (a kernel's callees) count once
+            self.seconds += time.perf_counter() - self._began
+
+
 def simulate_run(run: RunConfig, chunk_tasks: int = CHUNK_TASKS) -> RunResult:
     """Build the workload, lower it under the strategy, run the engine, compute the metrics.
 
     `result` of the outcome holds the whole run's tasks when it fits in one chunk, otherwise the
-    steps that trace.json and timeline.png show (simulated again from their start).
+    steps that trace.json and timeline.png show (simulated again from their start). `sim_wall_s` is
+    the whole call; `compile_s` the part of it spent compiling kernels (0 once they are cached).
     """
     began = time.perf_counter()
+    watch = CompileWatch()
+    with event.install_listener("numba:compile", watch):
+        outcome = _simulate_run(run, chunk_tasks)
+    outcome.summary["compile_s"] = watch.seconds
+    outcome.summary["sim_wall_s"] = time.perf_counter() - began
+    log.info("simulated %d tasks in %.3f s", outcome.summary["tasks_simulated"], outcome.summary["sim_wall_s"])
+    return outcome
+
+
+def _simulate_run(run: RunConfig, chunk_tasks: int) -> RunResult:
     estimate = check_size(run)
     if estimate is not None and estimate.seconds > SLOW_RUN_S:
         log.warning(
@@ -167,8 +204,6 @@ def simulate_run(run: RunConfig, chunk_tasks: int = CHUNK_TASKS) -> RunResult:
         )
     if serving is not None:
         summary.update(serving_summary(serving))
-    summary["sim_wall_s"] = time.perf_counter() - began
-    log.info("simulated %d tasks in %.3f s", summary["tasks_simulated"], summary["sim_wall_s"])
     return RunResult(summary=summary, steps=steps_table, result=result, workload=workload)
 
 

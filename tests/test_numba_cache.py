@@ -39,3 +39,25 @@ def test_warm_up_leaves_nothing_for_jobs_to_compile(tmp_path):
     assert compiled == {}
     loaded = [name for name, (hits, _) in stats.items() if hits]
     assert "harness.core._simulate" in loaded and "harness.lowering._fill_records" in loaded
+
+
+def test_the_first_run_says_it_compiles_and_later_runs_do_not(tmp_path):
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "cache"), "MLFLOW_DISABLE_TELEMETRY": "true"}
+    args = [sys.executable, "-m", "harness", "tracking.enabled=false", "output.timeline_steps=0"]
+
+    def run():
+        done = subprocess.run(args, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-2000:]
+        return done
+
+    first, second = run(), run()
+    # The summary alone on stdout, the logs on stderr.
+    for done in (first, second):
+        assert done.stdout.startswith("hostbound: llama2_7b_decode on atlas_a2 with eager")
+        assert "[harness" not in done.stdout and "simulated 217088 tasks" in done.stderr
+    tasks_line = next(line for line in first.stdout.splitlines() if "tasks in" in line)
+    compiled_s = float(tasks_line.split("of which ")[1].split(" s compiling kernels (first run only)")[0])
+    total_s = float(tasks_line.split("tasks in ")[1].split(" s")[0])
+    assert 0 < compiled_s < total_s
+    assert "compiling the simulation kernels" in first.stderr
+    assert "compiling" not in second.stdout + second.stderr
