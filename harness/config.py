@@ -427,12 +427,21 @@ class EngineConfig:
         )
 
 
+class ArtifactPolicy(enum.Enum):
+    """Which of a run directory's files MLflow stores as well (the folder keeps them all)."""
+
+    small = "small"  # all but trace.json (megabytes per run); the run_dir tag points to the folder
+    all = "all"  # everything: for a shared server, where the folder is on another machine
+    none = "none"  # nothing: params, metrics and tags only
+
+
 @dataclass
 class TrackingConfig:
     _key: ClassVar[str] = "tracking"
     enabled: bool = True
     uri: Optional[str] = None  # default: sqlite file outputs/mlflow.db under the launch directory
     experiment: str = "hostbound"
+    artifacts: ArtifactPolicy = ArtifactPolicy.small
 
 
 @dataclass

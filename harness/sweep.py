@@ -69,7 +69,7 @@ class SweepTracking(Callback):
         client = mlflow.MlflowClient(tracking_uri=resolve_uri(tracking))
         parent = client.create_run(
             experiment_id,
-            run_name=f"sweep {sweep_dir.name}",
+            run_name=sweep_name(list(config.hydra.overrides.task), sweep_dir.name),
             tags={"sweep_dir": str(sweep_dir), "overrides": overrides, "kind": "sweep"},
         )
         (sweep_dir / PARENT_FILE).write_text(parent.info.run_id)
@@ -99,6 +99,19 @@ class SweepTracking(Callback):
                 client.log_artifact(run_id, str(sweep_dir / name))
         client.log_metric(run_id, "jobs", float(len(table)))
         client.set_terminated(run_id)
+
+
+def sweep_name(overrides: list[str], folder: str) -> str:
+    """A parent run's name: what the sweep varies, e.g. `sweep strategy=eager,async × batch_size=1,8
+    · 03-10-00_1234` (the folder tells apart two sweeps of the same values)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    swept = [
+        f"{o.get_key_element().lstrip('+~').rsplit('.', 1)[-1]}={o.input_line.split('=', 1)[1]}"
+        for o in OverridesParser.create().parse_overrides(overrides)
+        if o.is_sweep_override() and not o.is_hydra_override()
+    ]
+    return f"sweep {' × '.join(swept) or 'of one job'} · {folder}"[:250]
 
 
 def parent_run_id() -> str | None:

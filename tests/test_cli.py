@@ -79,7 +79,32 @@ def test_mlflow_run_is_logged_to_the_given_store(tmp_path):
 
     mlflow.set_tracking_uri(f"sqlite:///{db}")
     listed = {a.path for a in mlflow.MlflowClient().list_artifacts(run_id)}
-    assert {"summary.json", "steps.parquet", "trace.json", ".hydra"} <= listed
+    # The large trace.json stays in the run folder only (tracking.artifacts=small), and the run says so.
+    assert {"summary.json", "steps.parquet", "timeline.png", ".hydra"} <= listed and "trace.json" not in listed
+    assert tags["files_only_in_run_dir"] == "trace.json" and tags["run_dir"] == str(run_dir)
+    assert (run_dir / "trace.json").exists()
+    experiment = mlflow.MlflowClient().get_experiment_by_name("hostbound")
+    assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"  # opens in the runs table
+
+
+def test_mlflow_run_names_its_values_and_keeps_build_steps_apart(tmp_path):
+    db = tmp_path / "store.db"
+    proc = run_cli(f"tracking.uri=sqlite:///{db}", f"hydra.run.dir={tmp_path / 'run'}", "strategy=acl_graph",
+                   "workload.steps=4", "workload.batch_size=8", "tracking.artifacts=all", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    with sqlite3.connect(db) as con:
+        (run_id, name) = con.execute("select run_uuid, name from runs").fetchone()
+        series = {key: sorted(con.execute("select step, value from metrics where run_uuid=? and key=?", (run_id, key)).fetchall())
+                  for key in ("step_ms", "warmup_step_ms")}
+    assert name == "llama2_7b_decode·acl_graph·atlas_a2·steps=4·batch_size=8"
+    steps = pd.read_parquet(tmp_path / "run" / "steps.parquet")
+    # Step 0 captures the graph (seconds): logged apart, so step_ms is the replayed steps alone.
+    assert [s for s, _ in series["warmup_step_ms"]] == [0] and [s for s, _ in series["step_ms"]] == [1, 2, 3]
+    assert series["warmup_step_ms"][0][1] == pytest.approx(steps.latency_ms[0]) and series["warmup_step_ms"][0][1] > 10 * series["step_ms"][0][1]
+    import mlflow
+
+    mlflow.set_tracking_uri(f"sqlite:///{db}")
+    assert "trace.json" in {a.path for a in mlflow.MlflowClient().list_artifacts(run_id)}  # tracking.artifacts=all
 
 
 def test_runs_started_together_get_their_own_folders_and_say_what_ran(tmp_path):

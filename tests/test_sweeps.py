@@ -35,8 +35,12 @@ def test_joblib_sweep_makes_one_parent_and_four_finished_children(sweep):
         parent = (sweep / "sweep" / "mlflow_parent_run_id").read_text().strip()
         children = [r for (r,) in con.execute("select run_uuid from tags where key='mlflow.parentRunId' and value=?", (parent,))]
         metrics = {r: dict(con.execute("select key, value from latest_metrics where run_uuid=?", (r,)).fetchall()) for r in children}
+        names = dict(con.execute("select run_uuid, name from runs").fetchall())
     assert len(runs) == 5 and all(status == "FINISHED" for _, status in runs)
     assert len(children) == 4
+    # Named by what the sweep varies; each child by its own choices and values.
+    assert names[parent].startswith("sweep strategy=eager,acl_graph × workload=llama2_7b_decode,qwen25_7b_decode · ")
+    assert {names[c] for c in children} == {f"{w}·{s}·atlas_a2·steps=4" for w in ("llama2_7b_decode", "qwen25_7b_decode") for s in ("eager", "acl_graph")}
     for values in metrics.values():
         assert {"throughput_tok_s", "bubble_ratio", "breakdown_launch"} <= values.keys()
     artifacts = list((sweep / "outputs" / "mlartifacts").rglob("summary.json"))
