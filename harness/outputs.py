@@ -95,6 +95,30 @@ def chrome_trace(outcome: "RunResult", trace_steps: int) -> dict:
     return {"traceEvents": events, "displayTimeUnit": "ms"}
 
 
+def _present(value: Any) -> bool:
+    """A summary value that is there: not missing, not NaN (a table row holds NaN for keys other runs have)."""
+    return value is not None and not (isinstance(value, float) and value != value)
+
+
+def run_notes(summary: Any) -> str:
+    """What a table row needs said next to its numbers (results.md, reports, MLflow's `notes` tag):
+    graphs built and their padding, a graph that did not apply and why, tiling hit rate, and the
+    notes that qualify a figure (few finished requests, tokens per step of a profile)."""
+    get = summary.get
+    notes = []
+    captures = get("graph_captures")
+    if _present(captures) and captures > 0:
+        notes.append(f"{int(captures)} capture{'s' if captures != 1 else ''}")
+        if _present(get("padding_waste")) and get("padding_waste") >= 0.005:
+            notes.append(f"padding waste {get('padding_waste'):.2f}")
+    for key in ("graph_note", "serving_note", "throughput_note"):
+        if _present(get(key)) and get(key):
+            notes.append(str(get(key)).replace(" not applied, host scheduling instead: ", " falls back to host scheduling: "))
+    if _present(get("tiling_cache_hit_rate")):
+        notes.append(f"tiling hit rate {get('tiling_cache_hit_rate'):.2f}")
+    return "; ".join(notes)
+
+
 def format_summary(summary: dict, names: dict, run_dir: Path) -> str:
     """A few lines for the terminal: what ran, the headline numbers, where the files are."""
     breakdown = sorted(

@@ -18,6 +18,8 @@ import numpy as np
 import pandas as pd
 from omegaconf import OmegaConf
 
+from harness.outputs import run_notes
+
 KEYS = ["hardware", "workload", "strategy"]
 SHOWN = ["throughput_tok_s", "speedup_vs_eager", "step_ms_mean", "bubble_ratio", "bound"]
 
@@ -52,7 +54,8 @@ def load_mlflow(uri: str, experiment: str = "hostbound", parent: str | None = No
     if runs.empty:
         return runs
     runs = runs[runs.get("tags.kind", pd.Series(index=runs.index, dtype=object)).ne("sweep")]
-    out = pd.DataFrame({k: runs.get(f"tags.{k}") for k in KEYS + ["bound", "overrides"]})
+    out = pd.DataFrame({k: runs.get(f"tags.{k}") for k in KEYS + ["bound", "overrides", "notes"]})
+    out["notes"] = out["notes"].fillna("")
     for column in runs.columns:
         if column.startswith("metrics."):
             out[column.removeprefix("metrics.")] = runs[column]
@@ -73,7 +76,9 @@ def comparison(runs: pd.DataFrame) -> pd.DataFrame:
     eager = table[table["strategy"] == "eager"].groupby(group)["throughput_tok_s"].mean()
     base = table.set_index(group).index.map(lambda key: eager.get(key, np.nan))
     table["speedup_vs_eager"] = table["throughput_tok_s"].to_numpy() / np.asarray(base, dtype=float)
-    columns = KEYS + [c for c in SHOWN if c in table.columns]
+    if "notes" not in table.columns:  # run folders: from the summaries; MLflow runs carry a notes tag
+        table["notes"] = [run_notes(row) for row in table.to_dict("records")]
+    columns = KEYS + [c for c in SHOWN if c in table.columns] + ["notes"]
     if "swept" in table.columns and table["swept"].ne("").any():
         columns.insert(len(KEYS), "swept")
     order = table.assign(
@@ -81,6 +86,11 @@ def comparison(runs: pd.DataFrame) -> pd.DataFrame:
         _swept_key=table["swept"].map(_numeric_key) if "swept" in table.columns else 0,
     ).sort_values(["hardware", "workload", "_swept_key", "_eager_first", "strategy"], key=None)
     return order[columns].reset_index(drop=True)
+
+
+def to_markdown(table: pd.DataFrame) -> str:
+    """The comparison as Markdown: fixed decimals (not 1.21e+03), the notes column as text."""
+    return table.fillna({"notes": ""}).to_markdown(index=False, floatfmt=".3f")
 
 
 def missing_eager(table: pd.DataFrame) -> list[str]:
@@ -165,7 +175,7 @@ def main(argv: list[str] | None = None) -> None:
     out = args.out or (args.dirs[0] if args.dirs else Path("outputs") / "report")
     out.mkdir(parents=True, exist_ok=True)
     table.to_csv(out / "comparison.csv", index=False)
-    markdown = table.to_markdown(index=False, floatfmt=".3f")
+    markdown = to_markdown(table)
     (out / "comparison.md").write_text(markdown + "\n")
     plots = plot(table, out)
     print(markdown)

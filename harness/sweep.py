@@ -78,12 +78,12 @@ class SweepTracking(Callback):
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         sweep_dir = Path(config.hydra.sweep.dir)
         Progress("hostbound sweep").done()
-        from harness.report import comparison, load_run_dirs
+        from harness.report import comparison, load_run_dirs, to_markdown
 
         table = load_run_dirs([sweep_dir])
         if not table.empty:
             table.to_csv(sweep_dir / RESULTS_CSV, index=False)  # every summary key of every job
-            (sweep_dir / RESULTS_MD).write_text(comparison(table).to_markdown(index=False, floatfmt=".3g") + "\n")
+            (sweep_dir / RESULTS_MD).write_text(to_markdown(comparison(table)) + "\n")
         parent_file = sweep_dir / PARENT_FILE
         tracking = _tracking(config)
         if not tracking.enabled or not parent_file.exists():

@@ -17,7 +17,7 @@ from pathlib import Path
 import pandas as pd
 
 from harness.config import ArtifactPolicy, TrackingConfig
-from harness.outputs import TRACE_FILE
+from harness.outputs import TRACE_FILE, run_notes
 
 log = logging.getLogger(__name__)
 
@@ -112,6 +112,9 @@ def log_run(
     tags = {**names, "bound": summary["bound"], "run_dir": str(run_dir)}
     if overrides:  # the same record of what was swept that a run folder keeps (.hydra/overrides.yaml)
         tags["overrides"] = overrides
+    notes = run_notes(summary)
+    if notes:  # the summary's words (captures, fallbacks, warnings) are not metrics
+        tags["notes"] = notes
     logged = artifact_files(run_dir, tracking.artifacts)
     left = sorted({entry.name for entry in run_dir.iterdir()} - {entry.name for entry in logged})
     if left:

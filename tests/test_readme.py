@@ -145,3 +145,51 @@ def test_readme_command_runs_as_shown(command, shown, tmp_path, monkeypatch, cap
     printed = _run_harness(args, capsys)
     if "--cfg" in args:
         assert "workload:" in printed and "strategy:" in printed
+
+
+# The README's table of decode presets under the strategy presets, computed here; `python
+# tests/test_readme.py` rewrites it after a model change (then say why the numbers moved).
+TABLE_ROWS = [
+    ("llama2_7b_decode", s) for s in ("eager", "async", "pipeline", "tiling_cache", "acl_graph", "ge_sink")
+] + [("qwen3_30b_decode", s) for s in ("eager", "mindspore", "acl_graph")] + [
+    ("deepseek_v3", s) for s in ("eager", "pipeline", "mindspore", "acl_graph")
+]
+TABLE_EXTRA_NOTES = {("deepseek_v3", "eager"): "fitted to seed 004"}
+TABLE_HEADER = "| workload | strategy | step ms | tok/s | speed-up | bubble | bound | notes |\n|---|---|---|---|---|---|---|---|\n"
+
+
+def strategy_table() -> str:
+    from harness.outputs import run_notes
+    from harness.run import simulate_run
+
+    lines, eager_tok_s = [], {}
+    for workload, strategy in TABLE_ROWS:
+        s = simulate_run(compose_run([f"workload={workload}", f"strategy={strategy}", "workload.steps=32"])).summary
+        eager_tok_s.setdefault(workload, s["throughput_tok_s"])  # each workload's first row is eager
+        notes = "; ".join(n for n in (TABLE_EXTRA_NOTES.get((workload, strategy), ""), run_notes(s)) if n)
+        lines.append(
+            f"| `{workload}` | `{strategy}` | {s['step_ms_mean']:.2f} | {s['throughput_tok_s']:.1f} |"
+            f" {s['throughput_tok_s'] / eager_tok_s[workload]:.2f}× | {s['bubble_ratio']:.2f} | {s['bound']} | {notes} |"
+        )
+    return TABLE_HEADER + "\n".join(lines) + "\n"
+
+
+def _readme_table_span(text: str) -> tuple[int, int]:
+    start = text.index(TABLE_HEADER)
+    end = text.index("\n\n", start) + 1
+    return start, end
+
+
+@pytest.mark.slow
+def test_the_readme_strategy_table_is_what_the_presets_give():
+    text = (REPO_ROOT / "README.md").read_text()
+    start, end = _readme_table_span(text)
+    assert text[start:end] == strategy_table(), "README strategy table is stale: run `python tests/test_readme.py`"
+
+
+if __name__ == "__main__":
+    readme = REPO_ROOT / "README.md"
+    text = readme.read_text()
+    start, end = _readme_table_span(text)
+    readme.write_text(text[:start] + strategy_table() + text[end:])
+    print(f"rewrote the strategy table in {readme}")

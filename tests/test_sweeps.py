@@ -45,7 +45,10 @@ def test_joblib_sweep_makes_one_parent_and_four_finished_children(sweep):
         assert {"throughput_tok_s", "bubble_ratio", "breakdown_launch"} <= values.keys()
     artifacts = list((sweep / "outputs" / "mlartifacts").rglob("summary.json"))
     assert len(artifacts) == 4
-    assert (sweep / "sweep" / "results.md").read_text().count("atlas_a2") == 4
+    results_md = (sweep / "sweep" / "results.md").read_text()
+    assert results_md.count("atlas_a2") == 4
+    # Fixed decimals and the notes a reader needs next to the numbers (graph captures).
+    assert "e+0" not in results_md and "| notes" in results_md and results_md.count("| 1 capture") == 2
 
 
 def test_report_prints_the_speedup_table(sweep):
@@ -66,7 +69,8 @@ def test_report_prints_the_speedup_table(sweep):
          "--out", str(sweep / "report2")], cwd=sweep, capture_output=True, text=True,
     )
     assert proc.returncode == 0, proc.stderr
-    again = pd.read_csv(sweep / "report2" / "comparison.csv")
+    again = pd.read_csv(sweep / "report2" / "comparison.csv", keep_default_na=False)
+    assert sorted(again.notes) == sorted(pd.read_csv(out / "comparison.csv", keep_default_na=False).notes) == ["", "", "1 capture", "1 capture"]
     assert np.allclose(again.sort_values(["workload", "strategy"]).speedup_vs_eager, table.sort_values(["workload", "strategy"]).speedup_vs_eager)
 
 
