@@ -198,3 +198,37 @@ def test_report_orders_rows_eager_first_in_numeric_order_and_names_missing_eager
     assert table["strategy"].tolist() == ["async", "eager", "async", "eager", "async"]
     assert table["speedup_vs_eager"].iloc[2] == pytest.approx(4.5) and np.isnan(table["speedup_vs_eager"].iloc[0])
     assert missing_eager(table) == ["a2 w workload.batch_size=1"]
+
+
+def test_timeline_draws_host_ops_not_stripes_and_leaves_idle_lanes_out(tmp_path, monkeypatch):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from conftest import compose_run
+    from harness import timeline
+    from harness.run import simulate_run
+
+    outcome = simulate_run(compose_run("strategy=eager", "workload.steps=2"))
+    graph = outcome.result.graph
+    tasks, start, end = graph.tasks, outcome.result.start_us, outcome.result.end_us
+    host = (graph.lane_kinds[tasks["lane"]] == 0) & (tasks["step"] == 0)
+    # At 1 µs per pixel every op's stages stay; at a whole step per pixel each op is one bar.
+    kept, (bar_starts, _) = timeline._merge_narrow_host_ops(tasks, start, end, host, 0.0)
+    assert np.array_equal(kept, host) and bar_starts.size == 0
+    kept, (bar_starts, bar_ends) = timeline._merge_narrow_host_ops(tasks, start, end, host, 1e9)
+    # One bar per op, and the step's own host work (op -1: the input copy before, the sync after).
+    own = np.count_nonzero(host & (tasks["op"] < 0))
+    assert not kept.any() and bar_starts.size == outcome.summary["ops_per_step"] + own
+    assert np.all(bar_ends[:-1] <= bar_starts[1:] + 1e-9)  # one lane: the merged ops do not overlap
+
+    drawn = {}
+    real_savefig = plt.Figure.savefig
+    monkeypatch.setattr(plt.Figure, "savefig", lambda fig, *a, **k: (drawn.setdefault("fig", fig), real_savefig(fig, *a, **k)))
+    timeline.draw_timeline(outcome, tmp_path / "t.png", 1)
+    ax = drawn["fig"].axes[0]
+    lanes = [t.get_text() for t in ax.get_yticklabels()]
+    assert lanes == ["host.main", "device.stream0", "device idle"]  # the copy engines moved only a few tokens
+    assert "not drawn (under 0.1% busy): copy.h2d, copy.d2h" in ax.get_xlabel()
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["host op (stages\ntoo short to draw)", "compute", "device idle"]
