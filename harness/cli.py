@@ -18,7 +18,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from harness.config import CONF_DIR, RunConfig, flatten, one_line, to_run_config
 from harness.errors import HarnessError
-from harness.workload import build_workload, check_memory
+from harness.ops import check_memory
+from harness.workload import build_workload
 
 log = logging.getLogger(__name__)
 

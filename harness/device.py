@@ -22,7 +22,15 @@ import numpy as np
 
 from harness.config import DeviceConfig, HardwareConfig, LinkConfig
 from harness.config import OpKind
-from harness.workload import COMM_ALL_GATHER, COMM_ALL_REDUCE, COMM_ALL_TO_ALL, FLAG_INT8, HOST_ONLY_KINDS, KIND_CODE, Workload
+from harness.ops import (
+    COMM_ALL_GATHER,
+    COMM_ALL_REDUCE,
+    COMM_ALL_TO_ALL,
+    FLAG_INT8,
+    HOST_ONLY_KINDS,
+    KIND_CODE,
+    Workload,
+)
 
 KIND_CUBE, KIND_VECTOR, KIND_COMM, KIND_COPY = (KIND_CODE[k] for k in (OpKind.cube, OpKind.vector, OpKind.comm, OpKind.copy))
 

@@ -51,7 +51,7 @@ from harness.config import Dispatch, EngineConfig, GraphMode, HardwareConfig, St
 from harness.device import copy_time_us, device_times
 from harness.graph import CATEGORY, LANE_COPY, LANE_DEVICE, LANE_EXTERNAL, LANE_HOST, NO_POOL, TASK_DTYPE, TaskGraph, csr_from_edges
 from harness.policies import BUILD, REPLAY, StepPlan
-from harness.workload import (
+from harness.ops import (
     FLAG_CARRIED_IN,
     FLAG_COMPUTE_DEPENDENT,
     FLAG_DYNAMIC,

@@ -21,7 +21,7 @@ from harness.core import SimulationResult
 from harness.graph import CATEGORIES, CATEGORY, LANE_DEVICE, LANE_HOST
 from harness.lowering import HOST_STAGES
 from harness.policies import BUILD, MODE_NAMES, StepPlan
-from harness.workload import Workload
+from harness.ops import Workload
 
 US_PER_MS = 1e3
 HOST_CATEGORIES = ("framework", "infer_shape", "tiling", "alloc", "launch", "sync", "graph", "cpu", "engine")

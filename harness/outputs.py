@@ -15,7 +15,7 @@ import numpy as np
 from harness.graph import CATEGORIES, LANE_COPY, LANE_DEVICE, LANE_EXTERNAL
 
 if TYPE_CHECKING:
-    from harness.run import RunResult
+    from harness.result import RunResult
 
 SUMMARY_FILE = "summary.json"
 STEPS_FILE = "steps.parquet"

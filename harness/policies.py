@@ -34,7 +34,7 @@ from harness.config import Fallback, GraphMode, OpKind, RunConfig
 from harness.core import lru_hits
 from harness.device import device_times
 from harness.errors import ConfigError
-from harness.workload import (
+from harness.ops import (
     FLAG_CARRIED_IN,
     FLAG_COMPUTE_DEPENDENT,
     FLAG_CPU_ELIGIBLE,
@@ -48,9 +48,9 @@ from harness.workload import (
     KIND_SYNC,
     STREAM_COMPUTE,
     Workload,
-    build_workload,
     mix_keys,
 )
+from harness.workload import build_workload
 
 EAGER, BUILD, REPLAY = 0, 1, 2
 MIB = 2**20

@@ -12,7 +12,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 from numba.core import event
 
 from harness.config import RunConfig
@@ -23,18 +22,12 @@ from harness.outputs import write_outputs
 from harness.serving import plan_serving, serving_summary
 from harness.policies import prepare
 from harness.progress import Progress
+from harness.result import RunResult
 from harness.errors import ConfigError
-from harness.workload import Workload, build_workload, check_memory
+from harness.ops import check_memory
+from harness.workload import build_workload
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class RunResult:
-    summary: dict
-    steps: pd.DataFrame
-    result: SimulationResult
-    workload: Workload
 
 
 # Tasks lowered and simulated at once. Steps end in a barrier, so a long run is simulated in chunks of

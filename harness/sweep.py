@@ -18,10 +18,10 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
 from harness.progress import Progress
+from harness.tracking import PARENT_FILE
 
 log = logging.getLogger(__name__)
 
-PARENT_FILE = "mlflow_parent_run_id"
 RESULTS_CSV = "results.csv"
 RESULTS_MD = "results.md"
 
@@ -112,17 +112,3 @@ def sweep_name(overrides: list[str], folder: str) -> str:
         if o.is_sweep_override() and not o.is_hydra_override()
     ]
     return f"sweep {' × '.join(swept) or 'of one job'} · {folder}"[:250]
-
-
-def parent_run_id() -> str | None:
-    """The sweep's parent run, when this process runs a job of a multirun with tracking."""
-    try:
-        from hydra.core.hydra_config import HydraConfig
-        from hydra.types import RunMode
-
-        if not HydraConfig.initialized() or HydraConfig.get().mode != RunMode.MULTIRUN:
-            return None
-        path = Path(HydraConfig.get().sweep.dir) / PARENT_FILE
-        return path.read_text().strip() if path.exists() else None
-    except Exception:  # no Hydra context
-        return None

@@ -16,7 +16,7 @@ from harness.graph import CATEGORIES, LANE_DEVICE, LANE_HOST
 from harness.metrics import BusyTime
 
 if TYPE_CHECKING:
-    from harness.run import RunResult
+    from harness.result import RunResult
 
 COLOURS = {
     "framework": "#8c564b",

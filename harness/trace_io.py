@@ -35,7 +35,7 @@ import pandas as pd
 
 from harness.config import MAX_STREAMS, OpKind, WorkloadConfig
 from harness.errors import ConfigError
-from harness.workload import (
+from harness.ops import (
     COMM_ALL_GATHER,
     COMM_ALL_REDUCE,
     COMM_ALL_TO_ALL,

@@ -25,6 +25,9 @@ log = logging.getLogger(__name__)
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 
 MAX_PARAM_CHARS = 6000  # MLflow 3 rejects longer param values
+# A sweep's parent run id, in the sweep directory (harness.sweep writes it before the jobs start): a
+# job's run is logged as its child.
+PARENT_FILE = "mlflow_parent_run_id"
 
 
 def launch_dir() -> Path:
@@ -119,8 +122,6 @@ def log_run(
     left = sorted({entry.name for entry in run_dir.iterdir()} - {entry.name for entry in logged})
     if left:
         tags["files_only_in_run_dir"] = " ".join(left)
-    from harness.sweep import parent_run_id
-
     parent = parent_run_id()
     if parent:
         tags["mlflow.parentRunId"] = parent  # shows the job nested under its sweep in the UI
@@ -148,3 +149,17 @@ def log_run(
 def _param_value(value: object) -> str:
     text = str(value)
     return text if len(text) <= MAX_PARAM_CHARS else text[: MAX_PARAM_CHARS - 3] + "..."
+
+
+def parent_run_id() -> str | None:
+    """The sweep's parent run, when this process runs a job of a multirun with tracking."""
+    try:
+        from hydra.core.hydra_config import HydraConfig
+        from hydra.types import RunMode
+
+        if not HydraConfig.initialized() or HydraConfig.get().mode != RunMode.MULTIRUN:
+            return None
+        path = Path(HydraConfig.get().sweep.dir) / PARENT_FILE
+        return path.read_text().strip() if path.exists() else None
+    except Exception:  # no Hydra context
+        return None

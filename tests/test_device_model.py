@@ -6,7 +6,8 @@ import pytest
 
 from conftest import compose_run
 from harness.device import device_times
-from harness.workload import FLAG_INT8, build_workload
+from harness.ops import FLAG_INT8
+from harness.workload import build_workload
 
 TFLOP = 1e12
 

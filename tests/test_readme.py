@@ -11,7 +11,6 @@ from __future__ import annotations
 import itertools
 import re
 import shlex
-from pathlib import Path
 
 import pytest
 

@@ -9,7 +9,8 @@ from harness.errors import ConfigError
 from harness.graph import CATEGORY
 from harness.run import simulate_run
 from harness.config import OpKind
-from harness.workload import FLAG_DYNAMIC, FLAG_VALUE_DEPENDENT, KIND_CODE, build_workload, parameter_count_b
+from harness.ops import FLAG_DYNAMIC, FLAG_VALUE_DEPENDENT, KIND_CODE
+from harness.workload import build_workload, parameter_count_b
 
 # Published totals (billions): model cards / release notes of each model.
 PUBLISHED_B = {"deepseek_v3": 671.0, "qwen3_30b_a3b": 30.5, "qwen25_7b": 7.61, "llama2_7b": 6.74, "llama31_8b": 8.03}
@@ -50,7 +51,7 @@ def test_prefill_variants_are_device_bound(preset):
 
 def test_memory_check_fails_with_the_sizes_and_passes_on_presets():
     run, wl = workload("workload=deepseek_v3", "hardware.device.hbm_gb=8")
-    from harness.workload import check_memory
+    from harness.ops import check_memory
 
     with pytest.raises(ConfigError) as err:
         check_memory(wl, run.hardware.device.hbm_gb)
