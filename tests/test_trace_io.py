@@ -10,11 +10,12 @@ import pytest
 from conftest import compose_run, run_cli
 from harness.device import device_times
 from harness.errors import ConfigError
+from harness.result import WALL_CLOCK_KEYS
 from harness.run import simulate_run
 from harness.trace_io import write_ops_csv
 from harness.workload import build_workload
 
-DIFFERENT_BY_NATURE = {"sim_wall_s", "peak_mem_gb", "devices"}  # a trace knows no memory plan or layout
+DIFFERENT_BY_NATURE = WALL_CLOCK_KEYS | {"peak_mem_gb", "devices"}  # a trace knows no memory plan or layout
 
 
 @pytest.mark.parametrize("preset,strategy", [("qwen3_30b_decode", "pipeline"), ("llama2_7b_prefill", "eager"), ("deepseek_v3", "async")])
