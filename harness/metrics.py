@@ -226,10 +226,8 @@ def summarize(measures: StepMeasures, workload: Workload, plan: StepPlan | None 
     per_category = measures.path_us[measured].sum(axis=0)
     path_us = float(per_category.sum())
     breakdown = per_category / path_us if path_us > 0 else per_category
-    host_share = float(sum(breakdown[CATEGORY[c]] for c in HOST_CATEGORIES))
 
     tokens_per_step = workload.tokens_out if workload.phase == Phase.decode else workload.tokens
-    bubble = 1.0 - device_busy_us / window_us if window_us > 0 else 0.0
     launches_per_step = measures.launches
     latency_ms = latency_us / US_PER_MS
     summary: dict = {
@@ -240,14 +238,9 @@ def summarize(measures: StepMeasures, workload: Workload, plan: StepPlan | None 
     }
     if workload.phase == Phase.prefill:
         summary["ttft_ms"] = float(latency_ms[measured].mean())  # each prefill step yields its batch's first token
+    summary.update(occupancy(breakdown, device_busy_us, host_busy_us, window_us))
     summary.update(
         {
-            "bubble_ratio": bubble,
-            "device_busy": 1.0 - bubble,
-            "host_busy_max": max(host_busy_us.values()) / window_us if window_us > 0 else 0.0,
-            "host_cpu_load": sum(host_busy_us.values()) / window_us if window_us > 0 else 0.0,
-            "bound": "host" if host_share > 0.5 else "device",
-            "bound_reason": bound_reason(host_share, breakdown, bubble),
             "ops_per_step": workload.n_kernels_per_step,
             "launches_per_step": float(launches_per_step[measured].mean()),
             "tasks_simulated": measures.tasks,
@@ -322,6 +315,21 @@ def peak_activation_bytes(result: SimulationResult, workload: Workload) -> float
             workload.activation_bytes(), len(result.graph.lane_names), ALLOC_STAGE, FREE_STAGE,
         )
     )
+
+
+def occupancy(breakdown: np.ndarray, device_busy_us: float, host_busy_us: dict, window_us: float) -> dict:
+    """Bubble, device and host busy, and the bound verdict of a window of steps: one rule for simulated
+    steps and for a profile's measured ones (`breakdown`: critical-path shares by CATEGORIES)."""
+    host_share = float(sum(breakdown[CATEGORY[c]] for c in HOST_CATEGORIES))
+    bubble = 1.0 - device_busy_us / window_us if window_us > 0 else 0.0
+    return {
+        "bubble_ratio": bubble,
+        "device_busy": 1.0 - bubble,
+        "host_busy_max": max(host_busy_us.values()) / window_us if window_us > 0 else 0.0,
+        "host_cpu_load": sum(host_busy_us.values()) / window_us if window_us > 0 else 0.0,
+        "bound": "host" if host_share > 0.5 else "device",
+        "bound_reason": bound_reason(host_share, breakdown, bubble),
+    }
 
 
 def bound_reason(host_share: float, breakdown: np.ndarray, bubble: float) -> str:

@@ -113,7 +113,7 @@ def run_notes(summary: Any) -> str:
             notes.append(f"padding waste {get('padding_waste'):.2f}")
     for key in ("graph_note", "serving_note", "throughput_note"):
         if _present(get(key)) and get(key):
-            notes.append(str(get(key)).replace(" not applied, host scheduling instead: ", " falls back to host scheduling: "))
+            notes.append(str(get(key)))
     if _present(get("tiling_cache_hit_rate")):
         notes.append(f"tiling hit rate {get('tiling_cache_hit_rate'):.2f}")
     return "; ".join(notes)

@@ -163,7 +163,7 @@ def prepare(run: RunConfig, batch: np.ndarray, kv_len: np.ndarray | None) -> tup
     if fallback:
         if graph.dynamic_fallback == Fallback.error:
             raise ConfigError(f"strategy.graph.mode={graph.mode.value}: {fallback}")
-        info["graph_note"] = f"{graph.mode.value} not applied, host scheduling instead: {fallback}"
+        info["graph_note"] = f"{graph.mode.value} falls back to host scheduling: {fallback}"
         padded = host_padded
     if graph_on:
         info.setdefault("graph_captures", int(np.count_nonzero(mode == BUILD)))

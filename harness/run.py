@@ -36,10 +36,11 @@ CHUNK_TASKS = 2_000_000
 TASKS_PER_OP_GUESS = 8  # sizes the first chunk (host stages + device task); later chunks use the count
 
 
-# What a run costs this process, measured on the presets (2-core machine, benchmarks/bench_scaling.py):
-# peak memory grows by 55–78 bytes per op and step (the per-step op arrays and their temporaries; the
-# simulation itself works in bounded chunks) above ~0.7 GB of libraries, and the whole run goes at
-# 5–7 M tasks/s. The estimate takes the high ends.
+# What a run costs this process, measured on a 2-core machine: peak RSS (`/usr/bin/time -f %M`) of
+# llama2_7b_prefill and deepseek_v3 runs at 1000 and 40000 steps grows by 55–78 bytes per op and step
+# (the per-step op arrays and their temporaries; the simulation itself works in bounded chunks) above
+# ~0.6–0.8 GB of libraries; end to end a run goes at 5.6–6.6 M tasks/s (benchmarks/bench_scaling.py).
+# The estimate takes the high or low end, whichever refuses sooner.
 BYTES_PER_OP_STEP = 80
 BASE_MEMORY_BYTES = 0.7e9
 TASKS_PER_S = 5e6

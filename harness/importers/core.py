@@ -316,7 +316,7 @@ def step_ops(profile: Profile, index: TraceIndex, window: Window, issued_anywher
     alloc_us = tiling_us = sync_wait = launch_lane = 0.0
 
     def take_gap(until: float) -> dict:
-        nonlocal cursor, alloc_us, tiling_us
+        nonlocal alloc_us, tiling_us
         gap = max(0.0, until - cursor)
         if gap > 0:
             segments.append((cursor, cursor + gap, "framework"))

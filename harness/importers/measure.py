@@ -25,7 +25,7 @@ import numpy as np
 from harness.graph import CATEGORIES
 from harness.importers.core import Imported, StepOps
 from harness.importers.events import ISSUING
-from harness.metrics import HOST_CATEGORIES, bound_reason
+from harness.metrics import occupancy
 
 US_PER_MS = 1e3
 DEVICE_CATEGORY = {"copy": "copy", "comm": "comm"}  # other device ops are compute
@@ -134,8 +134,6 @@ def measured_summary(imported: Imported) -> dict:
     path = {c: sum(p["path"][c] for p in parts) for c in CATEGORIES}
     path_total = sum(path.values())
     breakdown = np.array([path[c] / path_total if path_total > 0 else 0.0 for c in CATEGORIES])
-    host_share = float(sum(breakdown[CATEGORIES.index(c)] for c in HOST_CATEGORIES))
-    bubble = 1.0 - busy / window if window > 0 else 0.0
     lanes = {"main": sum(p["main_busy"] for p in parts), "launch": sum(p["launch_lane"] for p in parts)}
     idle = sum(p["host_wait"] + p["device_wait"] for p in parts)
     delays = np.concatenate([np.asarray(p["delays"], dtype=float) for p in parts]) if parts else np.zeros(0)
@@ -144,12 +142,7 @@ def measured_summary(imported: Imported) -> dict:
         "step_ms_mean": float(latency.mean()) / US_PER_MS,
         "step_ms_p50": float(np.percentile(latency, 50)) / US_PER_MS,
         "step_ms_p99": float(np.percentile(latency, 99)) / US_PER_MS,
-        "bubble_ratio": bubble,
-        "device_busy": 1.0 - bubble,
-        "host_busy_max": max(lanes.values()) / window if window > 0 else 0.0,
-        "host_cpu_load": sum(lanes.values()) / window if window > 0 else 0.0,
-        "bound": "host" if host_share > 0.5 else "device",
-        "bound_reason": bound_reason(host_share, breakdown, bubble),
+        **occupancy(breakdown, busy, lanes, window),
         "ops_per_step": float(np.mean([p["ops"] for p in parts])),
         "launches_per_step": float(np.mean([p["launches"] for p in parts])),
         "window_ms": window / US_PER_MS,
