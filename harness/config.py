@@ -6,11 +6,14 @@ the value. Building a config has no side effects.
 """
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import enum
+import math
 import os
 import re
 import time
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Dict, List, Optional, Sequence
@@ -77,14 +80,165 @@ def _check(obj: Any, condition: bool, field_name: str, requirement: str) -> None
         raise ConfigError(f"{obj._key}.{field_name}={value!r}: {requirement}")
 
 
-def _positive(obj: Any, *field_names: str) -> None:
-    for name in field_names:
-        _check(obj, getattr(obj, name) > 0, name, "must be > 0")
+# ---------------------------------------------------------------- limits
+# Every number a user can set has a finite, physically meaningful range, checked before anything runs:
+# inf, nan, 1e308 or 2**63 would otherwise reach numpy and the kernel (overflow warnings, NaN output,
+# "Python int too large to convert to C long", multi-GB allocations). The bounds are generous (a
+# thousand times beyond any device or host we know of) but finite; docs/reliability.md lists them.
 
 
-def _non_negative(obj: Any, *field_names: str) -> None:
-    for name in field_names:
-        _check(obj, getattr(obj, name) >= 0, name, "must be >= 0")
+@dataclass(frozen=True)
+class Limit:
+    low: float
+    high: float
+    unit: str = ""
+
+    def text(self) -> str:
+        unit = f" {self.unit}" if self.unit else ""
+        return f"{_number_text(self.low)}..{_number_text(self.high)}{unit}"
+
+
+def _number_text(value: float) -> str:
+    """1e7 → '1e7', 1048576 → '1048576', 0.001 → '0.001': bounds as a reader would write them."""
+    if value == int(value):
+        exponent = math.log10(abs(value)) if value else 0
+        if abs(value) >= 1e6 and exponent == int(exponent):
+            return f"1e{int(exponent)}" if value > 0 else f"-1e{int(exponent)}"
+        return str(int(value))
+    return f"{value:g}"
+
+
+US = Limit(0, 1e7, "µs")  # a host stage or fixed device cost: up to 10 s
+MS = Limit(0, 1e6, "ms")
+TFLOPS = Limit(1e-3, 1e5, "TFLOPS")  # 1 GFLOPS .. 100 PFLOPS per device
+GBPS = Limit(1e-3, 1e5, "GB/s")  # 1 MB/s .. 100 TB/s
+COUNT = Limit(1, 1e6)
+FRACTION = Limit(1e-3, 1.0)
+TOKENS = Limit(1, 1 << 24, "tokens")
+DEVICES = Limit(1, 4096, "devices")
+CV = Limit(0, 10)
+
+LIMITS: dict[str, Limit] = {
+    "seed": Limit(0, 2**63 - 1),
+    **{f"hardware.host.{name}": US for name in (
+        "framework_us", "infer_shape_us", "tiling_us", "alloc_us", "launch_us", "free_us", "sync_us", "param_write_us",
+        "packed_params_us", "driver_alloc_us", "tiling_lookup_us")},
+    "hardware.host.threads": Limit(1, 4096, "threads"),
+    "hardware.host.jitter_cv": CV,
+    "hardware.host.kernel_params": Limit(0, 10_000, "parameters"),
+    "hardware.host.stream_pool_speedup": Limit(0, 0.999),
+    "hardware.host.cpu_gflops": Limit(1e-3, 1e6, "GFLOPS"),
+    "hardware.device.ai_cores": Limit(1, 65_536, "cores"),
+    "hardware.device.rated_cores": Limit(0, 65_536, "cores"),
+    "hardware.device.cube_tflops": TFLOPS,
+    "hardware.device.cube_int8_tflops": Limit(0, 1e5, "TOPS"),
+    "hardware.device.vector_tflops": TFLOPS,
+    "hardware.device.matmul_efficiency": FRACTION,
+    "hardware.device.hbm_efficiency": FRACTION,
+    "hardware.device.hbm_gb": Limit(1e-3, 1e5, "GB"),
+    "hardware.device.hbm_gbps": GBPS,
+    "hardware.device.matmul_fixed_us": US,
+    "hardware.device.vector_fixed_us": US,
+    "hardware.device.comm_fixed_us": US,
+    "hardware.device.block_quantum_us": Limit(1e-3, 1e7, "µs"),
+    "hardware.link.pcie_gbps": GBPS,
+    "hardware.link.scaleup_gbps": GBPS,
+    "hardware.link.internode_gbps": GBPS,
+    "hardware.link.pcie_latency_us": US,
+    "hardware.link.scaleup_latency_us": US,
+    "hardware.link.internode_latency_us": US,
+    "hardware.link.devices_per_node": DEVICES,
+    **{f"hardware.graph.{name}": US for name in (
+        "replay_launch_us", "task_dispatch_us", "param_update_us", "sink_trigger_us", "address_update_us")},
+    "hardware.graph.capture_ms": MS,
+    "hardware.graph.sink_load_ms": MS,
+    "hardware.graph.graph_mem_mib": Limit(0, 1e6, "MiB"),
+    "hardware.graph.max_graphs": COUNT,
+    "workload.ops[].flops": Limit(0, 1e18, "FLOP"),
+    "workload.ops[].bytes": Limit(0, 1e15, "bytes"),
+    "workload.ops[].device_us": US,
+    "workload.ops[].host_us": US,
+    "workload.ops[].stream": Limit(-1, MAX_STREAMS - 1, "(-1: by kind, 0 compute, 1 communication)"),
+    "workload.ops[].after": Limit(0, 1e6, "op index"),
+    "workload.serving.arrival_rate_rps": Limit(1e-6, 1e6, "requests/s"),
+    "workload.serving.prompt_len_mean": TOKENS,
+    "workload.serving.output_len_mean": TOKENS,
+    "workload.serving.len_cv": CV,
+    "workload.serving.max_batch": Limit(1, 1 << 20, "sequences"),
+    "workload.serving.initial_requests": Limit(0, 1e7, "requests"),
+    "workload.tp": DEVICES,
+    "workload.dp": DEVICES,
+    "workload.ep": Limit(0, 4096, "devices"),
+    "workload.batch_size": Limit(1, 1 << 20, "sequences"),
+    "workload.context_len": TOKENS,
+    "workload.steps": Limit(1, 1e9, "steps"),
+    "workload.warmup_steps": Limit(0, 1e9, "steps"),
+    "workload.repeat": Limit(1, 1e6),
+    "strategy.queue_capacity": Limit(1, 1e6, "ops"),
+    "strategy.kv_block": TOKENS,
+    "strategy.tiling_cache_entries": Limit(1, 1e9, "entries"),
+    "strategy.fusion_max_ops": Limit(1, 10_000, "ops"),
+    "strategy.graph.buckets": Limit(1, 1 << 20, "sequences"),
+    "engine.layer_overhead_us": US,
+    **{f"engine.{stage}.{cost}": US for stage in ("schedule", "prepare", "sample", "output", "api")
+       for cost in ("per_step_us", "per_request_us", "per_token_us")},
+    "engine.multi_step": Limit(1, 1024, "steps"),
+    "tracking.timeout_s": Limit(0.1, 3600, "s"),
+    # Model card fields (workloads/*.yaml and workload.card_overrides.*); all integers but layer_overhead_us.
+    **{f"card.{name}": Limit(1, 1 << 20) for name in (
+        "hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim", "v_head_dim", "vocab_size")},
+    **{f"card.{name}": Limit(1, 1 << 24) for name in ("intermediate_size", "moe_intermediate_size")},
+    **{f"card.{name}": Limit(0, 1 << 20) for name in ("q_lora_rank", "kv_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim")},
+    "card.num_hidden_layers": Limit(1, 10_000, "layers"),
+    "card.first_k_dense_replace": Limit(0, 10_000, "layers"),
+    "card.n_routed_experts": Limit(0, 65_536, "experts"),
+    "card.n_shared_experts": Limit(0, 1024, "experts"),
+    "card.num_experts_per_tok": Limit(1, 65_536, "experts"),
+    "card.dtype_bytes": Limit(1, 8, "bytes"),
+    "card.layer_overhead_us": US,
+    "output.trace_steps": Limit(0, 10_000, "steps"),
+    "output.timeline_steps": Limit(0, 1_000, "steps"),
+}
+
+
+def check_number(key: str, value: Any, limit: Limit, integer: bool = False) -> None:
+    """Raise ConfigError naming `key` unless `value` is a finite number (an integer if asked) within `limit`."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or (integer and not isinstance(value, int)):
+        raise ConfigError(f"{key}={value!r}: must be {'an integer' if integer else 'a number'} in {limit.text()}")
+    if not math.isfinite(value):
+        raise ConfigError(f"{key}={value!r}: must be a finite number in {limit.text()}")
+    if not limit.low <= value <= limit.high:
+        raise ConfigError(f"{key}={value!r}: must be in {limit.text()}")
+
+
+def _numeric_fields(cls: type) -> list[tuple[str, bool]]:
+    """(name, integer) of a dataclass's int/float fields, Optional and List ones included."""
+    hints = typing.get_type_hints(cls)
+    out = []
+    for f in dataclasses.fields(cls):
+        kinds = {t for t in _leaf_types(hints[f.name]) if t in (int, float)}
+        if kinds:
+            out.append((f.name, kinds == {int}))
+    return out
+
+
+def _leaf_types(hint: Any) -> list[Any]:
+    args = typing.get_args(hint)
+    return [t for arg in args for t in _leaf_types(arg)] if args else [hint]
+
+
+def check_limits(obj: Any, key: Optional[str] = None) -> None:
+    """Check every number field of a config dataclass against LIMITS (lists item by item, None skipped)."""
+    section = key or obj._key
+    for name, integer in _numeric_fields(type(obj)):
+        full = f"{section}.{name}"
+        limit = LIMITS[full]
+        value = getattr(obj, name)
+        if isinstance(value, list):
+            for i, item in enumerate(value):
+                check_number(f"{full}[{i}]", item, limit, integer)
+        elif value is not None:
+            check_number(full, value, limit, integer)
 
 
 class Platform(enum.Enum):
@@ -122,12 +276,7 @@ class HostConfig:
     cpu_gflops: float = 50.0  # host compute rate for ops run on the CPU (heterogeneous execution)
 
     def __post_init__(self) -> None:
-        _positive(self, "threads", "cpu_gflops")
-        _non_negative(
-            self, "framework_us", "infer_shape_us", "tiling_us", "alloc_us", "launch_us", "free_us", "sync_us", "jitter_cv",
-            "kernel_params", "param_write_us", "packed_params_us", "driver_alloc_us", "stream_pool_speedup", "tiling_lookup_us",
-        )
-        _check(self, self.stream_pool_speedup < 1, "stream_pool_speedup", "must be < 1")
+        check_limits(self)
         # launch_us covers a kernel's own parameters written one by one: the call itself cannot be negative.
         _check(
             self,
@@ -161,10 +310,7 @@ class DeviceConfig:
     block_quantum_us: float = 10.0  # time base of "one core's capacity" in the block-split rule
 
     def __post_init__(self) -> None:
-        _positive(self, "ai_cores", "cube_tflops", "vector_tflops", "hbm_gb", "hbm_gbps", "block_quantum_us")
-        _non_negative(self, "matmul_fixed_us", "vector_fixed_us", "comm_fixed_us", "cube_int8_tflops", "rated_cores")
-        for name in ("matmul_efficiency", "hbm_efficiency"):
-            _check(self, 0 < getattr(self, name) <= 1, name, "must be in (0, 1]")
+        check_limits(self)
 
     @property
     def cores_rated(self) -> int:
@@ -185,8 +331,7 @@ class LinkConfig:
     internode_latency_us: float = 1.5
 
     def __post_init__(self) -> None:
-        _positive(self, "pcie_gbps", "scaleup_gbps", "devices_per_node", "internode_gbps")
-        _non_negative(self, "pcie_latency_us", "scaleup_latency_us", "internode_latency_us")
+        check_limits(self)
 
 
 @dataclass
@@ -205,9 +350,7 @@ class GraphCostConfig:
     max_graphs: int = 1800  # graph resources (streams) available; a graph of L layers uses L + 1
 
     def __post_init__(self) -> None:
-        _non_negative(self, "capture_ms", "graph_mem_mib", "replay_launch_us", "task_dispatch_us", "param_update_us",
-                      "sink_load_ms", "sink_trigger_us", "address_update_us")
-        _positive(self, "max_graphs")
+        check_limits(self)
 
 
 @dataclass
@@ -240,10 +383,7 @@ class OpSpec:
     compute_dependent: bool = False  # output shape known only after it ran (drain, D2H + sync)
 
     def __post_init__(self) -> None:
-        _non_negative(self, "flops", "bytes", "host_us")
-        _check(self, -1 <= self.stream < MAX_STREAMS, "stream", f"must be -1 (by kind) or a stream 0..{MAX_STREAMS - 1} (0 compute, 1 communication)")
-        if self.device_us is not None:
-            _non_negative(self, "device_us")
+        check_limits(self)
 
 
 @dataclass
@@ -265,8 +405,7 @@ class ServingConfig:
     initial_requests: int = 0  # requests already waiting at t = 0
 
     def __post_init__(self) -> None:
-        _positive(self, "arrival_rate_rps", "prompt_len_mean", "output_len_mean", "max_batch")
-        _non_negative(self, "len_cv", "initial_requests")
+        check_limits(self)
 
 
 @dataclass
@@ -296,8 +435,7 @@ class WorkloadConfig:
         if self.serving.enabled:
             _check(self, self.phase == Phase.decode, "phase", "serving batches need phase=decode")
             _check(self, self.card is not None, "card", "serving batches need a model card (sizes follow the batch)")
-        _positive(self, "batch_size", "context_len", "steps", "tp", "dp", "repeat")
-        _non_negative(self, "warmup_steps", "ep")
+        check_limits(self)
         _check(self, self.warmup_steps < self.steps, "warmup_steps", f"must be < workload.steps={self.steps}")
         _check(self, self.ep <= self.devices, "ep", f"must be <= the devices (tp × dp = {self.devices})")
         if self.card is None and self.path is None:
@@ -338,7 +476,8 @@ class GraphStrategyConfig:
     dynamic_fallback: Fallback = Fallback.host  # when graph mode cannot apply (dynamic shapes, too many graphs)
 
     def __post_init__(self) -> None:
-        _check(self, len(self.buckets) > 0 and min(self.buckets) > 0, "buckets", "must be a non-empty list of positive sizes")
+        check_limits(self)
+        _check(self, 0 < len(self.buckets) <= 10_000, "buckets", "must be a list of 1..10000 sizes")
 
 
 @dataclass
@@ -362,7 +501,7 @@ class StrategyConfig:
     heterogeneous: List[str] = field(default_factory=list)  # op types run on host CPU cores (e.g. [sampling]); "flagged": cpu_eligible ops
 
     def __post_init__(self) -> None:
-        _positive(self, "queue_capacity", "tiling_cache_entries", "fusion_max_ops", "kv_block")
+        check_limits(self)
 
 
 @dataclass
@@ -411,13 +550,9 @@ class EngineConfig:
     output_process: bool = False
 
     def __post_init__(self) -> None:
-        _non_negative(self, "layer_overhead_us")
-        _positive(self, "multi_step")
+        check_limits(self)
         for stage in ENGINE_STAGES:
-            for name in ("per_step_us", "per_request_us", "per_token_us"):
-                value = getattr(getattr(self, stage), name)
-                if not value >= 0:
-                    raise ConfigError(f"engine.{stage}.{name}={value!r}: must be >= 0")
+            check_limits(getattr(self, stage), f"engine.{stage}")
 
     @property
     def active(self) -> bool:
@@ -442,6 +577,31 @@ class TrackingConfig:
     uri: Optional[str] = None  # default: sqlite file outputs/mlflow.db under the launch directory
     experiment: str = "hostbound"
     artifacts: ArtifactPolicy = ArtifactPolicy.small
+    # How long logging may wait on an unreachable store before the run gives up on it (its files stay):
+    # the HTTP timeout of each request, with no retries (MLflow's MLFLOW_HTTP_REQUEST_* variables win when set).
+    timeout_s: float = 5.0
+
+    def __post_init__(self) -> None:
+        check_limits(self)
+        _check(self, bool(self.experiment.strip()), "experiment", "must name an experiment")
+        if self.uri is not None:
+            scheme = tracking_scheme(self.uri)
+            _check(
+                self, scheme in TRACKING_SCHEMES, "uri",
+                f"unknown scheme {scheme!r} (use sqlite:///PATH, http(s)://HOST:PORT, postgresql://…, mysql://…, file:PATH or a folder)",
+            )
+
+
+# Stores MLflow opens: its SQLAlchemy databases, a tracking server, a local folder (file store).
+TRACKING_SCHEMES = ("sqlite", "postgresql", "mysql", "mssql", "http", "https", "file", "databricks", "")
+
+
+def tracking_scheme(uri: str) -> str:
+    """`postgresql+psycopg2://…` → `postgresql`; a plain path → ''."""
+    match = re.match(r"([A-Za-z][A-Za-z0-9+.-]*):", uri)
+    if not match or len(match[1]) == 1:  # no scheme, or a Windows drive letter
+        return ""
+    return match[1].split("+", 1)[0].lower()
 
 
 @dataclass
@@ -452,7 +612,7 @@ class OutputConfig:
     print_summary: bool = True
 
     def __post_init__(self) -> None:
-        _non_negative(self, "trace_steps", "timeline_steps")
+        check_limits(self)
 
 
 @dataclass
@@ -469,8 +629,7 @@ class RunConfig:
     _key: ClassVar[str] = "run"
 
     def __post_init__(self) -> None:
-        if self.seed < 0:
-            raise ConfigError(f"seed={self.seed}: must be >= 0")
+        check_number("seed", self.seed, LIMITS["seed"], integer=True)
         needs, has = self.strategy.platform, self.hardware.platform
         if Platform.any not in (needs, has) and needs != has:
             nearest = GRAPH_STRATEGY_OF[has]
@@ -553,7 +712,7 @@ def _written(key: str, overrides: Sequence[str], fallback: str) -> str:
     return f"{key}={fallback}"
 
 
-def _did_you_mean(word: str, choices: Sequence[str]) -> str:
+def did_you_mean(word: str, choices: Sequence[str]) -> str:
     close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
     return f" (did you mean {close[0]}?)" if close else ""
 
@@ -577,17 +736,17 @@ def _explain(raw: str, overrides: Sequence[str]) -> Optional[str]:
         options = group_options(group)
         if not options:
             return None
-        return f"{group}={value}: no such {group} preset{_did_you_mean(value, options)}; choose from {', '.join(options)}"
+        return f"{group}={value}: no such {group} preset{did_you_mean(value, options)}; choose from {', '.join(options)}"
     if m := re.search(r"Key '[^']+' not in '\w+'; full_key: (?P<key>\S+)", raw):
         key = m["key"]
-        return f"{_written(key, overrides, '...')}: no such key{_did_you_mean(key, config_keys())}"
+        return f"{_written(key, overrides, '...')}: no such key{did_you_mean(key, config_keys())}"
     if m := re.search(r"Value '(?P<value>.*?)' of type '\w+' could not be converted to (?P<to>\w+); full_key: (?P<key>[^;\s]+)", raw):
         return f"{_written(m['key'], overrides, m['value'])}: must be {_TYPE_WORDS.get(m['to'], m['to'])}"
     if m := re.search(r"Value '(?P<value>.*?)' is not a valid bool \(type \w+\); full_key: (?P<key>[^;\s]+)", raw):
         return f"{_written(m['key'], overrides, m['value'])}: must be true or false"
     if m := re.search(r"Invalid value '(?P<value>.*?)', expected one of \[(?P<options>[^\]]*)\]; full_key: (?P<key>[^;\s]+)", raw):
         options = [o.strip() for o in m["options"].split(",")]
-        return f"{_written(m['key'], overrides, m['value'])}: must be one of {', '.join(options)}{_did_you_mean(m['value'], options)}"
+        return f"{_written(m['key'], overrides, m['value'])}: must be one of {', '.join(options)}{did_you_mean(m['value'], options)}"
     if m := re.search(r"Could not override '(?P<key>[^']+)'\. No match in the defaults list", raw):
         key = m["key"]
         return f"{_written(key, overrides, '...')}: {key} is not in the defaults list; add it with +{_written(key, overrides, '...')}"

@@ -25,7 +25,7 @@ from typing import Callable, Optional
 import numpy as np
 from omegaconf import OmegaConf
 
-from harness.config import WORKLOADS_DIR, OpKind, Phase, Quant, WorkloadConfig
+from harness.config import LIMITS, WORKLOADS_DIR, OpKind, Phase, Quant, WorkloadConfig, check_number, did_you_mean
 from harness.errors import ConfigError
 from harness.ops import (
     BYTES_PER_GB,
@@ -392,7 +392,38 @@ def _tied_head(s: Shapes) -> Cost:
     return cost
 
 
-CARD_INT_KEYS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "intermediate_size", "vocab_size", "dtype_bytes")
+CARD_REQUIRED = ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "intermediate_size", "vocab_size", "dtype_bytes")
+CARD_NUMBERS = {key.removeprefix("card."): limit for key, limit in LIMITS.items() if key.startswith("card.")}
+CARD_FLAGS = ("attention_bias", "tie_word_embeddings")
+CARD_TEXT = ("name", "family")
+CARD_OP_LISTS = ("pre_ops", "layer_ops", "post_ops", "unfused_pre_ops", "unfused_layer_ops", "unfused_post_ops", "layer_groups")
+CARD_FIELDS = (*CARD_NUMBERS, *CARD_FLAGS, *CARD_TEXT, *CARD_OP_LISTS)
+
+
+def _check_card_fields(card: dict, where: str, overridden: set) -> None:
+    """Every field known, of its type and within its range (the same limits as the config's numbers);
+    a field set by workload.card_overrides is named by that key, one from the file by the file."""
+    for key, value in card.items():
+        label = f"workload.card_overrides.{key}" if key in overridden else f"{where} {key}"
+        if key not in CARD_FIELDS:
+            raise ConfigError(f"{label}: not a card field{did_you_mean(key, CARD_FIELDS)}")
+        if value is None and key not in CARD_REQUIRED:
+            continue
+        if key in CARD_NUMBERS:
+            check_number(label, value, CARD_NUMBERS[key], integer=key != "layer_overhead_us")
+        elif key in CARD_FLAGS and not isinstance(value, bool):
+            raise ConfigError(f"{label}={value!r}: must be true or false")
+        elif key in CARD_TEXT and not isinstance(value, str):
+            raise ConfigError(f"{label}={value!r}: must be text")
+        elif key in CARD_OP_LISTS and not isinstance(value, list):
+            raise ConfigError(f"{label}={value!r}: must be a list of ops")
+    for key in CARD_REQUIRED:
+        if card.get(key) is None:
+            raise ConfigError(f"{where} {key}: missing (every card needs {', '.join(CARD_REQUIRED)})")
+    for i, group in enumerate(card.get("layer_groups") or []):
+        if not isinstance(group, dict) or set(group) - {"count", "ops"}:
+            raise ConfigError(f"{where} layer_groups[{i}]={group!r}: must be {{count: N, ops: [...]}}")
+        check_number(f"{where} layer_groups[{i}].count", group.get("count"), LIMITS["card.num_hidden_layers"], integer=True)
 
 
 # ---------------------------------------------------------------- cards
@@ -421,10 +452,7 @@ def _load_card(name: str, overrides_json: str) -> dict:
             raise ConfigError(f"workload.card_overrides.{key}={value!r}: card {name!r} has no such field (fields: {', '.join(sorted(card))})")
         card[key] = value
     where = f"workloads/{name}.yaml" + (" (with workload.card_overrides)" if overrides else "")
-    for key in CARD_INT_KEYS:
-        value = card.get(key)
-        if not isinstance(value, int) or value <= 0:
-            raise ConfigError(f"{where} {key}={value!r}: must be a positive integer")
+    _check_card_fields(card, where, {key for key, _ in overrides})
     if "layer_ops" in card:
         card["layer_groups"] = [{"count": card["num_hidden_layers"], "ops": card.pop("layer_ops")}]
     groups = card.get("layer_groups") or []
@@ -439,7 +467,7 @@ def _load_card(name: str, overrides_json: str) -> dict:
         names = []
         for entry in ops:
             op, after = _entry(entry)
-            if op not in OP_FORMULAS:
+            if not isinstance(op, str) or op not in OP_FORMULAS:
                 raise ConfigError(f"{where} {key} op {op!r}: unknown op (known: {', '.join(sorted(OP_FORMULAS))})")
             if after is not None and after not in names:
                 raise ConfigError(f"{where} {key} op {op!r} after={after!r}: not an earlier op of the same list")
@@ -450,7 +478,7 @@ def _load_card(name: str, overrides_json: str) -> dict:
 def _entry(entry) -> tuple[str, Optional[str]]:
     """A card op entry: a name, or {op: name, after: earlier op name}."""
     if isinstance(entry, dict):
-        return entry["op"], entry.get("after")
+        return entry.get("op"), entry.get("after")
     return entry, None
 
 

@@ -87,6 +87,6 @@ def test_wheel_installs_and_runs_outside_the_checkout(tmp_path):
     refused = subprocess.run(
         [str(site / "bin" / "hostbound"), "workload.batch_size=0"], cwd=elsewhere, env=env, capture_output=True, text=True
     )
-    assert refused.returncode == 2 and refused.stderr.strip() == "hostbound: error: workload.batch_size=0: must be > 0"
+    assert refused.returncode == 2 and refused.stderr.strip() == "hostbound: error: workload.batch_size=0: must be in 1..1048576 sequences"
     (summary,) = (elsewhere / "outputs" / "runs").rglob("summary.json")
     assert "qwen25_7b_decode" in str(summary.parent.name)
