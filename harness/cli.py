@@ -7,6 +7,7 @@ itself first (each value of a sweep in turn) and validates it; only then does Hy
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from pathlib import Path
 
@@ -23,15 +24,20 @@ from harness.workload import build_workload
 
 log = logging.getLogger(__name__)
 
+# Exit statuses: 2 bad input (nothing written), 3 tracking failed (the run's files are complete),
+# 4 a file could not be written (disk full, file-size limit; files written before it are complete).
 EXIT_BAD_INPUT = 2
+EXIT_WRITE_FAILED = 4
 # Hydra flags that take a value, and flags after which there is nothing to check.
 _FLAGS_WITH_VALUE = {"--config-path", "-cp", "--config-name", "-cn", "--config-dir", "-cd", "--experimental-rerun"}
 _INFO_FLAGS = {"--help", "-h", "--hydra-help", "--info", "-i", "--shell-completion", "-sc", "--version", "--cfg", "-c", "--resolve", "-p", "--package"}
 
 
-def fail(message: str) -> None:
+def fail(message: str, status: int = EXIT_BAD_INPUT) -> None:
+    if sys.stderr.isatty():  # a progress line may be showing: the error replaces it
+        sys.stderr.write("\r\033[K")
     print(f"hostbound: error: {message}", file=sys.stderr)
-    raise SystemExit(EXIT_BAD_INPUT)
+    raise SystemExit(status)
 
 
 def _split_argv(argv: list[str]) -> tuple[list[str], str, bool]:
@@ -118,15 +124,18 @@ def check_run(run: RunConfig) -> None:
     """What can fail before simulating: the model card or trace file, and whether the rank fits in HBM
     (for serving batches: max_batch sequences of mean prompt + output length), and whether the run's
     arrays fit in this machine's memory (checked first: it needs only a one-step build)."""
-    from harness.run import check_size
+    from harness.run import check_size, is_op_list
 
-    check_size(run)
+    if not is_op_list(run):
+        check_size(run)
     batch = kv = None
     serving = run.workload.serving
     if serving.enabled:
         batch = np.full(run.workload.steps, serving.max_batch)
         kv = np.full(run.workload.steps, serving.prompt_len_mean + serving.output_len_mean)
     workload = build_workload(run.workload, devices_per_node=run.hardware.link.devices_per_node, batch=batch, kv_len=kv)
+    if is_op_list(run):
+        check_size(run, workload)
     check_memory(workload, run.hardware.device.hbm_gb)
 
 
@@ -135,6 +144,8 @@ def run_from_hydra(cfg: DictConfig) -> float:
     from harness.outputs import format_summary
     from harness.run import execute
 
+    from harness.files import WriteError
+
     try:
         run = to_run_config(cfg)
         run_dir = Path(HydraConfig.get().runtime.output_dir)
@@ -142,7 +153,19 @@ def run_from_hydra(cfg: DictConfig) -> float:
         outcome = execute(run, run_dir, params, tuple(HydraConfig.get().overrides.task))
     except HarnessError as exc:
         fail(str(exc))
+    except WriteError as exc:
+        fail(str(exc.strerror), EXIT_WRITE_FAILED)
     if run.output.print_summary:
         names = run.names
         print(format_summary(outcome.summary, names, run_dir))
+    if outcome.tracking_error:
+        from hydra.types import RunMode
+
+        from harness.tracking import EXIT_TRACKING_FAILED, FAILED_ENV
+
+        if HydraConfig.get().mode == RunMode.MULTIRUN:  # the sweep goes on without the store and says so at its end
+            os.environ[FAILED_ENV] = outcome.tracking_error.reason
+            log.warning("%s", outcome.tracking_error)
+        else:
+            fail(str(outcome.tracking_error), EXIT_TRACKING_FAILED)
     return float(outcome.summary["throughput_tok_s"])

@@ -161,13 +161,7 @@ def shape_keys(template_ids: np.ndarray, tokens: np.ndarray, varying: np.ndarray
 
 def from_static_ops(cfg: WorkloadConfig, rows: list[dict], per_step: Optional[dict] = None) -> Workload:
     """A workload from explicit ops (the same every step unless `per_step` gives (steps, ops) arrays)."""
-    steps = cfg.steps
-    n = len(rows)
-    kind = np.array([KIND_CODE[r["kind"]] for r in rows], dtype=np.int8)
-    stream = np.array(
-        [r["stream"] if r.get("stream", -1) >= 0 else (STREAM_COMM if r["kind"] == OpKind.comm else STREAM_COMPUTE) for r in rows],
-        dtype=np.int8,
-    )
+    kinds = [r["kind"] for r in rows]
     flags = np.array(
         [
             r.get("dynamic", False) * FLAG_DYNAMIC
@@ -179,17 +173,37 @@ def from_static_ops(cfg: WorkloadConfig, rows: list[dict], per_step: Optional[di
         ],
         dtype=np.uint8,
     )
-    # None: the previous op (an explicit op list's empty `after`); []: no dependency (a CSV's "-").
-    after = [list(r["after"]) if r.get("after") is not None else ([j - 1] if j > 0 else []) for j, r in enumerate(rows)]
+    per_step = dict(per_step or {})
+    for column, default in (("flops", 0.0), ("bytes", 0.0), ("device_us", None)):
+        if column not in per_step:
+            values = [np.nan if r.get(column, default) is None else r.get(column, default) for r in rows]
+            per_step[column] = np.tile(np.array(values, dtype=np.float64), (cfg.steps, 1))
+    return from_op_arrays(
+        cfg,
+        names=[r["name"] for r in rows],
+        kind=np.array([KIND_CODE[k] for k in kinds], dtype=np.int8),
+        stream=np.array([r.get("stream", -1) for r in rows], dtype=np.int8),
+        flags=flags,
+        after=[None if r.get("after") is None else list(r["after"]) for r in rows],
+        host_us=np.array([r.get("host_us", 0.0) or 0.0 for r in rows], dtype=np.float64),
+        per_step=per_step,
+    )
+
+
+def from_op_arrays(
+    cfg: WorkloadConfig, names: list[str], kind: np.ndarray, stream: np.ndarray, flags: np.ndarray,
+    after: list[Optional[list[int]]], host_us: np.ndarray, per_step: dict,
+) -> Workload:
+    """A workload from per-op arrays and (steps, ops) arrays of `flops`, `bytes`, `device_us` (and
+    optionally `shape_key`). `stream` -1: by kind; `after` None: the previous op, []: no dependency."""
+    steps = cfg.steps
+    n = len(names)
+    stream = np.where(stream >= 0, stream, np.where(kind == KIND_CODE[OpKind.comm], STREAM_COMM, STREAM_COMPUTE)).astype(np.int8)
+    after = [deps if deps is not None else ([j - 1] if j > 0 else []) for j, deps in enumerate(after)]
     for j, deps in enumerate(after):
         for d in deps:
             if not 0 <= d < j:
                 raise ConfigError(f"workload.ops[{j}].after={deps}: must name earlier ops (indices 0..{j - 1})")
-    per_step = per_step or {}
-    flops = per_step.get("flops", np.tile(np.array([r.get("flops", 0.0) for r in rows], dtype=np.float64), (steps, 1)))
-    nbytes = per_step.get("bytes", np.tile(np.array([r.get("bytes", 0.0) for r in rows], dtype=np.float64), (steps, 1)))
-    fixed = [np.nan if r.get("device_us") is None else r["device_us"] for r in rows]
-    device_us = per_step.get("device_us", np.tile(np.array(fixed, dtype=np.float64), (steps, 1)))
     dynamic = (flags & FLAG_DYNAMIC) > 0
     shape_key = per_step.get("shape_key")
     if shape_key is None:
@@ -200,18 +214,18 @@ def from_static_ops(cfg: WorkloadConfig, rows: list[dict], per_step: Optional[di
     return Workload(
         name=cfg.name,
         phase=cfg.phase,
-        op_names=[r["name"] for r in rows],
+        op_names=list(names),
         kind=kind,
         stream=stream,
         flags=flags,
         after=after,
         comm=np.zeros(n, dtype=np.int8),
         comm_ranks=np.ones(n, dtype=np.int32),
-        flops=np.ascontiguousarray(flops, dtype=np.float64),
-        bytes=np.ascontiguousarray(nbytes, dtype=np.float64),
-        device_us=np.ascontiguousarray(device_us, dtype=np.float64),
+        flops=np.ascontiguousarray(per_step["flops"], dtype=np.float64),
+        bytes=np.ascontiguousarray(per_step["bytes"], dtype=np.float64),
+        device_us=np.ascontiguousarray(per_step["device_us"], dtype=np.float64),
         shape_key=np.ascontiguousarray(shape_key, dtype=np.int64),
-        host_us=np.array([r.get("host_us", 0.0) or 0.0 for r in rows], dtype=np.float64),
+        host_us=host_us,
         batch=batch,
         kv_len=default_kv_len(cfg.phase, cfg.context_len, steps),
         tokens=batch if decode else batch * cfg.context_len,

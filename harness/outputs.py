@@ -1,17 +1,16 @@
 """Files of a run directory: summary.json, steps.parquet, trace.json, and the terminal summary.
 
-Every file is written to a temporary name and renamed, so a failing run never leaves a half-written
-file in place of a good one.
+Every file is written through harness.files.atomic_write: complete or not at all.
 """
 from __future__ import annotations
 
-import json
-import os
+import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from harness.files import atomic_write, write_json
 from harness.graph import CATEGORIES, LANE_COPY, LANE_DEVICE, LANE_EXTERNAL
 
 if TYPE_CHECKING:
@@ -21,22 +20,16 @@ SUMMARY_FILE = "summary.json"
 STEPS_FILE = "steps.parquet"
 TRACE_FILE = "trace.json"
 TIMELINE_FILE = "timeline.png"
+# trace.json's cap: ~100 bytes an event, so ~50 MB (Perfetto's UI loads that; gigabytes it does not).
+MAX_TRACE_EVENTS = 500_000
 
-
-def _atomic_write(path: Path, write) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    write(tmp)
-    os.replace(tmp, path)
-
-
-def write_json(path: Path, data: Any, indent: int | None = 2) -> None:
-    _atomic_write(path, lambda tmp: tmp.write_text(json.dumps(data, indent=indent) + "\n"))
+log = logging.getLogger(__name__)
 
 
 def write_outputs(run_dir: Path, outcome: "RunResult", names: dict, trace_steps: int, timeline_steps: int = 0) -> None:
     run_dir.mkdir(parents=True, exist_ok=True)
     write_json(run_dir / SUMMARY_FILE, {**names, **outcome.summary})
-    _atomic_write(run_dir / STEPS_FILE, lambda tmp: outcome.steps.to_parquet(tmp, index=False))
+    atomic_write(run_dir / STEPS_FILE, lambda tmp: outcome.steps.to_parquet(tmp, index=False))
     if trace_steps > 0:
         write_json(run_dir / TRACE_FILE, chrome_trace(outcome, trace_steps), indent=None)  # compact: tens of thousands of events
     if timeline_steps > 0:
@@ -53,6 +46,12 @@ def chrome_trace(outcome: "RunResult", trace_steps: int) -> dict:
     first = int(np.flatnonzero(outcome.steps["measured"].to_numpy())[0])
     step = result.column("step")
     chosen = np.flatnonzero((step >= first) & (step < first + trace_steps))
+    if chosen.size > MAX_TRACE_EVENTS:  # a million-op step would write gigabytes no viewer opens
+        log.warning(
+            "trace.json holds the first %d of the %d tasks of steps %d-%d (at most %d events)",
+            MAX_TRACE_EVENTS, chosen.size, first, first + trace_steps - 1, MAX_TRACE_EVENTS,
+        )
+        chosen = chosen[:MAX_TRACE_EVENTS]
     pid_of_kind = {0: 1, LANE_DEVICE: 2, LANE_COPY: 3, LANE_EXTERNAL: 2}  # external waits show with the device
     events: list[dict] = [
         {"ph": "M", "name": "process_name", "pid": 1, "args": {"name": "host"}},

@@ -32,7 +32,7 @@ from harness.errors import HarnessError
 from harness.importers import load_profile
 from harness.importers.core import Imported, import_profile, ops_table, write_ops_table
 from harness.importers.measure import linkage, measured_summary, peer_breakdown, step_table
-from harness.outputs import write_json
+from harness.files import atomic_write, write_json, write_text
 
 PROFILE_FILE, OPS_FILE, REPLAY_FILE = "profile.json", "ops.csv", "replay.txt"
 WHATIF_CSV, WHATIF_MD = "whatif.csv", "whatif.md"
@@ -188,7 +188,7 @@ def main(argv: Optional[list[str]] = None) -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     write_json(args.out / PROFILE_FILE, record)
     write_ops_table(table, args.out / OPS_FILE)
-    (args.out / REPLAY_FILE).write_text(replay + "\n")
+    write_text(args.out / REPLAY_FILE, replay + "\n")
     print(describe(record))
     print(replay)
     if args.what_if:
@@ -196,9 +196,9 @@ def main(argv: Optional[list[str]] = None) -> None:
             results = what_if(imported, overrides, summary)
         except HarnessError as exc:
             fail(str(exc))
-        results.to_csv(args.out / WHATIF_CSV, index=False)
+        atomic_write(args.out / WHATIF_CSV, lambda tmp: results.to_csv(tmp, index=False))
         shown = results.drop(columns=["bound_reason"]).round({"step_ms": 3, "speedup": 2, "device_busy": 3, "bubble": 3})
-        (args.out / WHATIF_MD).write_text(shown.to_markdown(index=False) + "\n")
+        write_text(args.out / WHATIF_MD, shown.to_markdown(index=False) + "\n")
         print(shown.to_markdown(index=False))
 
 

@@ -18,6 +18,7 @@ import numpy as np
 import pandas as pd
 from omegaconf import OmegaConf
 
+from harness.files import atomic_write, write_text
 from harness.outputs import run_notes
 
 KEYS = ["hardware", "workload", "strategy"]
@@ -147,8 +148,10 @@ def plot(table: pd.DataFrame, out: Path) -> list[Path]:
         ax.legend(title="strategy", fontsize=8)
         ax.figure.tight_layout()
         path = out / name
-        ax.figure.savefig(path, dpi=110)
-        plt.close(ax.figure)
+        try:
+            atomic_write(path, lambda tmp: ax.figure.savefig(tmp, dpi=110))
+        finally:
+            plt.close(ax.figure)
         written.append(path)
     return written
 
@@ -174,9 +177,9 @@ def main(argv: list[str] | None = None) -> None:
     table = comparison(runs)
     out = args.out or (args.dirs[0] if args.dirs else Path("outputs") / "report")
     out.mkdir(parents=True, exist_ok=True)
-    table.to_csv(out / "comparison.csv", index=False)
+    atomic_write(out / "comparison.csv", lambda tmp: table.to_csv(tmp, index=False))
     markdown = to_markdown(table)
-    (out / "comparison.md").write_text(markdown + "\n")
+    write_text(out / "comparison.md", markdown + "\n")
     plots = plot(table, out)
     print(markdown)
     for key in missing_eager(table):

@@ -23,6 +23,7 @@ from omegaconf import OmegaConf
 
 from harness.config import CONF_DIR
 from harness.errors import HarnessError
+from harness.files import atomic_write, write_text
 
 CLAIMS_FILE = CONF_DIR / "claims.yaml"
 EXPERIMENT_DIR = CONF_DIR / "experiment"
@@ -198,10 +199,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"hostbound repro: error: {err}", file=sys.stderr)
         return 2
     args.out.mkdir(parents=True, exist_ok=True)
-    table.to_csv(args.out / "repro.csv", index=False)
-    experiments.to_csv(args.out / "experiments.csv", index=False)
+    atomic_write(args.out / "repro.csv", lambda tmp: table.to_csv(tmp, index=False))
+    atomic_write(args.out / "experiments.csv", lambda tmp: experiments.to_csv(tmp, index=False))
     markdown = to_markdown(table)
-    (args.out / "repro.md").write_text(markdown)
+    write_text(args.out / "repro.md", markdown)
     print(markdown)
     missed = table[~table["ok"] & (table["note"] == "")]
     if not missed.empty:  # a claim out of tolerance that no note explains: a regression to look at

@@ -6,16 +6,23 @@ not on the code that produced it.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
 import pandas as pd
 
 from harness.core import SimulationResult
+from harness.errors import TrackingError
 from harness.ops import Workload
 
 
 # Summary keys measured on the wall clock (how long this process took, compilation included): the
 # only ones that differ between runs of the same config and seed.
 WALL_CLOCK_KEYS = frozenset({"sim_wall_s", "compile_s"})
+
+
+# Summary keys that say what ran (the config's sizes, seed and overrides) rather than what was measured:
+# MLflow has them as params, not metrics.
+WHAT_RAN_KEYS = ("batch_size", "context_len", "phase", "quant", "kernels", "tp", "dp", "ep", "steps", "warmup_steps", "serving", "seed", "overrides")
 
 
 def without_wall_clock(summary: dict) -> dict:
@@ -29,3 +36,4 @@ class RunResult:
     steps: pd.DataFrame
     result: SimulationResult
     workload: Workload
+    tracking_error: Optional[TrackingError] = None  # why MLflow did not take the run (its files are complete)

@@ -23,8 +23,8 @@ from harness.serving import plan_serving, serving_summary
 from harness.policies import prepare
 from harness.progress import Progress
 from harness.result import RunResult
-from harness.errors import ConfigError
-from harness.ops import check_memory
+from harness.errors import ConfigError, TrackingError
+from harness.ops import Workload, check_memory
 from harness.workload import build_workload
 
 log = logging.getLogger(__name__)
@@ -68,18 +68,19 @@ def available_memory_bytes() -> float | None:
         return None
 
 
-def estimate_size(run: RunConfig) -> SizeEstimate | None:
-    """Ops per step (from a one-step build) × steps → memory and time, before anything large is built.
-    None for an imported op list: its size is the file's, already read."""
-    cfg = run.workload
-    if cfg.card is None and cfg.path:
-        return None
-    probe = build_workload(
-        dataclasses.replace(cfg, steps=1, warmup_steps=0),
-        devices_per_node=run.hardware.link.devices_per_node,
-        engine_layer_us=run.engine.layer_overhead_us,
-    )
-    op_steps = probe.n_ops * cfg.steps
+def estimate_size(run: RunConfig, workload: Workload | None = None) -> SizeEstimate:
+    """Ops per step × steps → memory and time, before anything large is built: from a one-step build
+    of a model card, or from `workload` when given (an op list read from a file: its size is the file's)."""
+    if workload is None:
+        cfg = run.workload
+        workload = build_workload(
+            dataclasses.replace(cfg, steps=1, warmup_steps=0),
+            devices_per_node=run.hardware.link.devices_per_node,
+            engine_layer_us=run.engine.layer_overhead_us,
+        )
+        op_steps = workload.n_ops * cfg.steps
+    else:
+        op_steps = workload.n_ops * workload.steps
     return SizeEstimate(
         op_steps=op_steps,
         memory_bytes=BASE_MEMORY_BYTES + BYTES_PER_OP_STEP * op_steps,
@@ -87,21 +88,26 @@ def estimate_size(run: RunConfig) -> SizeEstimate | None:
     )
 
 
-def check_size(run: RunConfig) -> SizeEstimate | None:
-    """Refuse, naming workload.steps, a run whose arrays cannot fit in this machine's memory."""
-    estimate = estimate_size(run)
-    if estimate is None:
-        return None
+def check_size(run: RunConfig, workload: Workload | None = None) -> SizeEstimate:
+    """Refuse, naming workload.steps (or the op-list file), a run whose arrays cannot fit in this
+    machine's memory. `workload`: an op list already read (see estimate_size)."""
+    estimate = estimate_size(run, workload)
     available = available_memory_bytes()
-    steps = run.workload.steps
-    ops_per_step = estimate.op_steps // steps
+    steps = workload.steps if workload is not None else run.workload.steps
+    ops_per_step = max(1, estimate.op_steps // steps)
     if available is not None and estimate.memory_bytes > available:
         fitting = max(0, int((available - BASE_MEMORY_BYTES) / BYTES_PER_OP_STEP / ops_per_step))
+        what = f"workload.steps={steps}" if workload is None else f"workload.path={run.workload.path!r}" if run.workload.path else "workload.ops"
         raise ConfigError(
-            f"workload.steps={steps}: needs about {estimate.memory_bytes / 1e9:.1f} GB of memory"
+            f"{what}: needs about {estimate.memory_bytes / 1e9:.1f} GB of memory"
             f" ({ops_per_step} ops/step × {steps} steps), {available / 1e9:.1f} GB available (about {fitting:,} steps fit)"
         )
     return estimate
+
+
+def is_op_list(run: RunConfig) -> bool:
+    """An op list from a file or the config (no model card): its size is known only once it is read."""
+    return run.workload.card is None
 
 
 class CompileWatch(event.Listener):
@@ -129,6 +135,14 @@ class CompileWatch(event.Listener):
             self.seconds += time.perf_counter() - self._began
 
 
+def _say_if_slow(estimate: SizeEstimate) -> None:
+    if estimate.seconds > SLOW_RUN_S:
+        log.warning(
+            "%d op-steps: about %.0f s to simulate (at an estimated %.0f M tasks/s)",
+            estimate.op_steps, estimate.seconds, TASKS_PER_S / 1e6,
+        )
+
+
 def simulate_run(run: RunConfig, chunk_tasks: int = CHUNK_TASKS) -> RunResult:
     """Build the workload, lower it under the strategy, run the engine, compute the metrics.
 
@@ -147,17 +161,15 @@ def simulate_run(run: RunConfig, chunk_tasks: int = CHUNK_TASKS) -> RunResult:
 
 
 def _simulate_run(run: RunConfig, chunk_tasks: int) -> RunResult:
-    estimate = check_size(run)
-    if estimate is not None and estimate.seconds > SLOW_RUN_S:
-        log.warning(
-            "workload.steps=%d: about %.0f s to simulate (%d ops/step at an estimated %.0f M tasks/s)",
-            run.workload.steps, estimate.seconds, estimate.op_steps // run.workload.steps, TASKS_PER_S / 1e6,
-        )
+    if not is_op_list(run):
+        _say_if_slow(check_size(run))
     progress = Progress("hostbound")
     progress.update("planning serving batches" if run.workload.serving.enabled else "building the workload", force=True)
     serving = plan_serving(run, progress) if run.workload.serving.enabled else None
     batch = serving.batch if serving else np.full(run.workload.steps, run.workload.batch_size, dtype=np.int64)
     workload, plan = prepare(run, batch, serving.kv_len if serving else None)
+    if is_op_list(run):
+        _say_if_slow(check_size(run, workload))
     check_memory(workload, run.hardware.device.hbm_gb)
     release_us = serving.release_us if serving else np.zeros(workload.steps)
 
@@ -204,7 +216,7 @@ def _simulate_run(run: RunConfig, chunk_tasks: int) -> RunResult:
 def identity(run: RunConfig, overrides: tuple[str, ...] = ()) -> dict:
     """What ran, for summary.json: the deployment's sizes and the overrides on top of the presets."""
     w = run.workload
-    return {
+    return {  # the keys of result.WHAT_RAN_KEYS
         "batch_size": w.batch_size, "context_len": w.context_len, "phase": w.phase.value, "quant": w.quant.value,
         "kernels": w.kernels.value, "tp": w.tp, "dp": w.dp, "ep": w.ep, "steps": w.steps, "warmup_steps": w.warmup_steps,
         "serving": w.serving.enabled, "seed": run.seed, "overrides": " ".join(overrides),
@@ -220,8 +232,11 @@ def execute(run: RunConfig, run_dir: Path, params: dict, overrides: tuple[str, .
     names = run.names
     write_outputs(run_dir, outcome, names, trace_steps=run.output.trace_steps, timeline_steps=run.output.timeline_steps)
     if run.tracking.enabled:
-        from harness.tracking import log_run  # mlflow takes ~1 s to import: only when tracking
+        from harness.tracking import log_run_or_mark  # mlflow takes ~1 s to import: only when tracking
 
         measured = {k: v for k, v in outcome.summary.items() if k not in what_ran}  # the config is logged as params
-        log_run(run.tracking, run_dir, measured, outcome.steps, params, names, what_ran["overrides"])
+        try:
+            log_run_or_mark(run.tracking, run_dir, measured, outcome.steps, params, names, what_ran["overrides"])
+        except TrackingError as exc:  # the files are written: the caller says so and exits non-zero
+            outcome.tracking_error = exc
     return outcome

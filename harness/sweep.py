@@ -9,6 +9,8 @@ gets the combined results table (CSV and Markdown) of all jobs as artifacts.
 from __future__ import annotations
 
 import logging
+import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +19,7 @@ import numpy as np
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
+from harness.files import atomic_write, write_text
 from harness.progress import Progress
 from harness.tracking import PARENT_FILE
 
@@ -60,19 +63,26 @@ class SweepTracking(Callback):
             return
         import mlflow
 
-        from harness.tracking import ensure_experiment, resolve_uri
+        from harness.tracking import FAILED_ENV, bound_requests, ensure_experiment, resolve_uri, short_reason
 
         sweep_dir = Path(config.hydra.sweep.dir)
         sweep_dir.mkdir(parents=True, exist_ok=True)
-        experiment_id = ensure_experiment(tracking)
-        overrides = " ".join(config.hydra.overrides.task)
-        client = mlflow.MlflowClient(tracking_uri=resolve_uri(tracking))
-        parent = client.create_run(
-            experiment_id,
-            run_name=sweep_name(list(config.hydra.overrides.task), sweep_dir.name),
-            tags={"sweep_dir": str(sweep_dir), "overrides": overrides, "kind": "sweep"},
-        )
-        (sweep_dir / PARENT_FILE).write_text(parent.info.run_id)
+        bound_requests(tracking)
+        try:
+            experiment_id = ensure_experiment(tracking)
+            overrides = " ".join(config.hydra.overrides.task)
+            client = mlflow.MlflowClient(tracking_uri=resolve_uri(tracking))
+            parent = client.create_run(
+                experiment_id,
+                run_name=sweep_name(list(config.hydra.overrides.task), sweep_dir.name),
+                tags={"sweep_dir": str(sweep_dir), "overrides": overrides, "kind": "sweep"},
+            )
+        except Exception as exc:  # the store is down: the jobs run (their files are what matters) without it
+            reason = f"tracking.uri={resolve_uri(tracking)}: {short_reason(exc)}"
+            os.environ[FAILED_ENV] = reason  # this process's jobs and the workers it starts skip the store
+            log.warning("tracking failed, the sweep runs without it (%s)", reason)
+            return
+        write_text(sweep_dir / PARENT_FILE, parent.info.run_id)
         log.info("sweep parent run %s in %s", parent.info.run_id, resolve_uri(tracking))
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
@@ -82,23 +92,35 @@ class SweepTracking(Callback):
 
         table = load_run_dirs([sweep_dir])
         if not table.empty:
-            table.to_csv(sweep_dir / RESULTS_CSV, index=False)  # every summary key of every job
-            (sweep_dir / RESULTS_MD).write_text(to_markdown(comparison(table)) + "\n")
+            atomic_write(sweep_dir / RESULTS_CSV, lambda tmp: table.to_csv(tmp, index=False))  # every summary key of every job
+            write_text(sweep_dir / RESULTS_MD, to_markdown(comparison(table)) + "\n")
         parent_file = sweep_dir / PARENT_FILE
         tracking = _tracking(config)
-        if not tracking.enabled or not parent_file.exists():
+        if not tracking.enabled:
             return
-        import mlflow
+        from harness.tracking import EXIT_TRACKING_FAILED, FAILED_FILE, later_command, resolve_uri
 
-        from harness.tracking import resolve_uri
+        if parent_file.exists():
+            import mlflow
 
-        client = mlflow.MlflowClient(tracking_uri=resolve_uri(tracking))
-        run_id = parent_file.read_text().strip()
-        for name in (RESULTS_CSV, RESULTS_MD):
-            if (sweep_dir / name).exists():
-                client.log_artifact(run_id, str(sweep_dir / name))
-        client.log_metric(run_id, "jobs", float(len(table)))
-        client.set_terminated(run_id)
+            client = mlflow.MlflowClient(tracking_uri=resolve_uri(tracking))
+            run_id = parent_file.read_text().strip()
+            try:
+                for name in (RESULTS_CSV, RESULTS_MD):
+                    if (sweep_dir / name).exists():
+                        client.log_artifact(run_id, str(sweep_dir / name))
+                client.log_metric(run_id, "jobs", float(len(table)))
+                client.set_terminated(run_id)
+            except Exception as exc:  # the store went away during the sweep; the jobs' markers say which
+                log.warning("tracking: could not finish the sweep's parent run %s: %s", run_id, exc)
+        missed = sorted(p.parent for p in sweep_dir.glob(f"*/{FAILED_FILE}"))
+        if missed:
+            print(
+                f"hostbound: error: tracking failed for {len(missed)} job(s) of the sweep, their files are kept"
+                f" ({(missed[0] / FAILED_FILE).read_text().splitlines()[0]}); log them later: {later_command(missed, tracking)}",
+                file=sys.stderr,
+            )
+            raise SystemExit(EXIT_TRACKING_FAILED)
 
 
 def sweep_name(overrides: list[str], folder: str) -> str:

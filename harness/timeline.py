@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from harness.files import atomic_write
 from harness.graph import CATEGORIES, LANE_DEVICE, LANE_HOST
 from harness.metrics import BusyTime
 
@@ -126,10 +127,10 @@ def draw_timeline(outcome: "RunResult", path: Path, steps: int) -> None:
         handles.insert(0, Patch(color=HOST_OP_COLOUR, label="host op (stages\ntoo short to draw)"))
     handles.append(Patch(color=IDLE_COLOUR, label="device idle"))
     ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
-    tmp = path.with_name(path.name + ".tmp.png")
-    fig.savefig(tmp, dpi=110)
-    plt.close(fig)
-    tmp.replace(path)
+    try:
+        atomic_write(path, lambda tmp: fig.savefig(tmp, dpi=110))
+    finally:
+        plt.close(fig)
 
 
 def _merge_narrow_host_ops(

@@ -23,7 +23,9 @@ Columns (one row per op, in issue order; header names as below):
 | `comm`, `ranks` | no | collective (`all_reduce`, `all_gather`, `all_to_all`) and group size, to price a comm op without `device_us` |
 | `step`, `batch`, `tokens`, `kv_len` | no | with `step`, rows are per step (every step lists the same ops) and may carry that step's sizes |
 
-A bad file stops the run with one line naming the row (the CSV line number) and the column.
+A bad file stops the run with one line naming the row (the CSV line number) and the column. Numbers have
+the same finite ranges as the config's keys (`COLUMN_LIMITS`, listed in docs/reliability.md); a file may have
+up to 5,000,000 rows and 2 GB, and its ops × steps must fit in memory like a preset's run.
 """
 from __future__ import annotations
 
@@ -33,8 +35,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from harness.config import MAX_STREAMS, OpKind, WorkloadConfig
+from harness.config import LIMITS, MAX_STREAMS, Limit, OpKind, WorkloadConfig, one_line
 from harness.errors import ConfigError
+from harness.files import atomic_write
+from harness.progress import Progress
 from harness.ops import (
     COMM_ALL_GATHER,
     COMM_ALL_REDUCE,
@@ -51,7 +55,7 @@ from harness.ops import (
     HOST_COSTS,
     KIND_CODE,
     Workload,
-    from_static_ops,
+    from_op_arrays,
 )
 
 KIND_NAMES = {code: kind.value for kind, code in KIND_CODE.items()}
@@ -71,10 +75,28 @@ COST_COLUMNS = tuple(f"{stage}_us" for stage in HOST_COSTS[:-1])  # measured hos
 NUMBER_COLUMNS = ("device_us", "host_us", "weight_bytes", "flops", "bytes", "not_before_us", *COST_COLUMNS)
 NO_DEPENDENCY = "-"
 MAX_STEPS = 1_000_000
+MAX_ROWS = 5_000_000  # rows of one file; the run's memory is then checked like a preset's (ops/step × steps)
+MAX_FILE_BYTES = 2e9  # refused before reading (pandas holds several times a file's size while parsing)
+US_LIMIT = LIMITS["workload.ops[].device_us"]
+# The same ranges as the config's keys: a trace is input like any other.
+COLUMN_LIMITS = {
+    "device_us": US_LIMIT, "host_us": LIMITS["workload.ops[].host_us"], **{c: US_LIMIT for c in COST_COLUMNS},
+    "flops": LIMITS["workload.ops[].flops"], "bytes": LIMITS["workload.ops[].bytes"], "weight_bytes": LIMITS["workload.ops[].bytes"],
+    "not_before_us": Limit(0, 1e9, "µs"),
+    "stream": Limit(0, MAX_STREAMS - 1, "(0 compute, 1 communication)"),
+    "ranks": LIMITS["workload.tp"], "step": Limit(0, MAX_STEPS - 1), "group": Limit(0, MAX_ROWS - 1),
+    "batch": LIMITS["workload.batch_size"], "tokens": Limit(1, 1 << 30, "tokens"), "kv_len": Limit(0, LIMITS["workload.context_len"].high, "tokens"),
+}
 INT_COLUMNS = ("stream", "ranks", "step", "batch", "tokens", "kv_len", "group")
 INFO_COLUMNS = ("kernel", "trace_stream")  # for reading the file; not simulated
 KNOWN_COLUMNS = {"name", "kind", "after", "comm", "shape_key", *NUMBER_COLUMNS, *INT_COLUMNS, *FLAG_COLUMNS, *INFO_COLUMNS}
 TRUE, FALSE = {"1", "true", "yes"}, {"0", "false", "no", ""}
+
+
+def _first_bad(broken: np.ndarray, error) -> None:
+    """Raise error(i) for the first row where `broken` holds."""
+    if broken.any():
+        raise error(int(np.flatnonzero(broken)[0]))
 
 
 def write_ops_csv(workload: Workload, path: Path, device_us: np.ndarray | None = None) -> None:
@@ -102,18 +124,27 @@ def write_ops_csv(workload: Workload, path: Path, device_us: np.ndarray | None =
     )
     for column, bit in FLAG_COLUMNS.items():
         frame[column] = np.tile((workload.flags & bit) > 0, steps).astype(int)
-    tmp = Path(str(path) + ".tmp")
-    frame.to_csv(tmp, index=False, float_format="%.17g")
-    tmp.replace(path)
+    atomic_write(Path(path), lambda tmp: frame.to_csv(tmp, index=False, float_format="%.17g"))
 
 
 def read_ops_csv(path: str | Path, cfg: WorkloadConfig) -> Workload:
     """Read and check an op-list CSV; see the module docstring for the columns."""
     where = f"workload.path={str(path)!r}"
     try:
+        size_bytes = Path(path).stat().st_size
+    except OSError as exc:
+        raise ConfigError(f"{where}: cannot read ({exc.strerror})") from exc
+    if size_bytes > MAX_FILE_BYTES:
+        raise ConfigError(f"{where}: {size_bytes / 1e9:.1f} GB, over the {MAX_FILE_BYTES / 1e9:.0f} GB a trace file may have")
+    progress = Progress("hostbound")
+    progress.update(f"reading {Path(path).name} ({size_bytes / 1e6:.1f} MB)", force=True)
+    try:
         frame = pd.read_csv(path, dtype=str, keep_default_na=False)
     except Exception as exc:
-        raise ConfigError(f"{where}: cannot read as CSV ({exc})") from exc
+        raise ConfigError(f"{where}: cannot read as CSV ({one_line(exc)})") from exc
+    if len(frame) > MAX_ROWS:
+        raise ConfigError(f"{where}: {len(frame):,} rows, over the {MAX_ROWS:,} a trace file may have")
+    progress.update(f"checking {len(frame):,} rows of {Path(path).name}", force=True)
     for column in ("name", "kind"):
         if column not in frame.columns:
             raise ConfigError(f"{where}: missing column {column!r} (columns: {', '.join(frame.columns)})")
@@ -128,67 +159,48 @@ def read_ops_csv(path: str | Path, cfg: WorkloadConfig) -> Workload:
         return ConfigError(f"{where} line {line(i)} column {column!r}: {value!r} {why}")
 
     kinds = {k.value for k in OpKind}
-    for i, kind in enumerate(frame["kind"]):
-        if kind not in kinds:
-            raise bad(i, "kind", kind, f"is not a kind ({', '.join(sorted(kinds))})")
+    kind_text = frame["kind"].to_numpy(dtype=object)
+    _first_bad(~np.isin(kind_text, list(kinds)), lambda i: bad(i, "kind", kind_text[i], f"is not a kind ({', '.join(sorted(kinds))})"))
     numbers: dict[str, np.ndarray] = {}
     for column in NUMBER_COLUMNS + INT_COLUMNS:
         if column not in frame.columns:
             continue
         text = frame[column].str.strip()
-        values = pd.to_numeric(text.replace("", np.nan), errors="coerce")
-        broken = values.isna() & (text != "")
-        if broken.any():
-            i = int(np.flatnonzero(broken.to_numpy())[0])
-            raise bad(i, column, text.iloc[i], "is not a number")
-        if (values < 0).any():
-            i = int(np.flatnonzero((values < 0).to_numpy())[0])
-            raise bad(i, column, text.iloc[i], "must be >= 0")
-        if np.isinf(values).any():
-            i = int(np.flatnonzero(np.isinf(values).to_numpy())[0])
-            raise bad(i, column, text.iloc[i], "must be finite")
+        values = pd.to_numeric(text.replace("", np.nan), errors="coerce").to_numpy(dtype=np.float64)
+        text = text.to_numpy(dtype=object)
+        _first_bad(np.isnan(values) & (text != ""), lambda i: bad(i, column, text[i], "is not a number"))
+        limit = COLUMN_LIMITS[column]
+        _first_bad(np.isinf(values), lambda i: bad(i, column, text[i], f"must be a finite number in {limit.text()}"))
+        _first_bad((values < limit.low) | (values > limit.high), lambda i: bad(i, column, text[i], f"must be in {limit.text()}"))
         if column in INT_COLUMNS:
-            fractional = values.notna() & (values != np.floor(values))
-            if fractional.any():
-                i = int(np.flatnonzero(fractional.to_numpy())[0])
-                raise bad(i, column, text.iloc[i], "must be a whole number")
-        if column == "ranks" and (values < 1).any():
-            i = int(np.flatnonzero((values < 1).to_numpy())[0])
-            raise bad(i, column, text.iloc[i], "must be >= 1")
-        if column == "stream" and (values >= MAX_STREAMS).any():
-            i = int(np.flatnonzero((values >= MAX_STREAMS).to_numpy())[0])
-            raise bad(i, column, text.iloc[i], f"must be a stream 0..{MAX_STREAMS - 1} (0 compute, 1 communication)")
+            _first_bad(~np.isnan(values) & (values != np.floor(values)), lambda i: bad(i, column, text[i], "must be a whole number"))
         if column == "step":
-            if values.isna().any():
-                i = int(np.flatnonzero(values.isna().to_numpy())[0])
-                raise bad(i, column, "", "is empty: every row needs its step")
-            if (values >= MAX_STEPS).any():
-                i = int(np.flatnonzero((values >= MAX_STEPS).to_numpy())[0])
-                raise bad(i, column, text.iloc[i], f"must be < {MAX_STEPS}")
-        numbers[column] = values.to_numpy(dtype=np.float64)
+            _first_bad(np.isnan(values), lambda i: bad(i, column, "", "is empty: every row needs its step"))
+        numbers[column] = values
     shape_key = None
     if "shape_key" in frame.columns:  # any 64-bit integer, parsed exactly (not through float)
-        shape_key = np.zeros(len(frame), dtype=np.int64)
-        for i, value in enumerate(frame["shape_key"].str.strip()):
-            try:
-                shape_key[i] = int(value) if value else 0
-            except ValueError:
-                raise bad(i, "shape_key", value, "is not an integer") from None
+        keys = frame["shape_key"].str.strip().to_numpy(dtype=object)
+        try:
+            shape_key = np.array([int(value) if value else 0 for value in keys], dtype=np.int64)
+        except (ValueError, OverflowError):
+            for i, value in enumerate(keys):
+                try:
+                    np.int64(int(value) if value else 0)
+                except (ValueError, OverflowError):
+                    raise bad(i, "shape_key", value, "is not a 64-bit integer") from None
     flags = np.zeros(len(frame), dtype=np.uint8)
     for column, bit in FLAG_COLUMNS.items():
         if column not in frame.columns:
             continue
-        for i, value in enumerate(frame[column].str.strip().str.lower()):
-            if value in TRUE:
-                flags[i] |= bit
-            elif value not in FALSE:
-                raise bad(i, column, value, "is not a flag (1/0, true/false)")
+        values = frame[column].str.strip().str.lower().to_numpy(dtype=object)
+        _first_bad(~np.isin(values, list(TRUE | FALSE)), lambda i: bad(i, column, values[i], "is not a flag (1/0, true/false)"))
+        flags |= np.where(np.isin(values, list(TRUE)), bit, 0).astype(np.uint8)
     comm = np.zeros(len(frame), dtype=np.int8)
     if "comm" in frame.columns:
-        for i, value in enumerate(frame["comm"].str.strip()):
-            if value and value not in COMM_CODES:
-                raise bad(i, "comm", value, f"is not a collective ({', '.join(COMM_CODES)})")
-            comm[i] = COMM_CODES.get(value, COMM_NONE)
+        values = frame["comm"].str.strip().to_numpy(dtype=object)
+        _first_bad(~np.isin(values, ["", *COMM_CODES]), lambda i: bad(i, "comm", values[i], f"is not a collective ({', '.join(COMM_CODES)})"))
+        for name, code in COMM_CODES.items():
+            comm[values == name] = code
 
     step = numbers.get("step")
     if step is None:
@@ -208,30 +220,22 @@ def read_ops_csv(path: str | Path, cfg: WorkloadConfig) -> Workload:
             raise ConfigError(f"{where} column 'name': step {s} op {j} is {names[s, j]!r}, step 0 has {names[0, j]!r}")
     first = order[:n]
 
-    rows = []
-    for j, i in enumerate(first):
-        after_text = frame["after"].iloc[i].strip() if "after" in frame.columns else ""
-        try:
-            after = [] if after_text == NO_DEPENDENCY else [int(a) for a in after_text.split()] if after_text else None
-        except ValueError:
-            raise bad(int(i), "after", after_text, "is not a list of op indices") from None
-        if after is not None and any(not 0 <= a < j for a in after):
-            raise bad(int(i), "after", after_text, f"must name earlier ops (0..{j - 1})")
-        stream = numbers.get("stream")
-        rows.append(
-            {
-                "name": frame["name"].iloc[i],
-                "kind": OpKind(frame["kind"].iloc[i]),
-                "stream": int(stream[i]) if stream is not None and not np.isnan(stream[i]) else -1,
-                "host_us": float(numbers["host_us"][i]) if "host_us" in numbers and not np.isnan(numbers["host_us"][i]) else 0.0,
-                "routed": bool(flags[i] & FLAG_ROUTED),
-                "after": after if after is not None else ([j - 1] if j > 0 else []),
-                "dynamic": bool(flags[i] & FLAG_DYNAMIC),
-                "value_dependent": bool(flags[i] & FLAG_VALUE_DEPENDENT),
-                "compute_dependent": bool(flags[i] & FLAG_COMPUTE_DEPENDENT),
-                "cpu_eligible": bool(flags[i] & FLAG_CPU_ELIGIBLE),
-            }
-        )
+    # Whole columns at once: indexing a DataFrame row by row took minutes for a million rows.
+    after: list = [None] * n
+    if "after" in frame.columns:
+        after_texts = frame["after"].str.strip().to_numpy(dtype=object)[first]
+        for j in np.flatnonzero(after_texts != "").tolist():
+            text, i = after_texts[j], int(first[j])
+            try:
+                after[j] = [] if text == NO_DEPENDENCY else [int(a) for a in text.split()]
+            except ValueError:
+                raise bad(i, "after", text, "is not a list of op indices") from None
+            if any(not 0 <= a < j for a in after[j]):
+                raise bad(i, "after", text, f"must name earlier ops (0..{j - 1})")
+    kind_code = {k.value: KIND_CODE[k] for k in OpKind}
+    op_kinds = np.zeros(n, dtype=np.int8)
+    for value, code in kind_code.items():
+        op_kinds[kind_text[first] == value] = code
 
     def grid(column: str, default: float) -> np.ndarray:
         values = numbers.get(column)
@@ -258,8 +262,16 @@ def read_ops_csv(path: str | Path, cfg: WorkloadConfig) -> Workload:
     run_cfg = dataclasses.replace(cfg, steps=steps * copies, warmup_steps=min(cfg.warmup_steps, steps * copies - 1))
     if copies > 1:  # the file's steps played `repeat` times
         per_step = {key: np.tile(value, (copies, 1)) for key, value in per_step.items()}
-    workload = from_static_ops(run_cfg, rows, per_step)
-    workload.flags = flags[first]  # all flag columns, those from_static_ops knows and the profile's
+    workload = from_op_arrays(
+        run_cfg,
+        names=frame["name"].to_numpy(dtype=object)[first].tolist(),
+        kind=op_kinds,
+        stream=np.nan_to_num(numbers["stream"][first], nan=-1).astype(np.int8) if "stream" in numbers else np.full(n, -1, np.int8),
+        flags=flags[first],  # every flag column, the simulator's and the profile's
+        after=after,
+        host_us=np.nan_to_num(numbers["host_us"][first]) if "host_us" in numbers else np.zeros(n),
+        per_step=per_step,
+    )
     if measured:
         workload.host_cost_us = np.ascontiguousarray(np.tile(host_cost, (copies, 1, 1)))
         workload.step_io = False

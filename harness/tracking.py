@@ -5,19 +5,36 @@ outputs/mlartifacts — no server needed; `mlflow ui --backend-store-uri sqlite:
 opens it. Params are the flattened resolved config, metrics the summary's numbers and the per-step
 series, tags the preset names and the overrides, artifacts the run directory's files (by default all
 but trace.json, which stays in the folder the run_dir tag names: `tracking.artifacts`).
+
+A store that is down or refuses the run never costs the simulation: the run keeps its files, says in one
+line that tracking failed, leaves TRACKING_FAILED.txt in its folder and exits with status 3 (a sweep: once,
+at its end). Each request waits at most `tracking.timeout_s`, without retries (MLflow's
+MLFLOW_HTTP_REQUEST_MAX_RETRIES / MLFLOW_HTTP_REQUEST_TIMEOUT win when set). Logged later with
+
+    python -m harness.tracking log RUN_DIR [RUN_DIR ...] [--uri URI] [--experiment NAME]
+
+which skips runs the store already holds (same run_dir tag).
 """
 from __future__ import annotations
 
+import argparse
+import json
 import logging
 import math
 import os
+import re
+import sys
 import time
 from pathlib import Path
+from urllib.parse import quote, unquote
 
 import pandas as pd
 
-from harness.config import ArtifactPolicy, TrackingConfig
-from harness.outputs import TRACE_FILE, run_notes
+from harness.config import ArtifactPolicy, TrackingConfig, flatten, one_line
+from harness.errors import HarnessError, TrackingError
+from harness.files import write_text
+from harness.outputs import STEPS_FILE, SUMMARY_FILE, TRACE_FILE, run_notes
+from harness.result import WHAT_RAN_KEYS
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +60,69 @@ def launch_dir() -> Path:
 
 
 def default_uri() -> str:
-    return f"sqlite:///{launch_dir() / 'outputs' / 'mlflow.db'}"
+    """sqlite:/// and the store's path, percent-encoded: a folder named `a#b`, `a?b` or `a%20b` would
+    otherwise be read as a fragment, a query or an escape, and the store land elsewhere."""
+    return sqlite_uri(launch_dir() / "outputs" / "mlflow.db")
+
+
+def sqlite_uri(path: Path) -> str:
+    return "sqlite:///" + quote(str(Path(path).absolute()))
+
+
+def sqlite_path(uri: str) -> Path | None:
+    """The database file of a sqlite:/// URI (percent-escapes decoded, as SQLAlchemy does), else None."""
+    if not uri.startswith("sqlite:///"):
+        return None
+    return Path(unquote(uri.removeprefix("sqlite:///").split("?", 1)[0]))
+
+
+EXIT_TRACKING_FAILED = 3
+FAILED_FILE = "TRACKING_FAILED.txt"
+# Set in a sweep's process (and inherited by its workers) once the store failed: later jobs do not wait on it again.
+FAILED_ENV = "HOSTBOUND_TRACKING_FAILED"
+
+
+def bound_requests(tracking: TrackingConfig) -> None:
+    """Each HTTP request to a tracking server waits at most tracking.timeout_s, and is not retried
+    (MLflow's default: 7 retries with backoff, minutes against a server that is down)."""
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", str(max(1, math.ceil(tracking.timeout_s))))
+
+
+def short_reason(exc: BaseException) -> str:
+    """Why a store failed, in a few words: MLflow wraps a refused connection in three paragraphs."""
+    text = one_line(exc)
+    if m := re.search(r"\[Errno -?\d+\] ([^'\")\];]+)", text):
+        return m[1].strip()
+    if "timed out" in text.lower() or "timeout" in text.lower():
+        return "no answer in time (tracking.timeout_s)"
+    return text[:300]
+
+
+def later_command(run_dirs: list[Path], tracking: TrackingConfig) -> str:
+    uri = f" --uri {tracking.uri}" if tracking.uri else ""
+    experiment = f" --experiment {tracking.experiment}" if tracking.experiment != "hostbound" else ""
+    shown = " ".join(str(d) for d in run_dirs[:3]) + (" ..." if len(run_dirs) > 3 else "")
+    return f"python -m harness.tracking log {shown}{uri}{experiment}"
+
+
+def log_run_or_mark(
+    tracking: TrackingConfig, run_dir: Path, summary: dict, steps: pd.DataFrame, params: dict, names: dict, overrides: str = ""
+) -> str:
+    """log_run, but a failure of the store becomes TrackingError (one line) and TRACKING_FAILED.txt in
+    the run folder, which says why and how to log the run later."""
+    failed = os.environ.get(FAILED_ENV)
+    if failed:
+        reason = failed
+    else:
+        bound_requests(tracking)
+        try:
+            return log_run(tracking, run_dir, summary, steps, params, names, overrides)
+        except Exception as exc:  # anything the store or the network raises: the files are what matters
+            reason = f"tracking.uri={resolve_uri(tracking)}: {short_reason(exc)}"
+    command = later_command([run_dir], tracking)
+    write_text(run_dir / FAILED_FILE, f"{reason}\nlog this run later with:\n  {command}\n")
+    raise TrackingError(f"tracking failed, the run's files are kept ({reason}); log it later: {command}", reason)
 
 
 def resolve_uri(tracking: TrackingConfig) -> str:
@@ -63,8 +142,9 @@ def ensure_experiment(tracking: TrackingConfig) -> str:
     import mlflow
 
     uri = resolve_uri(tracking)
-    if uri.startswith("sqlite:///"):
-        Path(uri.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+    database = sqlite_path(uri)
+    if database is not None:
+        database.parent.mkdir(parents=True, exist_ok=True)
     mlflow.set_tracking_uri(uri)
     experiment = mlflow.get_experiment_by_name(tracking.experiment)
     if experiment is not None:
@@ -96,7 +176,7 @@ def artifact_files(run_dir: Path, policy: ArtifactPolicy) -> list[Path]:
     """The run directory's top-level entries MLflow stores under `policy`."""
     if policy == ArtifactPolicy.none:
         return []
-    entries = sorted(run_dir.iterdir())
+    entries = sorted(e for e in run_dir.iterdir() if e.name != FAILED_FILE)
     if policy == ArtifactPolicy.all:
         return entries
     return [entry for entry in entries if entry.name != TRACE_FILE]
@@ -163,3 +243,72 @@ def parent_run_id() -> str | None:
         return path.read_text().strip() if path.exists() else None
     except Exception:  # no Hydra context
         return None
+
+
+# ---------------------------------------------------------------- logging a run later
+
+
+def read_run_dir(run_dir: Path) -> tuple[dict, pd.DataFrame, dict, dict, str]:
+    """(measured summary, steps, params, names, overrides) of a finished run's folder, as log_run takes them."""
+    summary_path = run_dir / SUMMARY_FILE
+    if not summary_path.is_file() or not (run_dir / STEPS_FILE).is_file():
+        raise HarnessError(f"{run_dir}: not a finished run's folder (no {SUMMARY_FILE} or {STEPS_FILE})")
+    summary = json.loads(summary_path.read_text())
+    names = {key: summary.get(key, "none" if key == "engine" else "?") for key in ("hardware", "workload", "strategy", "engine")}
+    measured = {k: v for k, v in summary.items() if k not in WHAT_RAN_KEYS and k not in names}
+    params: dict = {}
+    config = run_dir / ".hydra" / "config.yaml"
+    if config.is_file():  # Hydra's record of the composed config: the same params the run would have logged
+        from omegaconf import OmegaConf
+
+        params = flatten(OmegaConf.to_container(OmegaConf.load(config), resolve=True, enum_to_str=True))
+    return measured, pd.read_parquet(run_dir / STEPS_FILE), params, names, str(summary.get("overrides", ""))
+
+
+def already_logged(tracking: TrackingConfig, run_dir: Path) -> bool:
+    import mlflow
+
+    experiment = mlflow.MlflowClient(tracking_uri=resolve_uri(tracking)).get_experiment_by_name(tracking.experiment)
+    if experiment is None:
+        return False
+    escaped = str(run_dir).replace("'", "\\'")
+    runs = mlflow.MlflowClient(tracking_uri=resolve_uri(tracking)).search_runs(
+        [experiment.experiment_id], filter_string=f"tags.run_dir = '{escaped}'", max_results=1
+    )
+    return len(runs) > 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m harness.tracking log RUN_DIR ...`: log finished runs whose tracking failed (or ran off)."""
+    parser = argparse.ArgumentParser(prog="python -m harness.tracking", description="Log finished run folders to MLflow.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    log_parser = sub.add_parser("log", help="log run folders (skips those the store already holds)")
+    log_parser.add_argument("run_dirs", nargs="+", type=Path)
+    log_parser.add_argument("--uri", help="tracking URI (default: sqlite:///outputs/mlflow.db here)")
+    log_parser.add_argument("--experiment", default="hostbound")
+    log_parser.add_argument("--artifacts", default="small", choices=[p.value for p in ArtifactPolicy])
+    log_parser.add_argument("--timeout-s", type=float, default=5.0, help="per request, without retries")
+    args = parser.parse_args(argv)
+    try:
+        tracking = TrackingConfig(uri=args.uri, experiment=args.experiment, artifacts=ArtifactPolicy(args.artifacts), timeout_s=args.timeout_s)
+        runs = [(run_dir.absolute(), read_run_dir(run_dir.absolute())) for run_dir in args.run_dirs]
+    except HarnessError as exc:
+        print(f"hostbound tracking: error: {exc}", file=sys.stderr)
+        return 2
+    bound_requests(tracking)
+    for run_dir, (summary, steps, params, names, overrides) in runs:
+        try:
+            if already_logged(tracking, run_dir):
+                print(f"{run_dir}: already in {resolve_uri(tracking)}")
+            else:
+                run_id = log_run(tracking, run_dir, summary, steps, params, names, overrides)
+                print(f"{run_dir}: logged as run {run_id}")
+        except Exception as exc:
+            print(f"hostbound tracking: error: tracking.uri={resolve_uri(tracking)}: {one_line(exc)}"[:1000], file=sys.stderr)
+            return EXIT_TRACKING_FAILED
+        (run_dir / FAILED_FILE).unlink(missing_ok=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -36,14 +36,15 @@ step is a `host` op. An op that started later than anything the trace shows it w
 from __future__ import annotations
 
 import functools
-import os
 import re
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Optional
 
 import numpy as np
 import pandas as pd
 
+from harness.files import atomic_write
 from harness.importers.events import (
     ALL_STREAMS,
     CALL_ALLOC,
@@ -584,6 +585,5 @@ def write_ops_table(table: pd.DataFrame, path) -> None:
     import pyarrow.csv as pacsv
 
     rounded = table.round({c: 3 for c in OP_COLUMNS if c.endswith("_us")})
-    tmp = str(path) + ".tmp"
-    pacsv.write_csv(pa.Table.from_pandas(rounded, preserve_index=False), tmp, pacsv.WriteOptions(quoting_style="needed"))
-    os.replace(tmp, path)
+    frame = pa.Table.from_pandas(rounded, preserve_index=False)
+    atomic_write(Path(path), lambda tmp: pacsv.write_csv(frame, str(tmp), pacsv.WriteOptions(quoting_style="needed")))
