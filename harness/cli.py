@@ -18,7 +18,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import DictConfig, OmegaConf
 
 from harness.config import CONF_DIR, RunConfig, flatten, one_line, to_run_config
-from harness.errors import HarnessError
+from harness.errors import ConfigError, HarnessError
 from harness.ops import check_memory
 from harness.workload import build_workload
 
@@ -38,6 +38,10 @@ def fail(message: str, status: int = EXIT_BAD_INPUT) -> None:
         sys.stderr.write("\r\033[K")
     print(f"hostbound: error: {message}", file=sys.stderr)
     raise SystemExit(status)
+
+
+def _is_multirun(argv: list[str]) -> bool:
+    return any(arg in ("-m", "--multirun") or arg.replace(" ", "") == "hydra.mode=MULTIRUN" for arg in argv)
 
 
 def _split_argv(argv: list[str]) -> tuple[list[str], str, bool]:
@@ -118,6 +122,49 @@ def preflight(argv: list[str]) -> None:
                 fail(str(exc))
             except Exception as exc:
                 fail(one_line(exc, overrides))
+        hydra_overrides = [o for o in overrides if o.lstrip("+~").startswith("hydra.") or o.lstrip("+~").startswith("hydra/")]
+        key = "hydra.sweep.dir" if _is_multirun(argv) else "hydra.run.dir"
+        try:
+            cfg = compose(config_name=config_name, overrides=variants[0] + hydra_overrides, return_hydra_config=True)
+            folder = OmegaConf.select(cfg, key)
+        except Exception as exc:
+            fail(one_line(exc, overrides))
+    try:
+        check_output_folder(key, folder)
+    except HarnessError as exc:
+        fail(str(exc))
+
+
+def check_output_folder(key: str, folder: object) -> None:
+    """The run's (or sweep's) folder can be made and written, and holds nothing yet, before Hydra makes
+    it (Hydra's own failure there is a traceback, after it may have written part of the folder).
+    Tried, not guessed from permission bits: the probe makes the folder and a file, then removes both."""
+    text = "" if folder is None else str(folder)
+    if not text.strip():
+        raise ConfigError(f"{key}={text!r}: must name a folder")
+    path = Path(text).expanduser()
+    if path.exists():
+        if not path.is_dir():
+            raise ConfigError(f"{key}={text}: is a file, not a folder")
+        if any(path.iterdir()):
+            raise ConfigError(f"{key}={text}: already holds files (a run never writes into another's folder: pick a new one or empty it)")
+    made = [p for p in [path, *path.parents] if not p.exists()]
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / f".hostbound-probe-{os.getpid()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as exc:
+        blocker = next((p for p in [path, *path.parents] if p.exists()), path)
+        if not blocker.is_dir():
+            raise ConfigError(f"{key}={text}: cannot be made ({blocker} is a file)") from None
+        raise ConfigError(f"{key}={text}: cannot be made or written in {blocker} ({exc.strerror or exc})") from None
+    finally:
+        for p in made:  # deepest first: nothing is left behind until Hydra makes the folder itself
+            try:
+                p.rmdir()
+            except OSError:
+                pass
 
 
 def check_run(run: RunConfig) -> None:

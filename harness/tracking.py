@@ -18,6 +18,7 @@ which skips runs the store already holds (same run_dir tag).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import math
@@ -26,7 +27,7 @@ import re
 import sys
 import time
 from pathlib import Path
-from urllib.parse import quote, unquote
+from urllib.parse import unquote
 
 import pandas as pd
 
@@ -66,7 +67,11 @@ def default_uri() -> str:
 
 
 def sqlite_uri(path: Path) -> str:
-    return "sqlite:///" + quote(str(Path(path).absolute()))
+    """Only the characters a URL parser would take for something else are escaped: MLflow makes the
+    database's folder from the URI as written, so every escape there makes a stray empty folder too
+    (`ensure_experiment` removes it)."""
+    text = str(Path(path).absolute())
+    return "sqlite:///" + text.replace("%", "%25").replace("#", "%23").replace("?", "%3F")
 
 
 def sqlite_path(uri: str) -> Path | None:
@@ -146,7 +151,8 @@ def ensure_experiment(tracking: TrackingConfig) -> str:
     if database is not None:
         database.parent.mkdir(parents=True, exist_ok=True)
     mlflow.set_tracking_uri(uri)
-    experiment = mlflow.get_experiment_by_name(tracking.experiment)
+    with _no_stray_folders(uri):  # MLflow opens (and may make) the store here
+        experiment = mlflow.get_experiment_by_name(tracking.experiment)
     if experiment is not None:
         if experiment.tags.get(EXPERIMENT_KIND_TAG[0]) is None:  # made by an older harness
             mlflow.MlflowClient().set_experiment_tag(experiment.experiment_id, *EXPERIMENT_KIND_TAG)
@@ -155,6 +161,24 @@ def ensure_experiment(tracking: TrackingConfig) -> str:
     if tracking.uri is None:
         artifact_location = (launch_dir() / "outputs" / "mlartifacts").as_uri()
     return mlflow.create_experiment(tracking.experiment, artifact_location=artifact_location, tags=dict([EXPERIMENT_KIND_TAG]))
+
+
+@contextlib.contextmanager
+def _no_stray_folders(uri: str):
+    """MLflow makes the parent folder of a sqlite URI's path without decoding its escapes
+    (`a%23b/outputs` beside `a#b/outputs`): remove the empty folders it made that way."""
+    written = uri.removeprefix("sqlite:///") if uri.startswith("sqlite:///") else ""
+    database = sqlite_path(uri)
+    stray = Path(written).parent if written and database is not None and Path(written) != database else None
+    new = [p for p in ([stray, *stray.parents] if stray else []) if not p.exists()]
+    try:
+        yield
+    finally:
+        for folder in new:  # deepest first
+            try:
+                folder.rmdir()
+            except OSError:
+                break
 
 
 def run_name(names: dict, overrides: str = "") -> str:
