@@ -18,7 +18,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import DictConfig, OmegaConf
 
 from harness.config import CONF_DIR, RunConfig, flatten, one_line, to_run_config
-from harness.errors import ConfigError, HarnessError
+from harness.errors import ConfigError, HarnessError, one_line_text
 from harness.ops import check_memory
 from harness.workload import build_workload
 
@@ -36,7 +36,7 @@ _INFO_FLAGS = {"--help", "-h", "--hydra-help", "--info", "-i", "--shell-completi
 def fail(message: str, status: int = EXIT_BAD_INPUT) -> None:
     if sys.stderr.isatty():  # a progress line may be showing: the error replaces it
         sys.stderr.write("\r\033[K")
-    print(f"hostbound: error: {message}", file=sys.stderr)
+    print(f"hostbound: error: {one_line_text(message)}", file=sys.stderr)
     raise SystemExit(status)
 
 

@@ -222,13 +222,34 @@ def _numeric_fields(cls: type) -> list[tuple[str, bool]]:
     return out
 
 
+def _text_fields(cls: type) -> list[str]:
+    hints = typing.get_type_hints(cls)
+    return [f.name for f in dataclasses.fields(cls) if str in _leaf_types(hints[f.name]) and typing.get_origin(hints[f.name]) is not dict]
+
+
+# Text values: names land in folder names, MLflow tags (8000 characters at most) and one-line messages.
+MAX_NAME_CHARS = 200
+MAX_PATH_CHARS = 4096
+_PATH_FIELDS = {"path", "uri", "card"}
+
+
+def check_text(key: str, value: Any, max_chars: int) -> None:
+    if not isinstance(value, str):
+        raise ConfigError(f"{key}={value!r}: must be text")
+    if len(value) > max_chars:
+        raise ConfigError(f"{key}={value[:40]!r}…: must be at most {max_chars} characters ({len(value)})")
+    if any(not ch.isprintable() for ch in value):
+        raise ConfigError(f"{key}={value!r}: must not hold control characters (newlines, tabs, NUL)")
+
+
 def _leaf_types(hint: Any) -> list[Any]:
     args = typing.get_args(hint)
     return [t for arg in args for t in _leaf_types(arg)] if args else [hint]
 
 
 def check_limits(obj: Any, key: Optional[str] = None) -> None:
-    """Check every number field of a config dataclass against LIMITS (lists item by item, None skipped)."""
+    """Check every number field of a config dataclass against LIMITS, and every text field for length
+    and control characters (lists item by item, None skipped)."""
     section = key or obj._key
     for name, integer in _numeric_fields(type(obj)):
         full = f"{section}.{name}"
@@ -239,6 +260,11 @@ def check_limits(obj: Any, key: Optional[str] = None) -> None:
                 check_number(f"{full}[{i}]", item, limit, integer)
         elif value is not None:
             check_number(full, value, limit, integer)
+    for name in _text_fields(type(obj)):
+        value, chars = getattr(obj, name), MAX_PATH_CHARS if name in _PATH_FIELDS else MAX_NAME_CHARS
+        for i, item in enumerate(value) if isinstance(value, list) else [(None, value)]:
+            if item is not None:
+                check_text(f"{section}.{name}" + (f"[{i}]" if i is not None else ""), item, chars)
 
 
 class Platform(enum.Enum):
@@ -362,6 +388,9 @@ class HardwareConfig:
     device: DeviceConfig = field(default_factory=DeviceConfig)
     link: LinkConfig = field(default_factory=LinkConfig)
     graph: GraphCostConfig = field(default_factory=GraphCostConfig)
+
+    def __post_init__(self) -> None:
+        check_limits(self)
 
 
 @dataclass

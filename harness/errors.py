@@ -1,6 +1,11 @@
 """Error types: one base for everything the harness reports to a user without a traceback."""
 
 
+def one_line_text(message: str) -> str:
+    """A message as one printable line: a value a user typed may hold newlines or other control characters."""
+    return "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in str(message))
+
+
 class HarnessError(Exception):
     """A problem the harness explains in one line (bad input, an impossible graph)."""
 

@@ -22,7 +22,7 @@ import pandas as pd
 from omegaconf import OmegaConf
 
 from harness.config import CONF_DIR
-from harness.errors import HarnessError
+from harness.errors import HarnessError, one_line_text
 from harness.files import atomic_write, write_text
 
 CLAIMS_FILE = CONF_DIR / "claims.yaml"
@@ -196,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
                 raise HarnessError(f"--only={' '.join(args.only)}: matches no claim")
         table, experiments = reproduce(claims)
     except HarnessError as err:
-        print(f"hostbound repro: error: {err}", file=sys.stderr)
+        print(f"hostbound repro: error: {one_line_text(str(err))}", file=sys.stderr)
         return 2
     args.out.mkdir(parents=True, exist_ok=True)
     atomic_write(args.out / "repro.csv", lambda tmp: table.to_csv(tmp, index=False))

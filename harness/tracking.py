@@ -32,7 +32,7 @@ from urllib.parse import unquote
 import pandas as pd
 
 from harness.config import ArtifactPolicy, TrackingConfig, flatten, one_line
-from harness.errors import HarnessError, TrackingError
+from harness.errors import HarnessError, TrackingError, one_line_text
 from harness.files import write_text
 from harness.outputs import STEPS_FILE, SUMMARY_FILE, TRACE_FILE, run_notes
 from harness.result import WHAT_RAN_KEYS
@@ -317,7 +317,7 @@ def main(argv: list[str] | None = None) -> int:
         tracking = TrackingConfig(uri=args.uri, experiment=args.experiment, artifacts=ArtifactPolicy(args.artifacts), timeout_s=args.timeout_s)
         runs = [(run_dir.absolute(), read_run_dir(run_dir.absolute())) for run_dir in args.run_dirs]
     except HarnessError as exc:
-        print(f"hostbound tracking: error: {exc}", file=sys.stderr)
+        print(f"hostbound tracking: error: {one_line_text(str(exc))}", file=sys.stderr)
         return 2
     bound_requests(tracking)
     for run_dir, (summary, steps, params, names, overrides) in runs:
@@ -328,7 +328,7 @@ def main(argv: list[str] | None = None) -> int:
                 run_id = log_run(tracking, run_dir, summary, steps, params, names, overrides)
                 print(f"{run_dir}: logged as run {run_id}")
         except Exception as exc:
-            print(f"hostbound tracking: error: tracking.uri={resolve_uri(tracking)}: {one_line(exc)}"[:1000], file=sys.stderr)
+            print(f"hostbound tracking: error: tracking.uri={resolve_uri(tracking)}: {short_reason(exc)}", file=sys.stderr)
             return EXIT_TRACKING_FAILED
         (run_dir / FAILED_FILE).unlink(missing_ok=True)
     return 0

@@ -22,7 +22,6 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -150,6 +149,53 @@ def test_fuzzed_config_numbers_are_refused_in_one_line_or_run_sanely(override, t
     number = float(value) if value.lstrip("-").replace(".", "", 1).replace("e", "", 1).replace("+", "").isdigit() else None
     if number is not None:
         assert limit.low <= number <= limit.high, f"{line} ran although outside {limit.text()}"
+
+
+def _text_keys() -> list[str]:
+    """Every text and choice key of the schema (names, paths, URIs, enums), by walking RunConfig."""
+    import dataclasses
+    import enum
+    import typing
+
+    from harness.config import RunConfig
+
+    keys = []
+
+    def walk(cls, prefix):
+        hints = typing.get_type_hints(cls)
+        for f in dataclasses.fields(cls):
+            hint = hints[f.name]
+            leaves = typing.get_args(hint) or (hint,)
+            key = f"{prefix}{f.name}"
+            if typing.get_origin(hint) is dict or key == "workload.ops":
+                continue
+            if any(dataclasses.is_dataclass(t) for t in leaves):
+                walk(next(t for t in leaves if dataclasses.is_dataclass(t)), key + ".")
+            elif any(t is str or (isinstance(t, type) and issubclass(t, enum.Enum)) for t in leaves):
+                keys.append(key)
+
+    walk(RunConfig, "")
+    return keys
+
+
+TEXT_KEYS = _text_keys()
+
+
+def _quoted(text: str) -> str:
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+@FUZZ
+@given(key=st.sampled_from(TEXT_KEYS), value=st.one_of(
+    st.text(max_size=30),
+    st.sampled_from(["", " ", "../../etc/passwd", "/proc/self/environ", "/dev/zero", "x" * 5000, "${oc.env:HOME}", "${nope}",
+                     "a\nb", "tab\there", "nul\x00", "héllo/wörld", "C:\\temp", "sqlite:///", "http://", "-1", "inf"]),
+))
+def test_fuzzed_text_and_choices_are_refused_in_one_line_or_run_sanely(key, value, tmp_path_factory):
+    overrides = [f"{k}={v}" for k, v in BASE.items() if k != key]
+    line = f"{key}={_quoted(value)}"
+    outcome = check_refused_or_sane([*overrides, line], tmp_path_factory.mktemp("text") / "run")
+    record("text", outcome, repr(line)[:120])
 
 
 # The issue's own cases, each named.
