@@ -6,7 +6,9 @@ itself first (each value of a sweep in turn) and validates it; only then does Hy
 """
 from __future__ import annotations
 
+import itertools
 import logging
+import math
 import os
 import sys
 from pathlib import Path
@@ -77,8 +79,9 @@ def normalize_argv(argv: list[str]) -> list[str]:
     return [f"+{arg}" if arg.split("=", 1)[0] in _OPTIONAL_GROUPS and "=" in arg else arg for arg in argv]
 
 
-def override_variants(overrides: list[str]) -> list[list[str]]:
-    """Single-valued override lists that together cover every value of every sweep."""
+def _sweep_axes(overrides: list[str]) -> tuple[list[str], list[tuple[int, str, list[str]]]]:
+    """The command line as single values (each sweep at its first value; hydra.* blanked: Hydra's to
+    check) and the sweeps: (position, key with its +/++/~, values)."""
     parsed = OverridesParser.create().parse_overrides(overrides)
     base: list[str] = []
     sweeps: list[tuple[int, str, list[str]]] = []
@@ -92,9 +95,15 @@ def override_variants(overrides: list[str]) -> list[list[str]]:
             base.append(f"{key}={values[0]}" if values else "")
             sweeps.append((position, key, values))
         elif override.is_hydra_override():
-            base.append("")  # hydra.* settings are Hydra's to check
+            base.append("")
         else:
             base.append(override.input_line)
+    return base, sweeps
+
+
+def override_variants(overrides: list[str]) -> list[list[str]]:
+    """Single-valued override lists that together cover every value of every sweep."""
+    base, sweeps = _sweep_axes(overrides)
     variants = [base]
     for position, key, values in sweeps:
         for value in values[1:]:
@@ -104,15 +113,39 @@ def override_variants(overrides: list[str]) -> list[list[str]]:
     return [[o for o in v if o] for v in variants]
 
 
+# Combinations of a sweep checked one by one before the first job starts (~0.1 s each); beyond this,
+# each value of each axis is checked, and a combination that fails stops only its own job.
+MAX_CHECKED_COMBINATIONS = int(os.environ.get("HOSTBOUND_CHECK_COMBINATIONS", "64"))
+
+
+def sweep_combinations(overrides: list[str]) -> tuple[list[list[str]], int]:
+    """Every job's single-valued override list (as Hydra's basic sweeper makes them), and how many there
+    are; when over MAX_CHECKED_COMBINATIONS, the per-axis variants instead."""
+    base, sweeps = _sweep_axes(overrides)
+    total = math.prod(max(1, len(values)) for _, _, values in sweeps)
+    if total > MAX_CHECKED_COMBINATIONS:
+        return override_variants(overrides), total
+    jobs = []
+    for chosen in itertools.product(*[[f"{key}={value}" for value in values] or [""] for _, key, values in sweeps]):
+        job = list(base)
+        for (position, _, _), override in zip(sweeps, chosen):
+            job[position] = override
+        jobs.append([o for o in job if o])
+    return jobs, total
+
+
 def preflight(argv: list[str]) -> None:
     """Compose and validate every configuration the command line asks for; exit 2 on the first bad one."""
     overrides, config_name, check = _split_argv(argv)
     if not check:
         return
     try:
-        variants = override_variants(overrides)
+        variants, total = sweep_combinations(overrides)
     except Exception as exc:
         fail(f"cannot parse overrides {' '.join(overrides)!r}: {one_line(exc)}")
+    if total > len(variants):
+        print(f"hostbound: note: {total} combinations: each value of each axis is checked before the sweep;"
+              " a combination that fails stops only its own job", file=sys.stderr)
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         for variant in variants:
             try:
@@ -191,6 +224,8 @@ def run_from_hydra(cfg: DictConfig) -> float:
     from harness.outputs import format_summary
     from harness.run import execute
 
+    from hydra.types import RunMode
+
     from harness.files import WriteError
 
     try:
@@ -199,6 +234,11 @@ def run_from_hydra(cfg: DictConfig) -> float:
         params = flatten(OmegaConf.to_container(cfg, resolve=True, enum_to_str=True))
         outcome = execute(run, run_dir, params, tuple(HydraConfig.get().overrides.task))
     except HarnessError as exc:
+        if HydraConfig.get().mode == RunMode.MULTIRUN:  # the other jobs go on; the sweep reports it at its end
+            from harness.sweep import mark_failed_job
+
+            mark_failed_job(Path(HydraConfig.get().runtime.output_dir), one_line_text(str(exc)))
+            return math.nan
         fail(str(exc))
     except WriteError as exc:
         fail(str(exc.strerror), EXIT_WRITE_FAILED)
@@ -206,8 +246,6 @@ def run_from_hydra(cfg: DictConfig) -> float:
         names = run.names
         print(format_summary(outcome.summary, names, run_dir))
     if outcome.tracking_error:
-        from hydra.types import RunMode
-
         from harness.tracking import EXIT_TRACKING_FAILED, FAILED_ENV
 
         if HydraConfig.get().mode == RunMode.MULTIRUN:  # the sweep goes on without the store and says so at its end

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +29,16 @@ log = logging.getLogger(__name__)
 
 RESULTS_CSV = "results.csv"
 RESULTS_MD = "results.md"
+JOB_FAILED_FILE = "JOB_FAILED.txt"  # in a job's folder: the one line that stopped it
+EXIT_BAD_INPUT = 2
+
+
+def mark_failed_job(job_dir: Path, reason: str) -> None:
+    """A job of a sweep stopped on bad input: say so in its folder and on stderr, and let the sweep go on
+    (its end writes results.csv for the jobs that finished, marks the parent run FAILED, exits 2)."""
+    job_dir.mkdir(parents=True, exist_ok=True)
+    write_text(job_dir / JOB_FAILED_FILE, reason + "\n")
+    print(f"hostbound: error: job {job_dir.name}: {reason}", file=sys.stderr)
 
 
 def _tracking(config: DictConfig):
@@ -57,6 +69,7 @@ class SweepTracking(Callback):
         Progress("hostbound sweep").update(f"done: {overrides}", force=True)
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        end_workers_with_the_sweep(Path(config.hydra.sweep.dir), _tracking(config))
         warm_numba_cache()
         tracking = _tracking(config)
         if not tracking.enabled:
@@ -94,12 +107,23 @@ class SweepTracking(Callback):
         if not table.empty:
             atomic_write(sweep_dir / RESULTS_CSV, lambda tmp: table.to_csv(tmp, index=False))  # every summary key of every job
             write_text(sweep_dir / RESULTS_MD, to_markdown(comparison(table)) + "\n")
-        parent_file = sweep_dir / PARENT_FILE
+        failed_jobs = sorted(p.parent for p in sweep_dir.glob(f"*/{JOB_FAILED_FILE}"))
         tracking = _tracking(config)
-        if not tracking.enabled:
-            return
+        if tracking.enabled:
+            self._finish_tracking(sweep_dir, tracking, len(table), failed=bool(failed_jobs))
+        if failed_jobs:
+            first = (failed_jobs[0] / JOB_FAILED_FILE).read_text().strip()
+            print(
+                f"hostbound: error: {len(failed_jobs)} of {len(failed_jobs) + len(table)} jobs failed, results.csv holds the"
+                f" {len(table)} that finished (first: {failed_jobs[0].name}: {first})",
+                file=sys.stderr,
+            )
+            raise SystemExit(EXIT_BAD_INPUT)
+
+    def _finish_tracking(self, sweep_dir: Path, tracking, jobs: int, failed: bool) -> None:
         from harness.tracking import EXIT_TRACKING_FAILED, FAILED_FILE, later_command, resolve_uri
 
+        parent_file = sweep_dir / PARENT_FILE
         if parent_file.exists():
             import mlflow
 
@@ -109,18 +133,63 @@ class SweepTracking(Callback):
                 for name in (RESULTS_CSV, RESULTS_MD):
                     if (sweep_dir / name).exists():
                         client.log_artifact(run_id, str(sweep_dir / name))
-                client.log_metric(run_id, "jobs", float(len(table)))
-                client.set_terminated(run_id)
+                client.log_metric(run_id, "jobs", float(jobs))
+                client.set_terminated(run_id, status="FAILED" if failed else "FINISHED")
             except Exception as exc:  # the store went away during the sweep; the jobs' markers say which
                 log.warning("tracking: could not finish the sweep's parent run %s: %s", run_id, exc)
         missed = sorted(p.parent for p in sweep_dir.glob(f"*/{FAILED_FILE}"))
-        if missed:
+        if missed and not failed:  # a failed job's line comes first; the markers stay for the log command
             print(
                 f"hostbound: error: tracking failed for {len(missed)} job(s) of the sweep, their files are kept"
                 f" ({(missed[0] / FAILED_FILE).read_text().splitlines()[0]}); log them later: {later_command(missed, tracking)}",
                 file=sys.stderr,
             )
             raise SystemExit(EXIT_TRACKING_FAILED)
+
+
+def _descendants(pid: int) -> list[int]:
+    """Processes started by `pid`, and theirs (Linux /proc), deepest last."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    found, frontier = [], [pid]
+    while frontier:
+        frontier = [child for parent in frontier for child in children.get(parent, [])]
+        found += frontier
+    return found
+
+
+def end_workers_with_the_sweep(sweep_dir: Path, tracking) -> None:
+    """SIGTERM to a sweep ends its workers too (a joblib sweep used to leave them running) and marks its
+    parent MLflow run KILLED instead of RUNNING forever. Ctrl-C reaches the workers by itself: the
+    terminal signals the whole process group."""
+
+    def handler(signum: int, frame: Any) -> None:
+        for pid in _descendants(os.getpid()):
+            try:
+                os.kill(pid, signal.SIGTERM)
+            except OSError:
+                pass
+        parent_file = sweep_dir / PARENT_FILE
+        if tracking.enabled and parent_file.exists():
+            try:
+                import mlflow
+
+                from harness.tracking import resolve_uri
+
+                mlflow.MlflowClient(tracking_uri=resolve_uri(tracking)).set_terminated(parent_file.read_text().strip(), status="KILLED")
+            except Exception:  # the store is not the point now: ending is
+                pass
+        print(f"hostbound: error: sweep stopped by signal {signal.Signals(signum).name}; finished jobs keep their folders", file=sys.stderr)
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, handler)
 
 
 def sweep_name(overrides: list[str], folder: str) -> str:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import fcntl
 import json
 import logging
 import math
@@ -142,14 +143,36 @@ _GROUP_CHOICES = {"hardware", "workload", "strategy", "engine"}
 _WHERE_THINGS_GO = ("tracking.", "output.", "hydra")
 
 
+@contextlib.contextmanager
+def store_lock(uri: str):
+    """Hold `<database>.lock` (an exclusive flock) while a sqlite store is made, migrated and given its
+    experiment: processes started together on a new store used to migrate it at once and die
+    ("duplicate column name", "Online migration expected to match one row"). Other stores: no lock
+    (a server serialises its own database)."""
+    database = sqlite_path(uri)
+    if database is None:
+        yield
+        return
+    database.parent.mkdir(parents=True, exist_ok=True)
+    with open(database.with_name(database.name + ".lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
 def ensure_experiment(tracking: TrackingConfig) -> str:
-    """Create the store and the experiment if needed (do this once before parallel jobs start)."""
+    """Create the store and the experiment if needed, under the store's lock (safe from any number of
+    processes at once)."""
+    uri = resolve_uri(tracking)
+    with store_lock(uri):
+        return _ensure_experiment(tracking, uri)
+
+
+def _ensure_experiment(tracking: TrackingConfig, uri: str) -> str:
     import mlflow
 
-    uri = resolve_uri(tracking)
-    database = sqlite_path(uri)
-    if database is not None:
-        database.parent.mkdir(parents=True, exist_ok=True)
     mlflow.set_tracking_uri(uri)
     with _no_stray_folders(uri):  # MLflow opens (and may make) the store here
         experiment = mlflow.get_experiment_by_name(tracking.experiment)
