@@ -141,7 +141,7 @@ class SweepTracking(Callback):
         if missed and not failed:  # a failed job's line comes first; the markers stay for the log command
             print(
                 f"hostbound: error: tracking failed for {len(missed)} job(s) of the sweep, their files are kept"
-                f" ({(missed[0] / FAILED_FILE).read_text().splitlines()[0]}); log them later: {later_command(missed, tracking)}",
+                f" ({(missed[0] / FAILED_FILE).read_text().splitlines()[0]}); log them later: {later_command(sweep_dir.absolute(), tracking)}",
                 file=sys.stderr,
             )
             raise SystemExit(EXIT_TRACKING_FAILED)

@@ -25,6 +25,7 @@ import logging
 import math
 import os
 import re
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -105,11 +106,11 @@ def short_reason(exc: BaseException) -> str:
     return text[:300]
 
 
-def later_command(run_dirs: list[Path], tracking: TrackingConfig) -> str:
-    uri = f" --uri {tracking.uri}" if tracking.uri else ""
-    experiment = f" --experiment {tracking.experiment}" if tracking.experiment != "hostbound" else ""
-    shown = " ".join(str(d) for d in run_dirs[:3]) + (" ..." if len(run_dirs) > 3 else "")
-    return f"python -m harness.tracking log {shown}{uri}{experiment}"
+def later_command(folder: Path, tracking: TrackingConfig) -> str:
+    """The command that logs a run's folder (or a sweep's jobs) once the store is back."""
+    uri = f" --uri {shlex.quote(tracking.uri)}" if tracking.uri else ""
+    experiment = f" --experiment {shlex.quote(tracking.experiment)}" if tracking.experiment != "hostbound" else ""
+    return f"python -m harness.tracking log {shlex.quote(str(folder))}{uri}{experiment}"
 
 
 def log_run_or_mark(
@@ -126,7 +127,7 @@ def log_run_or_mark(
             return log_run(tracking, run_dir, summary, steps, params, names, overrides)
         except Exception as exc:  # anything the store or the network raises: the files are what matters
             reason = f"tracking.uri={resolve_uri(tracking)}: {short_reason(exc)}"
-    command = later_command([run_dir], tracking)
+    command = later_command(run_dir, tracking)
     write_text(run_dir / FAILED_FILE, f"{reason}\nlog this run later with:\n  {command}\n")
     raise TrackingError(f"tracking failed, the run's files are kept ({reason}); log it later: {command}", reason)
 
@@ -312,6 +313,14 @@ def read_run_dir(run_dir: Path) -> tuple[dict, pd.DataFrame, dict, dict, str]:
     return measured, pd.read_parquet(run_dir / STEPS_FILE), params, names, str(summary.get("overrides", ""))
 
 
+def run_folders(path: Path) -> list[Path]:
+    """A run's folder as given; a sweep's folder as its jobs' folders (those that finished)."""
+    if (path / SUMMARY_FILE).is_file() or not path.is_dir():
+        return [path]
+    jobs = sorted(summary.parent for summary in path.glob(f"*/{SUMMARY_FILE}"))
+    return jobs or [path]
+
+
 def already_logged(tracking: TrackingConfig, run_dir: Path) -> bool:
     import mlflow
 
@@ -330,7 +339,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m harness.tracking", description="Log finished run folders to MLflow.")
     sub = parser.add_subparsers(dest="command", required=True)
     log_parser = sub.add_parser("log", help="log run folders (skips those the store already holds)")
-    log_parser.add_argument("run_dirs", nargs="+", type=Path)
+    log_parser.add_argument("run_dirs", nargs="+", type=Path, help="run folders, or sweep folders (their jobs)")
     log_parser.add_argument("--uri", help="tracking URI (default: sqlite:///outputs/mlflow.db here)")
     log_parser.add_argument("--experiment", default="hostbound")
     log_parser.add_argument("--artifacts", default="small", choices=[p.value for p in ArtifactPolicy])
@@ -338,7 +347,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         tracking = TrackingConfig(uri=args.uri, experiment=args.experiment, artifacts=ArtifactPolicy(args.artifacts), timeout_s=args.timeout_s)
-        runs = [(run_dir.absolute(), read_run_dir(run_dir.absolute())) for run_dir in args.run_dirs]
+        folders = [folder for given in args.run_dirs for folder in run_folders(given.absolute())]
+        runs = [(folder, read_run_dir(folder)) for folder in folders]
     except HarnessError as exc:
         print(f"hostbound tracking: error: {one_line_text(str(exc))}", file=sys.stderr)
         return 2

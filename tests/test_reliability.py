@@ -424,6 +424,12 @@ def test_a_sweep_against_a_store_that_is_down_runs_every_job_and_says_so_once(tm
     jobs = sorted((tmp_path / "sw").glob("*_llama2_7b_decode_*"))
     assert len(jobs) == 2 and all((job / "summary.json").is_file() and (job / FAILED_FILE).is_file() for job in jobs)
     assert len(pd.read_csv(tmp_path / "sw" / "results.csv")) == 2
+    assert f"python -m harness.tracking log {tmp_path / 'sw'}" in errors[0]
+    db = tmp_path / "later.db"
+    later = subprocess.run([sys.executable, "-m", "harness.tracking", "log", str(tmp_path / "sw"), "--uri", f"sqlite:///{db}"],
+                           capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert later.returncode == 0 and later.stdout.count("logged as run") == 2, later.stderr[-2000:]
+    assert not any((job / FAILED_FILE).exists() for job in jobs)
 
 
 # ---------------------------------------------------------------- output folders and disks
