@@ -44,6 +44,13 @@ TASKS_PER_OP_GUESS = 8  # sizes the first chunk (host stages + device task); lat
 BYTES_PER_OP_STEP = 80
 BASE_MEMORY_BYTES = 0.7e9
 TASKS_PER_S = 5e6
+# Lowering builds one step's tasks op by op in Python before replicating them over the steps: ~40 µs an
+# op of a step (a 100,000-op trace step: ~4.5 s; a 1,000,000-op one: ~40 s), nothing for a preset's few
+# hundred ops, most of the time for a trace with huge steps.
+LOWERING_S_PER_OP = 40e-6
+# A chunk holds at least one whole step: a step of more than CHUNK_TASKS tasks costs its tasks' arrays on
+# top (a 1,000,000-op trace step peaked at 2.9 GB where the per-op-step rule says 1.0: ~300 B a task).
+BYTES_PER_CHUNK_TASK = 300
 SLOW_RUN_S = 60.0  # beyond this a run says up front (stderr) how long it will take
 
 
@@ -83,8 +90,9 @@ def estimate_size(run: RunConfig, workload: Workload | None = None) -> SizeEstim
         op_steps = workload.n_ops * workload.steps
     return SizeEstimate(
         op_steps=op_steps,
-        memory_bytes=BASE_MEMORY_BYTES + BYTES_PER_OP_STEP * op_steps,
-        seconds=op_steps * TASKS_PER_OP_GUESS / TASKS_PER_S,
+        memory_bytes=BASE_MEMORY_BYTES + BYTES_PER_OP_STEP * op_steps
+        + BYTES_PER_CHUNK_TASK * max(0, workload.n_ops * TASKS_PER_OP_GUESS - CHUNK_TASKS),
+        seconds=workload.n_ops * LOWERING_S_PER_OP + op_steps * TASKS_PER_OP_GUESS / TASKS_PER_S,
     )
 
 
@@ -96,7 +104,8 @@ def check_size(run: RunConfig, workload: Workload | None = None) -> SizeEstimate
     steps = workload.steps if workload is not None else run.workload.steps
     ops_per_step = max(1, estimate.op_steps // steps)
     if available is not None and estimate.memory_bytes > available:
-        fitting = max(0, int((available - BASE_MEMORY_BYTES) / BYTES_PER_OP_STEP / ops_per_step))
+        one_step_extra = estimate.memory_bytes - BASE_MEMORY_BYTES - BYTES_PER_OP_STEP * estimate.op_steps
+        fitting = max(0, int((available - BASE_MEMORY_BYTES - one_step_extra) / BYTES_PER_OP_STEP / ops_per_step))
         what = f"workload.steps={steps}" if workload is None else f"workload.path={run.workload.path!r}" if run.workload.path else "workload.ops"
         raise ConfigError(
             f"{what}: needs about {estimate.memory_bytes / 1e9:.1f} GB of memory"
@@ -135,11 +144,11 @@ class CompileWatch(event.Listener):
             self.seconds += time.perf_counter() - self._began
 
 
-def _say_if_slow(estimate: SizeEstimate) -> None:
+def _say_if_slow(estimate: SizeEstimate, steps: int) -> None:
     if estimate.seconds > SLOW_RUN_S:
         log.warning(
-            "%d op-steps: about %.0f s to simulate (at an estimated %.0f M tasks/s)",
-            estimate.op_steps, estimate.seconds, TASKS_PER_S / 1e6,
+            "%s ops/step × %d steps: about %.0f s to simulate (%.0f µs an op to lower one step, then %.0f M tasks/s)",
+            f"{estimate.op_steps // steps:,}", steps, estimate.seconds, LOWERING_S_PER_OP * 1e6, TASKS_PER_S / 1e6,
         )
 
 
@@ -162,14 +171,14 @@ def simulate_run(run: RunConfig, chunk_tasks: int = CHUNK_TASKS) -> RunResult:
 
 def _simulate_run(run: RunConfig, chunk_tasks: int) -> RunResult:
     if not is_op_list(run):
-        _say_if_slow(check_size(run))
+        _say_if_slow(check_size(run), run.workload.steps)
     progress = Progress("hostbound")
     progress.update("planning serving batches" if run.workload.serving.enabled else "building the workload", force=True)
     serving = plan_serving(run, progress) if run.workload.serving.enabled else None
     batch = serving.batch if serving else np.full(run.workload.steps, run.workload.batch_size, dtype=np.int64)
     workload, plan = prepare(run, batch, serving.kv_len if serving else None)
     if is_op_list(run):
-        _say_if_slow(check_size(run, workload))
+        _say_if_slow(check_size(run, workload), workload.steps)
     check_memory(workload, run.hardware.device.hbm_gb)
     release_us = serving.release_us if serving else np.zeros(workload.steps)
 
