@@ -136,6 +136,9 @@ def sweep_combinations(overrides: list[str]) -> tuple[list[list[str]], int]:
 
 def preflight(argv: list[str]) -> None:
     """Compose and validate every configuration the command line asks for; exit 2 on the first bad one."""
+    modes = sorted({arg.split("=", 1)[0] for arg in argv} & {"-m", "--multirun", "--cfg", "-c", "--info", "-i", "--shell-completion", "-sc"})
+    if len(modes) > 1:  # Hydra says so with a traceback
+        fail(f"{' and '.join(modes)}: give one of -m/--multirun, --cfg, --info, --shell-completion")
     overrides, config_name, check = _split_argv(argv)
     if not check:
         return

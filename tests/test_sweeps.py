@@ -149,6 +149,30 @@ def test_submitit_local_launcher_runs_the_jobs(tmp_path):
     assert [json.loads(p.read_text())["strategy"] for p in summaries] == ["eager", "async"]
 
 
+def test_the_slurm_preset_submits_one_array_job_of_the_sweep(tmp_path):
+    """hydra/launcher=slurm on a machine without SLURM: a stand-in `sbatch` keeps the script it is given
+    (and refuses it, so the sweep stops there); the script is what a cluster would run."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "sbatch").write_text('#!/bin/sh\nfor last; do :; done\ncp "$last" "$SBATCH_CAPTURE"\necho "sbatch: not a cluster" >&2\nexit 1\n')
+    (bin_dir / "srun").write_text("#!/bin/sh\nexit 0\n")  # submitit checks that srun exists
+    for tool in bin_dir.iterdir():
+        tool.chmod(0o755)
+    script = tmp_path / "submitted.sh"
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "SBATCH_CAPTURE": str(script), "MLFLOW_DISABLE_TELEMETRY": "true"}
+    subprocess.run(
+        [sys.executable, "-m", "harness", "-m", "hydra/launcher=slurm", "hydra.launcher.partition=debug", "strategy=eager,async,pipeline",
+         "tracking.uri=http://mlflow-host:5000", "hydra.sweep.dir=sw"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180,
+    )
+    text = script.read_text()
+    for line in ("#SBATCH --array=0-2%3", "#SBATCH --partition=debug", "#SBATCH --cpus-per-task=2", "#SBATCH --mem=4GB",
+                 "#SBATCH --time=30", "#SBATCH --job-name=hostbound", "export MLFLOW_DISABLE_TELEMETRY=true"):
+        assert line in text.splitlines(), line
+    command = text.splitlines()[-1]
+    assert command.startswith("srun ") and f"{sys.executable} -u -m submitit.core._submit {tmp_path / 'sw' / '.submitit'}" in command
+
+
 def test_swept_values_show_what_differs_between_jobs():
     from harness.report import swept_values
 
