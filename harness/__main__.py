@@ -10,6 +10,7 @@ from omegaconf import DictConfig
 
 from harness.cli import normalize_argv, preflight, run_from_hydra
 from harness.config import CONF_DIR, register_configs
+from harness.sweep import SweepStopped, finish_stopped_sweep
 
 register_configs()
 
@@ -23,7 +24,10 @@ def run() -> None:
     """`python -m harness` and the `hostbound` command: check the overrides, then let Hydra run."""
     sys.argv[1:] = normalize_argv(sys.argv[1:])
     preflight(sys.argv[1:])
-    main()
+    try:
+        main()
+    except SweepStopped as stopped:
+        finish_stopped_sweep(stopped)
 
 
 if __name__ == "__main__":

@@ -10,7 +10,9 @@ import itertools
 import logging
 import math
 import os
+import signal
 import sys
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -163,17 +165,19 @@ def preflight(argv: list[str]) -> None:
         try:
             cfg = compose(config_name=config_name, overrides=variants[0] + hydra_overrides, return_hydra_config=True)
             folder = OmegaConf.select(cfg, key)
+            resuming = bool(OmegaConf.select(cfg, "resume"))
         except Exception as exc:
             fail(one_line(exc, overrides))
     try:
-        check_output_folder(key, folder)
+        check_output_folder(key, folder, resuming)
     except HarnessError as exc:
         fail(str(exc))
 
 
-def check_output_folder(key: str, folder: object) -> None:
+def check_output_folder(key: str, folder: object, resuming: bool = False) -> None:
     """The run's (or sweep's) folder can be made and written, and holds nothing yet, before Hydra makes
-    it (Hydra's own failure there is a traceback, after it may have written part of the folder).
+    it (Hydra's own failure there is a traceback, after it may have written part of the folder). With
+    `resume=true` a folder that holds files is the point: an interrupted sweep is finished in it.
     Tried, not guessed from permission bits: the probe makes the folder and a file, then removes both."""
     text = "" if folder is None else str(folder)
     if not text.strip():
@@ -182,8 +186,11 @@ def check_output_folder(key: str, folder: object) -> None:
     if path.exists():
         if not path.is_dir():
             raise ConfigError(f"{key}={text}: is a file, not a folder")
-        if any(path.iterdir()):
-            raise ConfigError(f"{key}={text}: already holds files (a run never writes into another's folder: pick a new one or empty it)")
+        if any(path.iterdir()) and not resuming:
+            raise ConfigError(
+                f"{key}={text}: already holds files (a run never writes into another's folder: pick a new one,"
+                " empty it, or add resume=true to finish an interrupted sweep there)"
+            )
     made = [p for p in [path, *path.parents] if not p.exists()]
     try:
         path.mkdir(parents=True, exist_ok=True)
@@ -222,6 +229,16 @@ def check_run(run: RunConfig) -> None:
     check_memory(workload, run.hardware.device.hbm_gb)
 
 
+def _end_runs_on_sigterm() -> None:
+    """SIGTERM to a job (a sweep's worker, or a single run) unwinds instead of dying on the spot: an open
+    MLflow run ends FAILED, not RUNNING forever. A handler already there (the sweep's) stays."""
+    if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        def stop(signum: int, frame: object) -> None:
+            raise SystemExit(128 + signum)
+
+        signal.signal(signal.SIGTERM, stop)
+
+
 def run_from_hydra(cfg: DictConfig) -> float:
     """The body of the @hydra.main task: validate, run, print; returns throughput (for optimisers)."""
     from harness.outputs import format_summary
@@ -231,11 +248,13 @@ def run_from_hydra(cfg: DictConfig) -> float:
 
     from harness.files import WriteError
 
+    _end_runs_on_sigterm()
     try:
         run = to_run_config(cfg)
         run_dir = Path(HydraConfig.get().runtime.output_dir)
         params = flatten(OmegaConf.to_container(cfg, resolve=True, enum_to_str=True))
-        outcome = execute(run, run_dir, params, tuple(HydraConfig.get().overrides.task))
+        outputs_dir = Path(HydraConfig.get().runtime.cwd) / "outputs"
+        outcome = execute(run, run_dir, params, tuple(HydraConfig.get().overrides.task), outputs_dir=outputs_dir)
     except HarnessError as exc:
         if HydraConfig.get().mode == RunMode.MULTIRUN:  # the other jobs go on; the sweep reports it at its end
             from harness.sweep import mark_failed_job
@@ -248,6 +267,8 @@ def run_from_hydra(cfg: DictConfig) -> float:
     if run.output.print_summary:
         names = run.names
         print(format_summary(outcome.summary, names, run_dir))
+        if outcome.resumed_from is not None:
+            print(f"  resumed      already finished in {outcome.resumed_from} (resume=true): not simulated or logged again")
     if outcome.tracking_error:
         from harness.tracking import EXIT_TRACKING_FAILED, FAILED_ENV
 

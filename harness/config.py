@@ -653,6 +653,7 @@ class RunConfig:
     strategy: StrategyConfig = field(default_factory=StrategyConfig)
     engine: EngineConfig = field(default_factory=EngineConfig)
     seed: int = 0
+    resume: bool = False  # reuse a finished run of the same configuration instead of simulating it (harness.resume)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
     output: OutputConfig = field(default_factory=OutputConfig)
     _key: ClassVar[str] = "run"

@@ -27,8 +27,9 @@ log = logging.getLogger(__name__)
 
 
 def write_outputs(run_dir: Path, outcome: "RunResult", names: dict, trace_steps: int, timeline_steps: int = 0) -> None:
+    """summary.json last: a folder holding it is a finished run (reports, results.csv and resume=true
+    rely on that); a run stopped while writing leaves the files before, complete, and no summary."""
     run_dir.mkdir(parents=True, exist_ok=True)
-    write_json(run_dir / SUMMARY_FILE, {**names, **outcome.summary})
     atomic_write(run_dir / STEPS_FILE, lambda tmp: outcome.steps.to_parquet(tmp, index=False))
     if trace_steps > 0:
         write_json(run_dir / TRACE_FILE, chrome_trace(outcome, trace_steps), indent=None)  # compact: tens of thousands of events
@@ -36,6 +37,7 @@ def write_outputs(run_dir: Path, outcome: "RunResult", names: dict, trace_steps:
         from harness.timeline import draw_timeline  # matplotlib only when a picture is asked for
 
         draw_timeline(outcome, run_dir / TIMELINE_FILE, timeline_steps)
+    write_json(run_dir / SUMMARY_FILE, {**names, **outcome.summary})
 
 
 def chrome_trace(outcome: "RunResult", trace_steps: int) -> dict:

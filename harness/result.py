@@ -6,6 +6,7 @@ not on the code that produced it.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Optional
 
 import pandas as pd
@@ -22,7 +23,10 @@ WALL_CLOCK_KEYS = frozenset({"sim_wall_s", "compile_s"})
 
 # Summary keys that say what ran (the config's sizes, seed and overrides) rather than what was measured:
 # MLflow has them as params, not metrics.
-WHAT_RAN_KEYS = ("batch_size", "context_len", "phase", "quant", "kernels", "tp", "dp", "ep", "steps", "warmup_steps", "serving", "seed", "overrides")
+WHAT_RAN_KEYS = (
+    "batch_size", "context_len", "phase", "quant", "kernels", "tp", "dp", "ep", "steps", "warmup_steps", "serving", "seed", "overrides",
+    "config_hash",
+)
 
 
 def without_wall_clock(summary: dict) -> dict:
@@ -34,6 +38,7 @@ def without_wall_clock(summary: dict) -> dict:
 class RunResult:
     summary: dict
     steps: pd.DataFrame
-    result: SimulationResult
-    workload: Workload
+    result: Optional[SimulationResult]  # None when reused from a finished run (resume=true)
+    workload: Optional[Workload]
     tracking_error: Optional[TrackingError] = None  # why MLflow did not take the run (its files are complete)
+    resumed_from: Optional[Path] = None  # a finished run of the same configuration, reused (resume=true)

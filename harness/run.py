@@ -12,13 +12,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 from numba.core import event
 
 from harness.config import RunConfig
 from harness.core import SimulationResult, simulate
 from harness.lowering import Lowering
 from harness.metrics import StepMeasures, measured_steps, summarize
-from harness.outputs import write_outputs
+from harness.outputs import STEPS_FILE, write_outputs
+from harness.resume import config_hash, find_finished, reuse
 from harness.serving import plan_serving, serving_summary
 from harness.policies import prepare
 from harness.progress import Progress
@@ -232,11 +234,30 @@ def identity(run: RunConfig, overrides: tuple[str, ...] = ()) -> dict:
     }
 
 
-def execute(run: RunConfig, run_dir: Path, params: dict, overrides: tuple[str, ...] = ()) -> RunResult:
+def execute(
+    run: RunConfig, run_dir: Path, params: dict, overrides: tuple[str, ...] = (), outputs_dir: Path | None = None
+) -> RunResult:
     """Simulate, write the run directory, log to MLflow when enabled. `params` = flattened resolved config,
-    `overrides` the command line's (recorded in summary.json, so the file alone says what ran)."""
+    `overrides` the command line's (recorded in summary.json, so the file alone says what ran). With
+    `run.resume`, a finished run of the same configuration (in `run_dir`, or under `outputs_dir`) is
+    reused instead: its files, no simulation, no second MLflow run."""
+    digest = config_hash(params)
+    if run.resume:
+        found = find_finished(digest, run_dir, outputs_dir or run_dir.parent)
+        if found is not None:
+            log.info("resumed: %s already finished in %s", digest, found)
+            summary = reuse(found, run_dir)
+            outcome = RunResult(summary=summary, steps=pd.read_parquet(run_dir / STEPS_FILE), result=None, workload=None, resumed_from=found)
+            if run.tracking.enabled:  # a run stopped while logging has its files but maybe no MLflow run yet
+                from harness.tracking import log_folder
+
+                try:
+                    log_folder(run.tracking, run_dir, logged_as=found)
+                except Exception as exc:  # the store is down: as for a simulated run, the files are what matters
+                    outcome.tracking_error = TrackingError(f"tracking failed for the resumed run in {run_dir} ({exc})", str(exc)[:300])
+            return outcome
     outcome = simulate_run(run)
-    what_ran = identity(run, overrides)
+    what_ran = {**identity(run, overrides), "config_hash": digest}
     outcome.summary.update(what_ran)
     names = run.names
     write_outputs(run_dir, outcome, names, trace_steps=run.output.trace_steps, timeline_steps=run.output.timeline_steps)

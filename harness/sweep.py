@@ -163,33 +163,54 @@ def _descendants(pid: int) -> list[int]:
     return found
 
 
+class SweepStopped(BaseException):
+    """SIGTERM reached a sweep: unwinds the stack (an open MLflow run ends, a transaction rolls back)
+    up to `python -m harness`, which then marks the parent run KILLED (`finish_stopped_sweep`)."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+_STOPPABLE: dict[str, Any] = {}  # the running sweep's folder and tracking settings, for finish_stopped_sweep
+
+
 def end_workers_with_the_sweep(sweep_dir: Path, tracking) -> None:
     """SIGTERM to a sweep ends its workers too (a joblib sweep used to leave them running) and marks its
     parent MLflow run KILLED instead of RUNNING forever. Ctrl-C reaches the workers by itself: the
     terminal signals the whole process group."""
 
     def handler(signum: int, frame: Any) -> None:
+        signal.signal(signum, signal.SIG_IGN)  # once is enough
         for pid in _descendants(os.getpid()):
             try:
                 os.kill(pid, signal.SIGTERM)
             except OSError:
                 pass
-        parent_file = sweep_dir / PARENT_FILE
-        if tracking.enabled and parent_file.exists():
-            try:
-                import mlflow
-
-                from harness.tracking import resolve_uri
-
-                mlflow.MlflowClient(tracking_uri=resolve_uri(tracking)).set_terminated(parent_file.read_text().strip(), status="KILLED")
-            except Exception:  # the store is not the point now: ending is
-                pass
-        print(f"hostbound: error: sweep stopped by signal {signal.Signals(signum).name}; finished jobs keep their folders", file=sys.stderr)
-        signal.signal(signum, signal.SIG_DFL)
-        os.kill(os.getpid(), signum)
+        raise SweepStopped(signum)
 
     if threading.current_thread() is threading.main_thread():
+        _STOPPABLE.update(sweep_dir=sweep_dir, tracking=tracking)
         signal.signal(signal.SIGTERM, handler)
+
+
+def finish_stopped_sweep(stopped: SweepStopped) -> None:
+    """After the stack unwound: the parent run KILLED, one line, and the process ends by the same signal."""
+    sweep_dir, tracking = _STOPPABLE.get("sweep_dir"), _STOPPABLE.get("tracking")
+    parent_file = sweep_dir / PARENT_FILE if sweep_dir else None
+    if tracking is not None and tracking.enabled and parent_file is not None and parent_file.exists():
+        try:
+            import mlflow
+
+            from harness.tracking import resolve_uri
+
+            mlflow.MlflowClient(tracking_uri=resolve_uri(tracking)).set_terminated(parent_file.read_text().strip(), status="KILLED")
+        except Exception:  # the store is not the point now: ending is
+            pass
+    print(f"hostbound: error: sweep stopped by signal {signal.Signals(stopped.signum).name}; finished jobs keep their folders"
+          " (resume=true finishes the rest)", file=sys.stderr)
+    signal.signal(stopped.signum, signal.SIG_DFL)
+    os.kill(os.getpid(), stopped.signum)
 
 
 def sweep_name(overrides: list[str], folder: str) -> str:

@@ -141,7 +141,7 @@ def resolve_uri(tracking: TrackingConfig) -> str:
 EXPERIMENT_KIND_TAG = ("mlflow.experimentKind", "custom_model_development")
 # Group choices are in a run's name already; the other keys only say where files and runs go.
 _GROUP_CHOICES = {"hardware", "workload", "strategy", "engine"}
-_WHERE_THINGS_GO = ("tracking.", "output.", "hydra")
+_WHERE_THINGS_GO = ("tracking.", "output.", "hydra", "resume")
 
 
 @contextlib.contextmanager
@@ -313,6 +313,18 @@ def read_run_dir(run_dir: Path) -> tuple[dict, pd.DataFrame, dict, dict, str]:
     return measured, pd.read_parquet(run_dir / STEPS_FILE), params, names, str(summary.get("overrides", ""))
 
 
+def log_folder(tracking: TrackingConfig, run_dir: Path, logged_as: Path | None = None) -> str | None:
+    """Log a finished run's folder unless the store holds it (under `logged_as`, where it first ran, or
+    its own path); returns the new run's id, or None. Clears the folder's TRACKING_FAILED.txt."""
+    bound_requests(tracking)
+    if already_logged(tracking, logged_as or run_dir) or (logged_as and already_logged(tracking, run_dir)):
+        run_id = None
+    else:
+        run_id = log_run(tracking, run_dir, *read_run_dir(run_dir))
+    (run_dir / FAILED_FILE).unlink(missing_ok=True)
+    return run_id
+
+
 def run_folders(path: Path) -> list[Path]:
     """A run's folder as given; a sweep's folder as its jobs' folders (those that finished)."""
     if (path / SUMMARY_FILE).is_file() or not path.is_dir():
@@ -329,7 +341,8 @@ def already_logged(tracking: TrackingConfig, run_dir: Path) -> bool:
         return False
     escaped = str(run_dir).replace("'", "\\'")
     runs = mlflow.MlflowClient(tracking_uri=resolve_uri(tracking)).search_runs(
-        [experiment.experiment_id], filter_string=f"tags.run_dir = '{escaped}'", max_results=1
+        # FINISHED only: a run cut off while logging (FAILED, KILLED) is logged again, whole
+        [experiment.experiment_id], filter_string=f"tags.run_dir = '{escaped}' and attributes.status = 'FINISHED'", max_results=1
     )
     return len(runs) > 0
 
@@ -348,22 +361,19 @@ def main(argv: list[str] | None = None) -> int:
     try:
         tracking = TrackingConfig(uri=args.uri, experiment=args.experiment, artifacts=ArtifactPolicy(args.artifacts), timeout_s=args.timeout_s)
         folders = [folder for given in args.run_dirs for folder in run_folders(given.absolute())]
-        runs = [(folder, read_run_dir(folder)) for folder in folders]
+        for folder in folders:
+            read_run_dir(folder)  # every folder is a finished run's before anything is logged
     except HarnessError as exc:
         print(f"hostbound tracking: error: {one_line_text(str(exc))}", file=sys.stderr)
         return 2
     bound_requests(tracking)
-    for run_dir, (summary, steps, params, names, overrides) in runs:
+    for run_dir in folders:
         try:
-            if already_logged(tracking, run_dir):
-                print(f"{run_dir}: already in {resolve_uri(tracking)}")
-            else:
-                run_id = log_run(tracking, run_dir, summary, steps, params, names, overrides)
-                print(f"{run_dir}: logged as run {run_id}")
+            run_id = log_folder(tracking, run_dir)
         except Exception as exc:
             print(f"hostbound tracking: error: tracking.uri={resolve_uri(tracking)}: {short_reason(exc)}", file=sys.stderr)
             return EXIT_TRACKING_FAILED
-        (run_dir / FAILED_FILE).unlink(missing_ok=True)
+        print(f"{run_dir}: logged as run {run_id}" if run_id else f"{run_dir}: already in {resolve_uri(tracking)}")
     return 0
 
 

@@ -1,0 +1,85 @@
+"""Resumable sweeps (issue 15 item 2): a sweep stopped mid-way and re-run with resume=true ends with the
+results of an uninterrupted one, no run left RUNNING and no configuration logged twice."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from conftest import compose_run
+from harness.resume import RESUMED_FILE, config_hash, find_finished
+from harness.result import WALL_CLOCK_KEYS
+from harness.run import execute
+
+SWEEP = ["-m", "strategy=eager,async,pipeline,acl_graph", "workload.steps=300", "output.timeline_steps=0", "output.print_summary=false"]
+ENV = {**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true"}
+
+
+def sweep(cwd: Path, folder: str, *extra: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "harness", *SWEEP, f"hydra.sweep.dir={folder}",
+                             f"tracking.uri=sqlite:///{cwd / (folder + '.db')}", *extra],
+                            cwd=cwd, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def comparable(results: pd.DataFrame) -> pd.DataFrame:
+    dropped = [c for c in results.columns if c in WALL_CLOCK_KEYS or c in ("run_dir", "overrides")]
+    return results.drop(columns=dropped).sort_values("strategy").reset_index(drop=True)
+
+
+@pytest.mark.slow
+def test_an_interrupted_sweep_resumed_matches_an_uninterrupted_one(tmp_path):
+    whole = sweep(tmp_path, "whole")
+    cut = sweep(tmp_path, "cut")
+    deadline = time.monotonic() + 240
+    while len(list((tmp_path / "cut").glob("*/summary.json"))) < 2:
+        assert time.monotonic() < deadline and cut.poll() is None, "the sweep ended before it could be interrupted"
+        time.sleep(0.1)
+    cut.send_signal(signal.SIGTERM)
+    cut.communicate(timeout=60)
+    assert cut.returncode == -signal.SIGTERM
+    finished = len(list((tmp_path / "cut").glob("*/summary.json")))  # written last: these jobs finished
+    assert 2 <= finished < 4, "nothing was left to resume"
+    assert whole.wait(timeout=300) == 0, whole.stderr.read()[-2000:]
+
+    resumed = sweep(tmp_path, "cut", "resume=true")
+    out, err = resumed.communicate(timeout=300)
+    assert resumed.returncode == 0, err[-2000:]
+    assert err.count("resumed: ") == finished  # the finished jobs were not simulated again
+
+    assert comparable(pd.read_csv(tmp_path / "cut" / "results.csv")).equals(comparable(pd.read_csv(tmp_path / "whole" / "results.csv")))
+    with sqlite3.connect(tmp_path / "cut.db") as con:
+        runs = con.execute("select name, status from runs").fetchall()
+    jobs = [(name, status) for name, status in runs if not name.startswith("sweep ")]
+    assert "RUNNING" not in {status for _, status in runs}
+    finished_jobs = [name for name, status in jobs if status == "FINISHED"]
+    assert len(finished_jobs) == 4 and len(set(finished_jobs)) == 4  # each configuration logged once
+    assert sorted(status for name, status in runs if name.startswith("sweep ")) == ["FINISHED", "KILLED"]
+
+
+def test_the_configuration_hash_ignores_where_files_go_but_not_what_is_simulated():
+    base = {"workload.batch_size": 8, "seed": 0, "tracking.uri": None, "output.trace_steps": 2, "resume": False}
+    assert config_hash(base) == config_hash({**base, "tracking.uri": "http://x", "output.trace_steps": 0, "resume": True})
+    assert config_hash(base) != config_hash({**base, "seed": 1})
+    assert config_hash(base) != config_hash({**base, "workload.batch_size": 16})
+
+
+def test_resume_reuses_a_finished_run_from_another_folder(tmp_path):
+    run = compose_run("workload.steps=3", "output.timeline_steps=0", "tracking.enabled=false")
+    params = {"workload.steps": 3, "seed": 0}
+    first = execute(run, tmp_path / "outputs" / "runs" / "a", params)
+    again = execute(compose_run("workload.steps=3", "output.timeline_steps=0", "tracking.enabled=false", "resume=true"),
+                    tmp_path / "outputs" / "runs" / "b", params, outputs_dir=tmp_path / "outputs")
+    assert again.resumed_from == tmp_path / "outputs" / "runs" / "a"
+    assert (tmp_path / "outputs" / "runs" / "b" / RESUMED_FILE).read_text().strip() == str(again.resumed_from)
+    assert json.loads((tmp_path / "outputs" / "runs" / "b" / "summary.json").read_text()) == json.loads(
+        (tmp_path / "outputs" / "runs" / "a" / "summary.json").read_text())
+    assert again.summary["throughput_tok_s"] == first.summary["throughput_tok_s"]
+    assert find_finished(config_hash({**params, "seed": 1}), tmp_path / "c", tmp_path / "outputs") is None
