@@ -22,16 +22,12 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import DictConfig, OmegaConf
 
 from harness.config import CONF_DIR, RunConfig, flatten, one_line, to_run_config
-from harness.errors import ConfigError, HarnessError, one_line_text
+from harness.errors import EXIT_BAD_INPUT, EXIT_TRACKING_FAILED, EXIT_WRITE_FAILED, ConfigError, HarnessError, one_line_text
 from harness.ops import check_memory
 from harness.workload import build_workload
 
 log = logging.getLogger(__name__)
 
-# Exit statuses: 2 bad input (nothing written), 3 tracking failed (the run's files are complete),
-# 4 a file could not be written (disk full, file-size limit; files written before it are complete).
-EXIT_BAD_INPUT = 2
-EXIT_WRITE_FAILED = 4
 # Hydra flags that take a value, and flags after which there is nothing to check.
 _FLAGS_WITH_VALUE = {"--config-path", "-cp", "--config-name", "-cn", "--config-dir", "-cd", "--experimental-rerun"}
 _INFO_FLAGS = {"--help", "-h", "--hydra-help", "--info", "-i", "--shell-completion", "-sc", "--version", "--cfg", "-c", "--resolve", "-p", "--package"}
@@ -253,7 +249,9 @@ def run_from_hydra(cfg: DictConfig) -> float:
         run = to_run_config(cfg)
         run_dir = Path(HydraConfig.get().runtime.output_dir)
         params = flatten(OmegaConf.to_container(cfg, resolve=True, enum_to_str=True))
-        outputs_dir = Path(HydraConfig.get().runtime.cwd) / "outputs"
+        from harness.tracking import launch_dir
+
+        outputs_dir = launch_dir() / "outputs"
         outcome = execute(run, run_dir, params, tuple(HydraConfig.get().overrides.task), outputs_dir=outputs_dir)
     except HarnessError as exc:
         if HydraConfig.get().mode == RunMode.MULTIRUN:  # the other jobs go on; the sweep reports it at its end
@@ -270,7 +268,7 @@ def run_from_hydra(cfg: DictConfig) -> float:
         if outcome.resumed_from is not None:
             print(f"  resumed      already finished in {outcome.resumed_from} (resume=true): not simulated or logged again")
     if outcome.tracking_error:
-        from harness.tracking import EXIT_TRACKING_FAILED, FAILED_ENV
+        from harness.tracking import FAILED_ENV
 
         if HydraConfig.get().mode == RunMode.MULTIRUN:  # the sweep goes on without the store and says so at its end
             os.environ[FAILED_ENV] = outcome.tracking_error.reason

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import enum
+import functools
 import math
 import os
 import re
@@ -211,6 +212,7 @@ def check_number(key: str, value: Any, limit: Limit, integer: bool = False) -> N
         raise ConfigError(f"{key}={value!r}: must be in {limit.text()}")
 
 
+@functools.lru_cache(maxsize=None)  # per class: every config object built runs check_limits
 def _numeric_fields(cls: type) -> list[tuple[str, bool]]:
     """(name, integer) of a dataclass's int/float fields, Optional and List ones included."""
     hints = typing.get_type_hints(cls)
@@ -222,6 +224,7 @@ def _numeric_fields(cls: type) -> list[tuple[str, bool]]:
     return out
 
 
+@functools.lru_cache(maxsize=None)
 def _text_fields(cls: type) -> list[str]:
     hints = typing.get_type_hints(cls)
     return [f.name for f in dataclasses.fields(cls) if str in _leaf_types(hints[f.name]) and typing.get_origin(hints[f.name]) is not dict]

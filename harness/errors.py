@@ -1,4 +1,9 @@
-"""Error types: one base for everything the harness reports to a user without a traceback."""
+"""Error types: one base for everything the harness reports to a user without a traceback, and the
+exit statuses that tell them apart (docs/reliability.md)."""
+
+EXIT_BAD_INPUT = 2  # a key, value, preset, trace file or output folder: nothing written
+EXIT_TRACKING_FAILED = 3  # the tracking store failed: the run's files are complete
+EXIT_WRITE_FAILED = 4  # a file could not be written (disk full, file-size limit): files before it are complete
 
 
 def one_line_text(message: str) -> str:

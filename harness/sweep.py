@@ -21,6 +21,7 @@ import numpy as np
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
+from harness.errors import EXIT_BAD_INPUT, EXIT_TRACKING_FAILED
 from harness.files import atomic_write, write_text
 from harness.progress import Progress
 from harness.tracking import PARENT_FILE
@@ -30,7 +31,6 @@ log = logging.getLogger(__name__)
 RESULTS_CSV = "results.csv"
 RESULTS_MD = "results.md"
 JOB_FAILED_FILE = "JOB_FAILED.txt"  # in a job's folder: the one line that stopped it
-EXIT_BAD_INPUT = 2
 
 
 def mark_failed_job(job_dir: Path, reason: str) -> None:
@@ -121,7 +121,7 @@ class SweepTracking(Callback):
             raise SystemExit(EXIT_BAD_INPUT)
 
     def _finish_tracking(self, sweep_dir: Path, tracking, jobs: int, failed: bool) -> None:
-        from harness.tracking import EXIT_TRACKING_FAILED, FAILED_FILE, later_command, resolve_uri
+        from harness.tracking import FAILED_FILE, later_command, resolve_uri
 
         parent_file = sweep_dir / PARENT_FILE
         if parent_file.exists():

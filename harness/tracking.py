@@ -34,7 +34,7 @@ from urllib.parse import unquote
 import pandas as pd
 
 from harness.config import ArtifactPolicy, TrackingConfig, flatten, one_line
-from harness.errors import HarnessError, TrackingError, one_line_text
+from harness.errors import EXIT_BAD_INPUT, EXIT_TRACKING_FAILED, HarnessError, TrackingError, one_line_text
 from harness.files import write_text
 from harness.outputs import STEPS_FILE, SUMMARY_FILE, TRACE_FILE, run_notes
 from harness.result import WHAT_RAN_KEYS
@@ -83,7 +83,6 @@ def sqlite_path(uri: str) -> Path | None:
     return Path(unquote(uri.removeprefix("sqlite:///").split("?", 1)[0]))
 
 
-EXIT_TRACKING_FAILED = 3
 FAILED_FILE = "TRACKING_FAILED.txt"
 # Set in a sweep's process (and inherited by its workers) once the store failed: later jobs do not wait on it again.
 FAILED_ENV = "HOSTBOUND_TRACKING_FAILED"
@@ -317,7 +316,7 @@ def log_folder(tracking: TrackingConfig, run_dir: Path, logged_as: Path | None =
     """Log a finished run's folder unless the store holds it (under `logged_as`, where it first ran, or
     its own path); returns the new run's id, or None. Clears the folder's TRACKING_FAILED.txt."""
     bound_requests(tracking)
-    if already_logged(tracking, logged_as or run_dir) or (logged_as and already_logged(tracking, run_dir)):
+    if any(already_logged(tracking, folder) for folder in {run_dir, logged_as or run_dir}):
         run_id = None
     else:
         run_id = log_run(tracking, run_dir, *read_run_dir(run_dir))
@@ -336,11 +335,12 @@ def run_folders(path: Path) -> list[Path]:
 def already_logged(tracking: TrackingConfig, run_dir: Path) -> bool:
     import mlflow
 
-    experiment = mlflow.MlflowClient(tracking_uri=resolve_uri(tracking)).get_experiment_by_name(tracking.experiment)
+    client = mlflow.MlflowClient(tracking_uri=resolve_uri(tracking))
+    experiment = client.get_experiment_by_name(tracking.experiment)
     if experiment is None:
         return False
     escaped = str(run_dir).replace("'", "\\'")
-    runs = mlflow.MlflowClient(tracking_uri=resolve_uri(tracking)).search_runs(
+    runs = client.search_runs(
         # FINISHED only: a run cut off while logging (FAILED, KILLED) is logged again, whole
         [experiment.experiment_id], filter_string=f"tags.run_dir = '{escaped}' and attributes.status = 'FINISHED'", max_results=1
     )
@@ -365,7 +365,7 @@ def main(argv: list[str] | None = None) -> int:
             read_run_dir(folder)  # every folder is a finished run's before anything is logged
     except HarnessError as exc:
         print(f"hostbound tracking: error: {one_line_text(str(exc))}", file=sys.stderr)
-        return 2
+        return EXIT_BAD_INPUT
     bound_requests(tracking)
     for run_dir in folders:
         try:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -18,6 +19,13 @@ register_configs()
 
 def compose_run(*overrides: str) -> RunConfig:
     return compose_overrides(overrides)
+
+
+def free_port() -> int:
+    """A TCP port nothing listens on, on 127.0.0.1 (for servers a test starts, or a store that is down)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def run_cli(*args: str, cwd: Path, timeout: float = 120) -> subprocess.CompletedProcess:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import sqlite3
 import subprocess
 import sys
@@ -15,7 +14,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from conftest import run_cli
+from conftest import free_port, run_cli
 
 SWEEP = ["-m", "hydra/launcher=joblib", "strategy=eager,acl_graph", "workload=llama2_7b_decode,qwen25_7b_decode",
          "workload.steps=4", "output.print_summary=false"]
@@ -97,17 +96,11 @@ def test_trace_events_match_the_steps_table(tmp_path):
     assert (run_dir / "timeline.png").read_bytes()[:4] == b"\x89PNG"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_mlflow_server_on_loopback_serves_the_runs(tmp_path):
     db = tmp_path / "store.db"
     proc = run_cli(f"tracking.uri=sqlite:///{db}", f"hydra.run.dir={tmp_path / 'run'}", "workload.steps=2", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
-    port = _free_port()
+    port = free_port()
     env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false", "MLFLOW_DISABLE_TELEMETRY": "true"}
     server = subprocess.Popen(
         [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", f"sqlite:///{db}", "--host", "127.0.0.1",

@@ -10,7 +10,6 @@ import json
 import os
 import pwd
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -20,19 +19,13 @@ from pathlib import Path
 
 import pytest
 
-from conftest import run_cli
+from conftest import free_port, run_cli
 
 INITDB = shutil.which("initdb")
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.skipif(INITDB is None, reason="PostgreSQL (initdb, pg_ctl) is not installed: .ci/run installs it where it can"),
 ]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _as_postgres_user() -> list[str]:
@@ -65,7 +58,7 @@ def postgres():
     root = Path(tempfile.mkdtemp(prefix="hostbound-pg-"))  # not under pytest's 0700 folders: the postgres user must enter it
     if prefix:
         shutil.chown(root, user="postgres")
-    data, port = root / "data", _free_port()
+    data, port = root / "data", free_port()
     subprocess.run([*prefix, INITDB, "-D", str(data), "--auth=trust", "-U", "postgres"], check=True, capture_output=True, timeout=120)
     pg_ctl = str(Path(INITDB).with_name("pg_ctl"))
     subprocess.run([*prefix, pg_ctl, "-D", str(data), "-o", f"-p {port} -k {root} -h 127.0.0.1", "-l", str(root / "log"), "-w", "start"],
@@ -80,7 +73,7 @@ def postgres():
 @pytest.fixture
 def mlflow_server(postgres, tmp_path):
     """`mlflow server` on the PostgreSQL store, serving artifacts from a folder; yields its URL."""
-    port = _free_port()
+    port = free_port()
     env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false", "MLFLOW_DISABLE_TELEMETRY": "true"}
     server = subprocess.Popen(
         [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", postgres, "--artifacts-destination",
