@@ -193,13 +193,16 @@ def check_output_folder(key: str, folder: object, resuming: bool = False) -> Non
         probe = path / f".hostbound-probe-{os.getpid()}"
         probe.write_bytes(b"")
         probe.unlink()
+        # Usable: only the folder itself goes again (Hydra makes it next). Its parents stay: runs started
+        # together share them, and removing one under another's probe made that probe fail.
+        made = made[:1]
     except OSError as exc:
         blocker = next((p for p in [path, *path.parents] if p.exists()), path)
         if not blocker.is_dir():
             raise ConfigError(f"{key}={text}: cannot be made ({blocker} is a file)") from None
         raise ConfigError(f"{key}={text}: cannot be made or written in {blocker} ({exc.strerror or exc})") from None
     finally:
-        for p in made:  # deepest first: nothing is left behind until Hydra makes the folder itself
+        for p in made:  # deepest first: a refused folder leaves nothing behind
             try:
                 p.rmdir()
             except OSError:
