@@ -10,7 +10,7 @@ from omegaconf import DictConfig
 
 from harness.cli import normalize_argv, preflight, run_from_hydra
 from harness.config import CONF_DIR, register_configs
-from harness.sweep import SweepStopped, finish_stopped_sweep
+from harness.sweep import SweepStopped, fail_unfinished_sweep, finish_stopped_sweep
 
 register_configs()
 
@@ -28,6 +28,10 @@ def run() -> None:
         main()
     except SweepStopped as stopped:
         finish_stopped_sweep(stopped)
+    except SystemExit as exit_:
+        if exit_.code not in (0, None):
+            fail_unfinished_sweep()
+        raise
 
 
 if __name__ == "__main__":

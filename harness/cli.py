@@ -17,10 +17,12 @@ from pathlib import Path
 
 import numpy as np
 from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 
+from harness.compose_cache import compose_job
 from harness.config import CONF_DIR, RunConfig, flatten, one_line, to_run_config
 from harness.errors import EXIT_BAD_INPUT, EXIT_TRACKING_FAILED, EXIT_WRITE_FAILED, ConfigError, HarnessError, one_line_text
 from harness.ops import check_memory
@@ -148,9 +150,12 @@ def preflight(argv: list[str]) -> None:
         print(f"hostbound: note: {total} combinations: each value of each axis is checked before the sweep;"
               " a combination that fails stops only its own job", file=sys.stderr)
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        loader = GlobalHydra.instance().config_loader()
         for variant in variants:
             try:
-                cfg = compose(config_name=config_name, overrides=variant)
+                cfg = compose_job(loader, config_name, variant)  # as compose() would, from the cache
+                with open_dict(cfg):
+                    del cfg["hydra"]
                 check_run(to_run_config(cfg))
             except HarnessError as exc:
                 fail(str(exc))
@@ -250,8 +255,10 @@ def run_from_hydra(cfg: DictConfig) -> float:
     _end_runs_on_sigterm()
     try:
         run = to_run_config(cfg)
+        run.output.timeline_steps = run.output.steps_drawn(in_sweep=HydraConfig.get().mode == RunMode.MULTIRUN)
         run_dir = Path(HydraConfig.get().runtime.output_dir)
         params = flatten(OmegaConf.to_container(cfg, resolve=True, enum_to_str=True))
+        params["output.timeline_steps"] = run.output.timeline_steps  # what was drawn, not null
         from harness.tracking import launch_dir
 
         outputs_dir = launch_dir() / "outputs"

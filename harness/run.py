@@ -206,7 +206,7 @@ def _simulate_run(run: RunConfig, chunk_tasks: int) -> RunResult:
     summary, steps_table = summarize(measures, workload, plan)
     if len(parts) > 1:  # keep only what the outputs draw: a bounded window of steps
         shown = int(np.flatnonzero(measured_steps(workload, plan))[0])
-        count = max(run.output.trace_steps, run.output.timeline_steps, 1)
+        count = max(run.output.trace_steps, run.output.steps_drawn(), 1)
         result = simulate_steps(np.arange(shown, min(shown + count, workload.steps)), float(measures.start_us[shown]))
     progress.done()
     summary.update(plan.info)
@@ -260,7 +260,7 @@ def execute(
     what_ran = {**identity(run, overrides), "config_hash": digest}
     outcome.summary.update(what_ran)
     names = run.names
-    write_outputs(run_dir, outcome, names, trace_steps=run.output.trace_steps, timeline_steps=run.output.timeline_steps)
+    write_outputs(run_dir, outcome, names, trace_steps=run.output.trace_steps, timeline_steps=run.output.steps_drawn())
     if run.tracking.enabled:
         from harness.tracking import log_run_or_mark  # mlflow takes ~1 s to import: only when tracking
 

@@ -21,6 +21,7 @@ import numpy as np
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
+from harness import compose_cache
 from harness.errors import EXIT_BAD_INPUT, EXIT_TRACKING_FAILED
 from harness.files import atomic_write, write_text
 from harness.progress import Progress
@@ -31,6 +32,10 @@ log = logging.getLogger(__name__)
 RESULTS_CSV = "results.csv"
 RESULTS_MD = "results.md"
 JOB_FAILED_FILE = "JOB_FAILED.txt"  # in a job's folder: the one line that stopped it
+
+# Every launcher composes each job through ConfigLoaderImpl.load_sweep_config: from the cache instead, in
+# this process and in any worker that unpickles this module's callback.
+compose_cache.install()
 
 
 def mark_failed_job(job_dir: Path, reason: str) -> None:
@@ -192,6 +197,26 @@ def end_workers_with_the_sweep(sweep_dir: Path, tracking) -> None:
     if threading.current_thread() is threading.main_thread():
         _STOPPABLE.update(sweep_dir=sweep_dir, tracking=tracking)
         signal.signal(signal.SIGTERM, handler)
+
+
+def fail_unfinished_sweep() -> None:
+    """A sweep that ended in an error of Hydra's or a launcher's (a Ray cluster refusing the client, say)
+    never reached on_multirun_end: its parent run ends FAILED instead of RUNNING forever."""
+    sweep_dir, tracking = _STOPPABLE.get("sweep_dir"), _STOPPABLE.get("tracking")
+    parent_file = sweep_dir / PARENT_FILE if sweep_dir else None
+    if tracking is None or not tracking.enabled or parent_file is None or not parent_file.exists():
+        return
+    try:
+        import mlflow
+
+        from harness.tracking import resolve_uri
+
+        client = mlflow.MlflowClient(tracking_uri=resolve_uri(tracking))
+        run_id = parent_file.read_text().strip()
+        if client.get_run(run_id).info.status == "RUNNING":
+            client.set_terminated(run_id, status="FAILED")
+    except Exception:  # the store is not the point now: the error Hydra printed is
+        pass
 
 
 def finish_stopped_sweep(stopped: SweepStopped) -> None:

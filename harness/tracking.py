@@ -162,12 +162,18 @@ def store_lock(uri: str):
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
+_experiment_ids: dict[tuple[str, str], str] = {}  # (uri, experiment) → id, once per process
+
+
 def ensure_experiment(tracking: TrackingConfig) -> str:
     """Create the store and the experiment if needed, under the store's lock (safe from any number of
-    processes at once)."""
+    processes at once); once per process and store (a sweep's jobs asked for every run)."""
     uri = resolve_uri(tracking)
-    with store_lock(uri):
-        return _ensure_experiment(tracking, uri)
+    key = (uri, tracking.experiment)
+    if key not in _experiment_ids:
+        with store_lock(uri):
+            _experiment_ids[key] = _ensure_experiment(tracking, uri)
+    return _experiment_ids[key]
 
 
 def _ensure_experiment(tracking: TrackingConfig, uri: str) -> str:
@@ -176,6 +182,7 @@ def _ensure_experiment(tracking: TrackingConfig, uri: str) -> str:
     mlflow.set_tracking_uri(uri)
     with _no_stray_folders(uri):  # MLflow opens (and may make) the store here
         experiment = mlflow.get_experiment_by_name(tracking.experiment)
+    _write_ahead_log(uri)
     if experiment is not None:
         if experiment.tags.get(EXPERIMENT_KIND_TAG[0]) is None:  # made by an older harness
             mlflow.MlflowClient().set_experiment_tag(experiment.experiment_id, *EXPERIMENT_KIND_TAG)
@@ -184,6 +191,22 @@ def _ensure_experiment(tracking: TrackingConfig, uri: str) -> str:
     if tracking.uri is None:
         artifact_location = (launch_dir() / "outputs" / "mlartifacts").as_uri()
     return mlflow.create_experiment(tracking.experiment, artifact_location=artifact_location, tags=dict([EXPERIMENT_KIND_TAG]))
+
+
+def _write_ahead_log(uri: str) -> None:
+    """Put a sqlite store in write-ahead-log mode (kept in the file): a run's commits cost one fsync
+    instead of several (~15 ms of a sweep job's ~60 ms of logging), and readers (the UI, other jobs) no
+    longer block writers. A store another program holds open stays as it is."""
+    import sqlite3
+
+    database = sqlite_path(uri)
+    if database is None:
+        return
+    try:
+        with contextlib.closing(sqlite3.connect(database, timeout=1)) as connection:
+            connection.execute("PRAGMA journal_mode=WAL")
+    except sqlite3.Error as exc:
+        log.debug("%s stays in its journal mode: %s", database, exc)
 
 
 @contextlib.contextmanager
@@ -234,7 +257,8 @@ def log_run(
 ) -> str:
     """Log one run; returns its MLflow run id."""
     import mlflow
-    from mlflow.entities import Metric
+    from mlflow.entities import Metric, Param
+    from mlflow.tracking.context.registry import resolve_tags
 
     experiment_id = ensure_experiment(tracking)
     metrics = {k: float(v) for k, v in summary.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
@@ -252,10 +276,12 @@ def log_run(
     parent = parent_run_id()
     if parent:
         tags["mlflow.parentRunId"] = parent  # shows the job nested under its sweep in the UI
-    with mlflow.start_run(experiment_id=experiment_id, run_name=run_name(names, overrides), tags=tags) as active:
-        mlflow.log_params({k: _param_value(v) for k, v in params.items()})
-        mlflow.log_metrics(metrics)
-        client = mlflow.MlflowClient()
+    # One client, one batch (params, summary metrics and step series together; MLflow splits it into
+    # requests of its own limits), files last: a sweep's job paid ~0.13 s for one call per kind before.
+    client = mlflow.MlflowClient(tracking_uri=resolve_uri(tracking))
+    tags = resolve_tags(tags)  # user and source, as mlflow.start_run adds them
+    run_id = client.create_run(experiment_id, run_name=run_name(names, overrides), tags=tags).info.run_id
+    try:
         now_ms = int(time.time() * 1000)
         # Measured steps and the rest (warm-up, graph builds) apart: a 3 s build step at step 0 would
         # squash the measured series into a flat line.
@@ -263,14 +289,23 @@ def log_run(
             Metric("step_ms" if measured else "warmup_step_ms", float(latency), now_ms, int(step))
             for step, latency, measured in zip(steps["step"], steps["latency_ms"], steps["measured"])
         ]
-        client.log_batch(active.info.run_id, metrics=series)
+        client.log_batch(
+            run_id,
+            metrics=[Metric(key, value, now_ms, 0) for key, value in metrics.items()] + series,
+            params=[Param(key, _param_value(value)) for key, value in params.items()],
+        )
         for entry in logged:
             if entry.is_dir():
-                mlflow.log_artifacts(str(entry), artifact_path=entry.name)
+                client.log_artifacts(run_id, str(entry), artifact_path=entry.name)
             else:
-                mlflow.log_artifact(str(entry))
-        log.info("logged MLflow run %s to %s", active.info.run_id, resolve_uri(tracking))
-        return active.info.run_id
+                client.log_artifact(run_id, str(entry))
+    except BaseException:  # a failed store, or SIGTERM (SystemExit): the run must not stay RUNNING
+        with contextlib.suppress(Exception):
+            client.set_terminated(run_id, status="FAILED")
+        raise
+    client.set_terminated(run_id, status="FINISHED")
+    log.info("logged MLflow run %s to %s", run_id, resolve_uri(tracking))
+    return run_id
 
 
 def _param_value(value: object) -> str:

@@ -131,7 +131,9 @@ def _outputs(job: Path) -> dict:
 def test_same_config_and_seed_give_identical_files_alone_and_in_any_sweep(tmp_path):
     """Four presets with host jitter on: a plain run, a basic sweep and a joblib sweep write the same
     bytes (summary.json but for its wall-clock keys, sim_wall_s and compile_s, and the overrides' order)."""
-    common = ["hardware.host.jitter_cv=0.2", "seed=7", "workload.steps=4", "tracking.enabled=false", "output.print_summary=false"]
+    # output.timeline_steps=1: a sweep's jobs draw no timeline.png unless asked, and the picture is compared too.
+    common = ["hardware.host.jitter_cv=0.2", "seed=7", "workload.steps=4", "tracking.enabled=false", "output.print_summary=false",
+              "output.timeline_steps=1"]
     basic = run_cli("-m", PRESETS, *common, "hydra.sweep.dir=basic", cwd=tmp_path, timeout=400)
     joblib = run_cli("-m", PRESETS, *common, "hydra/launcher=joblib", "hydra.launcher.n_jobs=2", "hydra.sweep.dir=joblib", cwd=tmp_path, timeout=400)
     single = run_cli("workload=deepseek_v3", *common, "hydra.run.dir=single", cwd=tmp_path)

@@ -220,3 +220,34 @@ def test_the_memory_estimate_covers_the_arrays_a_run_builds():
         estimate = estimate_size(run)
         assert estimate.op_steps == built.n_ops * 64
         assert array_bytes < BYTES_PER_OP_STEP * estimate.op_steps
+
+
+@pytest.mark.parametrize("group", ["hardware", "workload", "strategy", "engine", "experiment"])
+def test_the_typed_fast_path_builds_the_same_run_as_merging_into_the_schema(group):
+    """to_run_config instantiates a config composed on run_schema directly (~30× faster, for sweeps);
+    merging its plain values into a fresh schema, the general path, must give the same RunConfig and
+    refuse the same values."""
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    from harness.config import RunConfig, to_run_config
+
+    def both(overrides):
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+            cfg = compose(config_name="config", overrides=overrides)
+        assert OmegaConf.get_type(cfg) is RunConfig  # the fast path applies
+        untyped = OmegaConf.create(OmegaConf.to_container(cfg))
+        results = []
+        for config in (cfg, untyped):
+            try:
+                results.append(to_run_config(config))
+            except ConfigError as exc:
+                results.append(str(exc))
+        return results
+
+    prefix = "+" if group == "experiment" else ""
+    for option in sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml")):
+        fast, general = both([f"{prefix}{group}={option}"])
+        assert fast == general, option
+    fast, general = both(["workload.steps=4", "workload.warmup_steps=9"])
+    assert fast == general == "workload.warmup_steps=9: must be < workload.steps=4"

@@ -249,3 +249,77 @@ def test_timeline_draws_host_ops_not_stripes_and_leaves_idle_lanes_out(tmp_path,
     assert lanes == ["host.main", "device.stream0", "device idle"]  # the copy engines moved only a few tokens
     assert "not drawn (under 0.1% busy): copy.h2d, copy.d2h" in ax.get_xlabel()
     assert [t.get_text() for t in ax.get_legend().get_texts()] == ["host op (stages\ntoo short to draw)", "compute", "device idle"]
+
+
+def test_a_sweeps_jobs_compose_exactly_as_hydra_would():
+    """The compose cache (harness.compose_cache) gives every job the config Hydra's own load_sweep_config
+    gives it, the hydra node included: preset choices, values, `+`/`~`, hydra and experiment overrides,
+    in any order, and the same errors."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from omegaconf import OmegaConf
+
+    from harness import compose_cache
+    from harness.config import CONF_DIR
+
+    cases = [
+        ["strategy=async", "workload.batch_size=4"],
+        ["workload.batch_size=8", "strategy=async"],  # the same choice as above, another value: from the cache
+        ["hardware=h100", "strategy=cuda_graph", "+workload.card_overrides.head_dim=64"],
+        ["+experiment=a2_qwen3_eager", "seed=3"],
+        ["hydra/launcher=joblib", "hydra.launcher.n_jobs=2", "workload.steps=3"],
+        ["~engine", "strategy=eager"],
+        ["hydra.job.config.override_dirname.kv_sep=:", "seed=1", "workload=qwen3_30b_decode"],
+        ["workload.nosuch=1"],
+        ["strategy=nosuch"],
+        ["workload.steps=abc"],
+    ]
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        loader = GlobalHydra.instance().config_loader()
+        master = compose(config_name="config", overrides=["hydra.sweep.dir=x"], return_hydra_config=True)
+
+        def either(load, overrides):
+            try:
+                return OmegaConf.to_yaml(load(loader, master, overrides))
+            except Exception as exc:
+                return f"{type(exc).__name__}: {exc}"
+
+        cached_before = len(compose_cache._compositions)
+        for overrides in cases:
+            ours = either(compose_cache.load_sweep_config, overrides)
+            assert ours == either(compose_cache._hydra_load_sweep_config, overrides), overrides
+            assert ours == either(compose_cache.load_sweep_config, overrides), overrides  # again, from the cache
+        assert "strategy=async,workload.batch_size=8" in either(compose_cache.load_sweep_config, cases[1])
+        assert len(compose_cache._compositions) > cached_before
+
+
+def test_a_sweeps_jobs_draw_no_timeline_unless_asked(tmp_path):
+    """A single run draws timeline.png; a sweep's jobs do not (it cost more than the simulation), unless
+    output.timeline_steps says so; the value logged is what was drawn."""
+    common = ["workload.steps=3", "output.print_summary=false", "output.trace_steps=0"]
+    single = run_cli(*common, "hydra.run.dir=single", cwd=tmp_path)
+    plain = run_cli("-m", "strategy=eager,async", *common, "hydra.sweep.dir=plain", cwd=tmp_path, timeout=300)
+    asked = run_cli("-m", "strategy=eager,async", *common, "output.timeline_steps=1", "hydra.sweep.dir=asked", cwd=tmp_path, timeout=300)
+    assert single.returncode == plain.returncode == asked.returncode == 0, (single.stderr + plain.stderr + asked.stderr)[-2000:]
+    assert (tmp_path / "single" / "timeline.png").is_file()
+    plain_jobs = sorted(p for p in (tmp_path / "plain").iterdir() if p.is_dir())
+    asked_jobs = sorted(p for p in (tmp_path / "asked").iterdir() if p.is_dir())
+    assert len(plain_jobs) == len(asked_jobs) == 2
+    assert not any((job / "timeline.png").exists() for job in plain_jobs)
+    assert all((job / "timeline.png").is_file() for job in asked_jobs)
+    with sqlite3.connect(tmp_path / "outputs" / "mlflow.db") as con:
+        logged = {value for (value,) in con.execute("select value from params where key='output.timeline_steps'")}
+        mode = con.execute("pragma journal_mode").fetchone()[0]
+    assert logged == {"0", "1"}  # never "None"
+    assert mode == "wal"  # the store logs in write-ahead mode (harness.tracking._write_ahead_log)
+
+
+def test_a_launcher_that_fails_leaves_the_sweeps_parent_run_failed_not_running(tmp_path):
+    """An error inside Hydra or a launcher (here joblib refusing n_jobs=0) skips the sweep's end: the
+    parent run it had opened is ended FAILED."""
+    proc = run_cli("-m", "hydra/launcher=joblib", "hydra.launcher.n_jobs=0", "strategy=eager,async", "workload.steps=2",
+                   "output.print_summary=false", "hydra.sweep.dir=sw", cwd=tmp_path, timeout=300)
+    assert proc.returncode != 0
+    with sqlite3.connect(tmp_path / "outputs" / "mlflow.db") as con:
+        statuses = con.execute("select status from runs").fetchall()
+    assert statuses == [("FAILED",)]
