@@ -6,6 +6,7 @@ itself first (each value of a sweep in turn) and validates it; only then does Hy
 """
 from __future__ import annotations
 
+import importlib.util
 import itertools
 import logging
 import math
@@ -75,8 +76,24 @@ _OPTIONAL_GROUPS = ("experiment",)
 
 
 def normalize_argv(argv: list[str]) -> list[str]:
-    """`experiment=x` → `+experiment=x`, so the README's and the templates' spelling both work."""
-    return [f"+{arg}" if arg.split("=", 1)[0] in _OPTIONAL_GROUPS and "=" in arg else arg for arg in argv]
+    """`experiment=x` → `+experiment=x`, so the README's and the templates' spelling both work; on Ray, a
+    relative `hydra.sweep.dir` is anchored at the launch folder."""
+    argv = [f"+{arg}" if arg.split("=", 1)[0] in _OPTIONAL_GROUPS and "=" in arg else arg for arg in argv]
+    if "hydra/launcher=ray" in argv:
+        argv = [_anchored_at_launch(arg) for arg in argv]
+    return argv
+
+
+def _anchored_at_launch(arg: str) -> str:
+    """`hydra.sweep.dir=sw` → `hydra.sweep.dir=${hydra.runtime.cwd}/sw`: Hydra makes a job's folder absolute
+    in the process that runs it, and a Ray worker runs in its node's folder (where `ray start` ran), so
+    the jobs' files would land there while the sweep's results.csv looks for them here. conf/config.yaml's
+    default folder is anchored the same way."""
+    key, _, value = arg.partition("=")
+    if key.lstrip("+") != "hydra.sweep.dir" or not value.strip("'\"") or value.lstrip("'\"").startswith(("/", "~", "$")):
+        return arg
+    quote = value[0] if value[0] in "'\"" else ""
+    return f"{key}={quote}${{hydra.runtime.cwd}}/{value[len(quote):]}"
 
 
 def _sweep_axes(overrides: list[str]) -> tuple[list[str], list[tuple[int, str, list[str]]]]:
@@ -169,10 +186,34 @@ def preflight(argv: list[str]) -> None:
             resuming = bool(OmegaConf.select(cfg, "resume"))
         except Exception as exc:
             fail(one_line(exc, overrides))
+        if _is_multirun(argv):
+            check_launcher(cfg)
     try:
         check_output_folder(key, folder, resuming)
     except HarnessError as exc:
         fail(str(exc))
+
+
+# Launchers whose plugin comes with an extra (pyproject.toml), by the module their config's _target_ names.
+_LAUNCHER_EXTRAS = {"hydra_plugins.hydra_ray_launcher": "cluster", "hydra_plugins.hydra_submitit_launcher": "cluster"}
+
+
+def check_launcher(cfg: DictConfig) -> None:
+    """The chosen launcher's plugin is installed (otherwise Hydra fails with a traceback after the sweep's
+    folder and parent run exist)."""
+    target = str(OmegaConf.select(cfg, "hydra.launcher._target_", default="") or "")
+    module = target.rpartition(".")[0]
+    if not module or module.startswith("hydra._internal"):
+        return
+    try:
+        found = importlib.util.find_spec(module) is not None
+    except ImportError:  # its package is missing, or broken
+        found = False
+    if not found:
+        choice = OmegaConf.select(cfg, "hydra.runtime.choices", default={}).get("hydra/launcher", "?")
+        extra = next((e for prefix, e in _LAUNCHER_EXTRAS.items() if module.startswith(prefix)), None)
+        hint = f": pip install -e '.[{extra}]'" if extra else ""
+        fail(f"hydra/launcher={choice}: its plugin ({module}) is not installed{hint}")
 
 
 def check_output_folder(key: str, folder: object, resuming: bool = False) -> None:

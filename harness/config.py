@@ -15,6 +15,7 @@ import os
 import re
 import time
 import typing
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Dict, List, Optional, Sequence
@@ -696,6 +697,9 @@ def register_configs() -> None:
     cs.store(name="run_schema", node=RunConfig)
     if not OmegaConf.has_resolver("hostbound_id"):
         OmegaConf.register_new_resolver("hostbound_id", lambda: _PROCESS_ID)
+    # conf/hydra/launcher/ray.yaml replaces hydra-ray-launcher's preset of that name on purpose (it says
+    # why); Hydra then checks it against the plugin's schema, as wanted, and warns that it does so.
+    warnings.filterwarnings("ignore", message=r"\s*'hydra/launcher/ray' is validated against ConfigStore schema", category=UserWarning)
 
 
 def compose_run(overrides: list[str] | tuple[str, ...] = ()) -> RunConfig:
