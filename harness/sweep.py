@@ -199,9 +199,9 @@ def end_workers_with_the_sweep(sweep_dir: Path, tracking) -> None:
         signal.signal(signal.SIGTERM, handler)
 
 
-def fail_unfinished_sweep() -> None:
-    """A sweep that ended in an error of Hydra's or a launcher's (a Ray cluster refusing the client, say)
-    never reached on_multirun_end: its parent run ends FAILED instead of RUNNING forever."""
+def _end_parent_run(status: str, only_if_running: bool = False) -> None:
+    """End the running sweep's MLflow parent run with `status`, if it has one (best effort: the store is
+    not the point when a sweep is failing or stopping)."""
     sweep_dir, tracking = _STOPPABLE.get("sweep_dir"), _STOPPABLE.get("tracking")
     parent_file = sweep_dir / PARENT_FILE if sweep_dir else None
     if tracking is None or not tracking.enabled or parent_file is None or not parent_file.exists():
@@ -213,25 +213,21 @@ def fail_unfinished_sweep() -> None:
 
         client = mlflow.MlflowClient(tracking_uri=resolve_uri(tracking))
         run_id = parent_file.read_text().strip()
-        if client.get_run(run_id).info.status == "RUNNING":
-            client.set_terminated(run_id, status="FAILED")
-    except Exception:  # the store is not the point now: the error Hydra printed is
+        if not only_if_running or client.get_run(run_id).info.status == "RUNNING":
+            client.set_terminated(run_id, status=status)
+    except Exception:
         pass
+
+
+def fail_unfinished_sweep() -> None:
+    """A sweep that ended in an error of Hydra's or a launcher's (a Ray cluster refusing the client, say)
+    never reached on_multirun_end: its parent run ends FAILED instead of RUNNING forever."""
+    _end_parent_run("FAILED", only_if_running=True)
 
 
 def finish_stopped_sweep(stopped: SweepStopped) -> None:
     """After the stack unwound: the parent run KILLED, one line, and the process ends by the same signal."""
-    sweep_dir, tracking = _STOPPABLE.get("sweep_dir"), _STOPPABLE.get("tracking")
-    parent_file = sweep_dir / PARENT_FILE if sweep_dir else None
-    if tracking is not None and tracking.enabled and parent_file is not None and parent_file.exists():
-        try:
-            import mlflow
-
-            from harness.tracking import resolve_uri
-
-            mlflow.MlflowClient(tracking_uri=resolve_uri(tracking)).set_terminated(parent_file.read_text().strip(), status="KILLED")
-        except Exception:  # the store is not the point now: ending is
-            pass
+    _end_parent_run("KILLED")
     print(f"hostbound: error: sweep stopped by signal {signal.Signals(stopped.signum).name}; finished jobs keep their folders"
           " (resume=true finishes the rest)", file=sys.stderr)
     signal.signal(stopped.signum, signal.SIG_DFL)
