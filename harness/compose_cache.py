@@ -29,7 +29,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 MAX_CACHED_COMPOSITIONS = 256  # distinct preset choices kept per process (a config is ~100 kB)
 
 _compositions: "OrderedDict[tuple, DictConfig]" = OrderedDict()
-_hydra_load_sweep_config = ConfigLoaderImpl.load_sweep_config
+_hydra_load_sweep_config = ConfigLoaderImpl.load_sweep_config  # Hydra's own (tests compare against it)
 
 
 def _chooses_presets(loader: ConfigLoaderImpl, override: Override) -> bool:
@@ -81,8 +81,3 @@ def load_sweep_config(self: ConfigLoaderImpl, master_config: DictConfig, sweep_o
 
 def install() -> None:
     ConfigLoaderImpl.load_sweep_config = load_sweep_config  # type: ignore[method-assign]
-
-
-def uninstall() -> None:
-    ConfigLoaderImpl.load_sweep_config = _hydra_load_sweep_config  # type: ignore[method-assign]
-    _compositions.clear()
