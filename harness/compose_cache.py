@@ -5,7 +5,7 @@ tree and merges it (~0.1 s a job here, more than a simulation). But a job's over
 those that choose presets (`strategy=async`, `hydra/launcher=joblib`, a search path), which decide what
 is merged, and those that set values (`workload.batch_size=4`, `+x=1`, `~y`), which Hydra applies to the
 merged config afterwards. So the merge is made once per distinct choice of presets and kept; each job
-copies it and has Hydra's own code apply its value overrides and fill in the `hydra` node as Hydra's
+unpickles a copy of it and has Hydra's own code apply its value overrides and fill in the `hydra` node as Hydra's
 `_load_configuration_impl` does (task/hydra override lists, `override_dirname`).
 
 `install()` puts this behind `ConfigLoaderImpl.load_sweep_config`, the one call every launcher makes
@@ -17,6 +17,7 @@ experiment overrides.
 from __future__ import annotations
 
 import copy
+import pickle
 from collections import OrderedDict
 from typing import Optional
 
@@ -26,9 +27,10 @@ from hydra.core.override_parser.types import Override
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-MAX_CACHED_COMPOSITIONS = 256  # distinct preset choices kept per process (a config is ~100 kB)
+MAX_CACHED_COMPOSITIONS = 256  # distinct preset choices kept per process (~30 kB pickled each)
 
-_compositions: "OrderedDict[tuple, DictConfig]" = OrderedDict()
+# Kept pickled: a job's copy is unpickled from bytes (~3 ms), 3x faster than copy.deepcopy of a DictConfig.
+_compositions: "OrderedDict[tuple, bytes | DictConfig]" = OrderedDict()
 _hydra_load_sweep_config = ConfigLoaderImpl.load_sweep_config  # Hydra's own (tests compare against it)
 
 
@@ -52,11 +54,17 @@ def compose_job(loader: ConfigLoaderImpl, config_name: Optional[str], overrides:
     key = (repr(loader.config_search_path.get_path()), config_name, tuple(o.input_line for o in choosing))
     base = _compositions.get(key)
     if base is None:
-        base = loader.load_configuration(config_name=config_name, overrides=[o.input_line for o in choosing], run_mode=RunMode.RUN)
+        composed = loader.load_configuration(config_name=config_name, overrides=[o.input_line for o in choosing], run_mode=RunMode.RUN)
+        try:
+            base = pickle.dumps(composed)
+        except pickle.PicklingError:
+            # A plugin's schema class defined twice (Hydra's plugin scan executes modules again that a
+            # joblib or Ray worker had imported to unpickle its job): kept as is, and deep-copied.
+            base = composed
         _compositions[key] = base
         if len(_compositions) > MAX_CACHED_COMPOSITIONS:
             _compositions.popitem(last=False)
-    cfg = copy.deepcopy(base)
+    cfg = pickle.loads(base) if isinstance(base, bytes) else copy.deepcopy(base)
     ConfigLoaderImpl._apply_overrides_to_config(values, cfg)
     app_overrides = [o for o in parsed if not o.is_hydra_override()]
     with open_dict(cfg.hydra):
