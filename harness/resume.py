@@ -43,11 +43,32 @@ def find_finished(digest: str, run_dir: Path, outputs_dir: Path) -> Path | None:
     """The folder of a finished run of this configuration: `run_dir` itself first, then any under `outputs_dir`."""
     if _finished(run_dir, digest):
         return run_dir
-    if outputs_dir.is_dir():
-        for summary in sorted(outputs_dir.rglob(SUMMARY_FILE)):
-            if summary.parent != run_dir and _finished(summary.parent, digest):
-                return summary.parent
+    for folder in _finished_by_digest(outputs_dir).get(digest, []):
+        if folder != run_dir and _finished(folder, digest):
+            return folder
     return None
+
+
+_indexes: dict[Path, dict[str, list[Path]]] = {}  # outputs folder → config_hash → finished run folders
+
+
+def _finished_by_digest(outputs_dir: Path) -> dict[str, list[Path]]:
+    """Every summary.json under `outputs_dir` read once per process: each job of a resumed sweep looked
+    through all of them again, which made resuming N jobs over M earlier runs read N × M files. Runs
+    that finish later in this process are not in it (they are this sweep's own, found in their folders)."""
+    key = outputs_dir.absolute()
+    if key not in _indexes:
+        index: dict[str, list[Path]] = {}
+        if outputs_dir.is_dir():
+            for summary in sorted(outputs_dir.rglob(SUMMARY_FILE)):
+                try:
+                    digest = json.loads(summary.read_text()).get("config_hash")
+                except (OSError, ValueError, AttributeError):  # not ours, or not a summary
+                    continue
+                if isinstance(digest, str):
+                    index.setdefault(digest, []).append(summary.parent)
+        _indexes[key] = index
+    return _indexes[key]
 
 
 def reuse(found: Path, run_dir: Path) -> dict:

@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
@@ -33,6 +34,16 @@ def run_cli(*args: str, cwd: Path, timeout: float = 120) -> subprocess.Completed
     return subprocess.run(
         [sys.executable, "-m", "harness", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
     )
+
+
+def comparable_results(results: pd.DataFrame) -> pd.DataFrame:
+    """A sweep's results.csv without what differs between runs of the same configurations (wall-clock
+    keys, folders, the overrides' order), in a fixed row order: two sweeps of one grid compare equal."""
+    from harness.result import WALL_CLOCK_KEYS
+
+    dropped = [c for c in results.columns if c in WALL_CLOCK_KEYS or c in ("run_dir", "overrides")]
+    kept = results.drop(columns=dropped)
+    return kept.sort_values(list(kept.columns)).reset_index(drop=True)
 
 
 @pytest.fixture

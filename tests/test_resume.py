@@ -14,9 +14,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from conftest import compose_run
+from conftest import comparable_results, compose_run
 from harness.resume import RESUMED_FILE, config_hash, find_finished
-from harness.result import WALL_CLOCK_KEYS
 from harness.run import execute
 
 SWEEP = ["-m", "strategy=eager,async,pipeline,acl_graph", "workload.steps=300", "output.timeline_steps=0", "output.print_summary=false"]
@@ -27,11 +26,6 @@ def sweep(cwd: Path, folder: str, *extra: str) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "harness", *SWEEP, f"hydra.sweep.dir={folder}",
                              f"tracking.uri=sqlite:///{cwd / (folder + '.db')}", *extra],
                             cwd=cwd, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-
-
-def comparable(results: pd.DataFrame) -> pd.DataFrame:
-    dropped = [c for c in results.columns if c in WALL_CLOCK_KEYS or c in ("run_dir", "overrides")]
-    return results.drop(columns=dropped).sort_values("strategy").reset_index(drop=True)
 
 
 @pytest.mark.slow
@@ -54,7 +48,7 @@ def test_an_interrupted_sweep_resumed_matches_an_uninterrupted_one(tmp_path):
     assert resumed.returncode == 0, err[-2000:]
     assert err.count("resumed: ") == finished  # the finished jobs were not simulated again
 
-    assert comparable(pd.read_csv(tmp_path / "cut" / "results.csv")).equals(comparable(pd.read_csv(tmp_path / "whole" / "results.csv")))
+    assert comparable_results(pd.read_csv(tmp_path / "cut" / "results.csv")).equals(comparable_results(pd.read_csv(tmp_path / "whole" / "results.csv")))
     with sqlite3.connect(tmp_path / "cut.db") as con:
         runs = con.execute("select name, status from runs").fetchall()
     jobs = [(name, status) for name, status in runs if not name.startswith("sweep ")]
@@ -83,3 +77,23 @@ def test_resume_reuses_a_finished_run_from_another_folder(tmp_path):
         (tmp_path / "outputs" / "runs" / "a" / "summary.json").read_text())
     assert again.summary["throughput_tok_s"] == first.summary["throughput_tok_s"]
     assert find_finished(config_hash({**params, "seed": 1}), tmp_path / "c", tmp_path / "outputs") is None
+
+
+def test_resuming_many_jobs_reads_each_earlier_summary_once(tmp_path, monkeypatch):
+    """Each job of a resumed sweep used to read every summary.json under outputs/ again: N jobs over M
+    earlier runs read N × M files. Now the folder is read once per process, and a match is checked again."""
+    import harness.resume as resume
+
+    digests = [f"{i:016x}" for i in range(40)]
+    for i, digest in enumerate(digests):
+        folder = tmp_path / "outputs" / "runs" / f"r{i}"
+        folder.mkdir(parents=True)
+        (folder / "summary.json").write_text(json.dumps({"config_hash": digest}))
+        (folder / "steps.parquet").write_bytes(b"")
+    reads = []
+    real_loads = resume.json.loads
+    monkeypatch.setattr(resume.json, "loads", lambda text, **kw: reads.append(1) or real_loads(text, **kw))
+    for i, digest in enumerate(digests):
+        assert find_finished(digest, tmp_path / "sweep" / f"{i}", tmp_path / "outputs") == tmp_path / "outputs" / "runs" / f"r{i}"
+    assert find_finished("f" * 16, tmp_path / "sweep" / "x", tmp_path / "outputs") is None
+    assert len(reads) == 2 * len(digests)  # the index (40) and each match checked again (40), not 40 × 40
