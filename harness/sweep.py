@@ -25,6 +25,7 @@ from harness import compose_cache
 from harness.errors import EXIT_BAD_INPUT, EXIT_TRACKING_FAILED
 from harness.files import atomic_write, write_text
 from harness.progress import Progress
+from harness.stopping import stop_with, store_call
 from harness.tracking import PARENT_FILE
 
 log = logging.getLogger(__name__)
@@ -87,20 +88,21 @@ class SweepTracking(Callback):
         sweep_dir.mkdir(parents=True, exist_ok=True)
         bound_requests(tracking)
         try:
-            experiment_id = ensure_experiment(tracking)
-            overrides = " ".join(config.hydra.overrides.task)
-            client = mlflow.MlflowClient(tracking_uri=resolve_uri(tracking))
-            parent = client.create_run(
-                experiment_id,
-                run_name=sweep_name(list(config.hydra.overrides.task), sweep_dir.name),
-                tags={"sweep_dir": str(sweep_dir), "overrides": overrides, "kind": "sweep"},
-            )
+            with store_call():
+                experiment_id = ensure_experiment(tracking)
+                overrides = " ".join(config.hydra.overrides.task)
+                client = mlflow.MlflowClient(tracking_uri=resolve_uri(tracking))
+                parent = client.create_run(
+                    experiment_id,
+                    run_name=sweep_name(list(config.hydra.overrides.task), sweep_dir.name),
+                    tags={"sweep_dir": str(sweep_dir), "overrides": overrides, "kind": "sweep"},
+                )
+                write_text(sweep_dir / PARENT_FILE, parent.info.run_id)  # with the run: a stop between them would leave it RUNNING unseen
         except Exception as exc:  # the store is down: the jobs run (their files are what matters) without it
             reason = f"tracking.uri={resolve_uri(tracking)}: {short_reason(exc)}"
             os.environ[FAILED_ENV] = reason  # this process's jobs and the workers it starts skip the store
             log.warning("tracking failed, the sweep runs without it (%s)", reason)
             return
-        write_text(sweep_dir / PARENT_FILE, parent.info.run_id)
         log.info("sweep parent run %s in %s", parent.info.run_id, resolve_uri(tracking))
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
@@ -135,11 +137,12 @@ class SweepTracking(Callback):
             client = mlflow.MlflowClient(tracking_uri=resolve_uri(tracking))
             run_id = parent_file.read_text().strip()
             try:
-                for name in (RESULTS_CSV, RESULTS_MD):
-                    if (sweep_dir / name).exists():
-                        client.log_artifact(run_id, str(sweep_dir / name))
-                client.log_metric(run_id, "jobs", float(jobs))
-                client.set_terminated(run_id, status="FAILED" if failed else "FINISHED")
+                with store_call():
+                    for name in (RESULTS_CSV, RESULTS_MD):
+                        if (sweep_dir / name).exists():
+                            client.log_artifact(run_id, str(sweep_dir / name))
+                    client.log_metric(run_id, "jobs", float(jobs))
+                    client.set_terminated(run_id, status="FAILED" if failed else "FINISHED")
             except Exception as exc:  # the store went away during the sweep; the jobs' markers say which
                 log.warning("tracking: could not finish the sweep's parent run %s: %s", run_id, exc)
         missed = sorted(p.parent for p in sweep_dir.glob(f"*/{FAILED_FILE}"))
@@ -181,27 +184,31 @@ _STOPPABLE: dict[str, Any] = {}  # the running sweep's folder and tracking setti
 
 
 def end_workers_with_the_sweep(sweep_dir: Path, tracking) -> None:
-    """SIGTERM to a sweep ends its workers too (a joblib sweep used to leave them running) and marks its
-    parent MLflow run KILLED instead of RUNNING forever. Ctrl-C reaches the workers by itself: the
-    terminal signals the whole process group."""
+    """SIGTERM or Ctrl-C to a sweep ends its workers too (a joblib sweep used to leave them running; the
+    default launcher's workers ignore Ctrl-C and wait for this) and marks its parent MLflow run KILLED
+    instead of RUNNING forever."""
 
     def handler(signum: int, frame: Any) -> None:
-        signal.signal(signum, signal.SIG_IGN)  # once is enough
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # once is enough
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
         for pid in _descendants(os.getpid()):
             try:
                 os.kill(pid, signal.SIGTERM)
             except OSError:
                 pass
-        raise SweepStopped(signum)
+        stop_with(SweepStopped(signum))  # now, or once the store call under way has ended
 
     if threading.current_thread() is threading.main_thread():
         _STOPPABLE.update(sweep_dir=sweep_dir, tracking=tracking)
         signal.signal(signal.SIGTERM, handler)
+        signal.signal(signal.SIGINT, handler)
 
 
 def _end_parent_run(status: str, only_if_running: bool = False) -> None:
-    """End the running sweep's MLflow parent run with `status`, if it has one (best effort: the store is
-    not the point when a sweep is failing or stopping)."""
+    """End the running sweep's MLflow parent run with `status`, if it has one, and any of its jobs' runs
+    still RUNNING as KILLED: every process of the sweep has ended by now, so a job's run that is still
+    open belonged to a worker killed mid-job (SIGKILL, out of memory), which could not end it itself.
+    Best effort: the store is not the point when a sweep is failing or stopping."""
     sweep_dir, tracking = _STOPPABLE.get("sweep_dir"), _STOPPABLE.get("tracking")
     parent_file = sweep_dir / PARENT_FILE if sweep_dir else None
     if tracking is None or not tracking.enabled or parent_file is None or not parent_file.exists():
@@ -213,8 +220,13 @@ def _end_parent_run(status: str, only_if_running: bool = False) -> None:
 
         client = mlflow.MlflowClient(tracking_uri=resolve_uri(tracking))
         run_id = parent_file.read_text().strip()
-        if not only_if_running or client.get_run(run_id).info.status == "RUNNING":
+        parent = client.get_run(run_id)
+        if not only_if_running or parent.info.status == "RUNNING":
             client.set_terminated(run_id, status=status)
+        for job in client.search_runs(
+            [parent.info.experiment_id], f"tags.`mlflow.parentRunId` = '{run_id}' and attributes.status = 'RUNNING'", max_results=10000
+        ):
+            client.set_terminated(job.info.run_id, status="KILLED")
     except Exception:
         pass
 

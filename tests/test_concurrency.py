@@ -129,18 +129,22 @@ def _outputs(job: Path) -> dict:
 
 @pytest.mark.slow
 def test_same_config_and_seed_give_identical_files_alone_and_in_any_sweep(tmp_path):
-    """Four presets with host jitter on: a plain run, a basic sweep and a joblib sweep write the same
-    bytes (summary.json but for its wall-clock keys, sim_wall_s and compile_s, and the overrides' order)."""
+    """Four presets with host jitter on: a plain run, a basic sweep, a sweep on the default launcher's forked
+    workers and a joblib sweep write the same bytes (summary.json but for its wall-clock keys, sim_wall_s and compile_s, and the overrides' order)."""
     # output.timeline_steps=1: a sweep's jobs draw no timeline.png unless asked, and the picture is compared too.
     common = ["hardware.host.jitter_cv=0.2", "seed=7", "workload.steps=4", "tracking.enabled=false", "output.print_summary=false",
               "output.timeline_steps=1"]
-    basic = run_cli("-m", PRESETS, *common, "hydra.sweep.dir=basic", cwd=tmp_path, timeout=400)
+    basic = run_cli("-m", PRESETS, *common, "hydra/launcher=basic", "hydra.sweep.dir=basic", cwd=tmp_path, timeout=400)
+    warm = run_cli("-m", PRESETS, *common, "hydra.sweep.dir=warm", cwd=tmp_path, timeout=400)  # the default: forked workers
     joblib = run_cli("-m", PRESETS, *common, "hydra/launcher=joblib", "hydra.launcher.n_jobs=2", "hydra.sweep.dir=joblib", cwd=tmp_path, timeout=400)
     single = run_cli("workload=deepseek_v3", *common, "hydra.run.dir=single", cwd=tmp_path)
-    assert basic.returncode == joblib.returncode == single.returncode == 0, (basic.stderr + joblib.stderr + single.stderr)[-2000:]
+    procs = (basic, warm, joblib, single)
+    assert {p.returncode for p in procs} == {0}, "".join(p.stderr for p in procs)[-3000:]
     jobs = sorted(p.name for p in (tmp_path / "basic").iterdir() if p.is_dir())
-    assert len(jobs) == 4 and jobs == sorted(p.name for p in (tmp_path / "joblib").iterdir() if p.is_dir())
-    for job in jobs:
-        assert _outputs(tmp_path / "basic" / job) == _outputs(tmp_path / "joblib" / job), job
+    assert len(jobs) == 4
+    for other in ("warm", "joblib"):
+        assert jobs == sorted(p.name for p in (tmp_path / other).iterdir() if p.is_dir())
+        for job in jobs:
+            assert _outputs(tmp_path / "basic" / job) == _outputs(tmp_path / other / job), (other, job)
     deepseek = next(job for job in jobs if "deepseek_v3_eager" in job)
     assert _outputs(tmp_path / "single") == _outputs(tmp_path / "basic" / deepseek)

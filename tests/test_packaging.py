@@ -10,6 +10,7 @@ import tomllib
 import zipfile
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 from harness.config import REPO_ROOT
@@ -28,7 +29,8 @@ def test_every_code_and_config_folder_is_declared():
     conf = {"harness.conf"} | {
         f"harness.conf.{d.name}" for d in (REPO_ROOT / "conf").iterdir() if d.is_dir() and any(d.glob("*.yaml"))
     }
-    missing = (code | conf | {"harness.workloads"}) - declared
+    plugins = {".".join(p.parent.relative_to(REPO_ROOT).parts) for p in (REPO_ROOT / "hydra_plugins").rglob("__init__.py")}
+    missing = (code | conf | plugins | {"harness.workloads"}) - declared
     assert not missing, f"pyproject.toml [tool.setuptools] packages lacks {sorted(missing)}"
 
 
@@ -38,7 +40,7 @@ def test_wheel_installs_and_runs_outside_the_checkout(tmp_path):
     elsewhere.mkdir()
     # Built from a copy of what a clean clone holds, so the checkout gets no build/ or egg-info.
     source = tmp_path / "source"
-    for name in ("harness", "conf", "workloads"):
+    for name in ("harness", "conf", "workloads", "hydra_plugins"):
         shutil.copytree(REPO_ROOT / name, source / name, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(REPO_ROOT / name, source / name)
@@ -67,12 +69,20 @@ def test_wheel_installs_and_runs_outside_the_checkout(tmp_path):
         cwd=elsewhere, env=env, capture_output=True, text=True, timeout=600,
     )
     assert ran.returncode == 0, ran.stderr[-2000:]
+    # A sweep: the default launcher is found in the wheel's hydra_plugins and runs the jobs in its workers.
+    swept = subprocess.run(
+        [sys.executable, "-m", "harness", "-m", "strategy=eager,async", "workload.steps=2", "tracking.enabled=false",
+         "output.print_summary=false", "hydra.sweep.dir=sweep"],
+        cwd=elsewhere, env=env, capture_output=True, text=True, timeout=600,
+    )
+    assert swept.returncode == 0 and "worker process" in swept.stderr, swept.stderr[-2000:]
+    assert len(pd.read_csv(elsewhere / "sweep" / "results.csv")) == 2
     # Every module must load from the wheel: the editable install of this checkout would otherwise
     # quietly serve a subpackage the wheel lacks.
     where = subprocess.run(
         [sys.executable, "-c",
-         "import harness.config as c, harness.profile, harness.importers.kineto as k, harness.run as r;"
-         "print(c.CONF_DIR); print(c.WORKLOADS_DIR); print(k.__file__); print(r.__file__)"],
+         "import harness.config as c, harness.profile, harness.importers.kineto as k, harness.run as r, hydra_plugins.hostbound_launcher as h;"
+         "print(c.CONF_DIR); print(c.WORKLOADS_DIR); print(k.__file__); print(r.__file__); print(h.__file__)"],
         cwd=elsewhere, env=env, capture_output=True, text=True,
     )
     assert where.returncode == 0, where.stderr[-2000:]

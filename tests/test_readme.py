@@ -93,7 +93,9 @@ def _run_harness(args: list[str], capsys) -> str:
     multirun = "-m" in args or "--multirun" in args
     overrides = [a for a in args if not a.startswith("-")]
     for launcher in [o.split("=", 1)[1] for o in overrides if o.startswith("hydra/launcher=")]:
-        __import__(f"hydra_plugins.hydra_{launcher}_launcher")  # the launcher the line names is installed
+        # the launcher the line names is installed (basic is Hydra's own, hostbound the harness's)
+        module = {"basic": "hydra._internal.core_plugins.basic_launcher", "hostbound": "hydra_plugins.hostbound_launcher"}
+        __import__(module.get(launcher, f"hydra_plugins.hydra_{launcher}_launcher"))
     jobs = _sweep_combinations(overrides) if multirun else [overrides]
     for job in jobs:
         run = compose_run([o for o in job if not o.startswith("hydra")])

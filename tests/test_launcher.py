@@ -1,0 +1,185 @@
+"""The default sweep launcher (harness/launcher.py, issue 15 items 1 and 2): jobs in warm worker processes
+forked from the sweep give what Hydra's basic launcher gives, and a sweep whose worker is killed, or
+that is stopped by Ctrl-C, leaves no run RUNNING, says so in one line, and resumes to the same results."""
+from __future__ import annotations
+
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import mlflow
+import pandas as pd
+import pytest
+
+from conftest import comparable_results, run_cli
+from harness import sweep
+from harness.launcher import cores_usable
+from harness.stopping import stop_with, store_call
+from harness.sweep import SweepStopped
+from harness.tracking import PARENT_FILE
+
+ENV = {**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true"}
+# Slow enough jobs (~1 s each) that a worker can be caught in the middle of one.
+SLOW_SWEEP = ["-m", "strategy=eager,async,pipeline,acl_graph", "workload.batch_size=1,8", "workload.steps=300",
+              "output.timeline_steps=0", "output.print_summary=false"]
+
+
+def runs_in(database: Path) -> list[tuple[str, str, str | None]]:
+    """(name, status, parent run id) of every run in a sqlite store."""
+    with sqlite3.connect(database) as con:
+        return con.execute(
+            "SELECT r.name, r.status, t.value FROM runs r LEFT JOIN tags t ON t.run_uuid = r.run_uuid AND t.key = 'mlflow.parentRunId'"
+        ).fetchall()
+
+
+def children(pid: int) -> list[int]:
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid and fields[0] != "Z":
+            found.append(int(stat.parent.name))
+    return found
+
+
+def alive(pids: list[int]) -> list[int]:
+    """Those of `pids` still running (a zombie has ended)."""
+    left = []
+    for pid in pids:
+        try:
+            if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
+                left.append(pid)
+        except OSError:
+            pass
+    return left
+
+
+def start(tmp_path: Path, folder: str, *extra: str, new_session: bool = False) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "harness", *SLOW_SWEEP, f"hydra.sweep.dir={folder}",
+                             f"tracking.uri=sqlite:///{tmp_path / (folder + '.db')}", *extra],
+                            cwd=tmp_path, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=new_session)
+
+
+def wait_for_jobs(tmp_path: Path, folder: str, proc: subprocess.Popen, finished: int) -> None:
+    deadline = time.monotonic() + 240
+    while len(list((tmp_path / folder).glob("*/summary.json"))) < finished:
+        assert time.monotonic() < deadline and proc.poll() is None, "the sweep ended before it could be interrupted"
+        time.sleep(0.05)
+
+
+@pytest.mark.slow
+def test_the_default_launcher_runs_every_job_once_in_workers_as_the_basic_launcher_does(tmp_path):
+    common = ["-m", "strategy=eager,async,pipeline,acl_graph", "workload.batch_size=1,8", "workload.steps=4", "output.print_summary=false"]
+    warm = run_cli(*common, "hydra.sweep.dir=warm", cwd=tmp_path, timeout=300)
+    basic = run_cli(*common, "hydra/launcher=basic", "hydra.sweep.dir=basic", cwd=tmp_path, timeout=300)
+    assert warm.returncode == basic.returncode == 0, (warm.stderr + basic.stderr)[-3000:]
+    workers = min(8, cores_usable())
+    assert f"Launching 8 jobs on {workers} worker process{'es' if workers > 1 else ''}" in warm.stderr
+    jobs = sorted(p.name for p in (tmp_path / "warm").iterdir() if p.is_dir())
+    assert len(jobs) == 8 and jobs == sorted(p.name for p in (tmp_path / "basic").iterdir() if p.is_dir())
+    for job in jobs:  # Hydra's record of each job: the same composed config and overrides
+        for name in ("config.yaml", "overrides.yaml"):
+            assert (tmp_path / "warm" / job / ".hydra" / name).read_text() == (tmp_path / "basic" / job / ".hydra" / name).read_text()
+    assert comparable_results(pd.read_csv(tmp_path / "warm" / "results.csv")).equals(comparable_results(pd.read_csv(tmp_path / "basic" / "results.csv")))
+
+    runs = runs_in(tmp_path / "outputs" / "mlflow.db")
+    parents = [name for name, status, parent in runs if name.startswith("sweep ")]
+    assert len(parents) == 2 and {status for _, status, _ in runs} == {"FINISHED"}
+    client = mlflow.MlflowClient(f"sqlite:///{tmp_path / 'outputs' / 'mlflow.db'}")
+    warm_parent = (tmp_path / "warm" / PARENT_FILE).read_text().strip()
+    logged = [r.data.tags["run_dir"] for r in client.search_runs(["1"], f"tags.`mlflow.parentRunId` = '{warm_parent}'")]
+    assert sorted(Path(d).name for d in logged) == jobs  # every job once, under its own sweep
+
+
+@pytest.mark.slow
+def test_a_killed_worker_ends_the_sweep_in_one_line_leaving_no_run_open_and_resume_finishes_it(tmp_path):
+    whole = start(tmp_path, "whole")
+    cut = start(tmp_path, "cut")
+    wait_for_jobs(tmp_path, "cut", cut, finished=1)
+    workers = children(cut.pid)
+    assert workers, "the sweep has no worker processes"
+    os.kill(workers[0], signal.SIGKILL)  # as the out-of-memory killer would
+    _, err = cut.communicate(timeout=120)
+    assert cut.returncode == 5, err[-3000:]
+    assert err.strip().splitlines()[-1].startswith("hostbound: error: a sweep worker process died"), err[-2000:]
+    assert "Traceback" not in err
+    time.sleep(1)
+    assert alive(workers) == [], "workers left running"
+    runs = runs_in(tmp_path / "cut.db")
+    assert "RUNNING" not in {status for _, status, _ in runs}, runs
+    assert [status for name, status, _ in runs if name.startswith("sweep ")] == ["FAILED"]
+    assert whole.wait(timeout=400) == 0, whole.stderr.read()[-2000:]
+
+    resumed = start(tmp_path, "cut", "resume=true")
+    _, err = resumed.communicate(timeout=400)
+    assert resumed.returncode == 0, err[-3000:]
+    assert comparable_results(pd.read_csv(tmp_path / "cut" / "results.csv")).equals(comparable_results(pd.read_csv(tmp_path / "whole" / "results.csv")))
+    jobs = [(name, status) for name, status, _ in runs_in(tmp_path / "cut.db") if not name.startswith("sweep ")]
+    finished = [name for name, status in jobs if status == "FINISHED"]
+    assert len(finished) == 8 and len(set(finished)) == 8  # each configuration logged once
+    assert "RUNNING" not in {status for _, status in jobs}
+
+
+@pytest.mark.slow
+def test_ctrl_c_stops_the_sweep_and_its_workers_in_one_line(tmp_path):
+    proc = start(tmp_path, "sw", new_session=True)  # its own process group, as a terminal's foreground job
+    wait_for_jobs(tmp_path, "sw", proc, finished=1)
+    workers = children(proc.pid)
+    os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C: the terminal signals the whole group
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == -signal.SIGINT, err[-3000:]
+    assert err.strip().splitlines()[-1] == ("hostbound: error: sweep stopped by signal SIGINT; finished jobs keep their folders"
+                                            " (resume=true finishes the rest)")
+    assert "Traceback" not in err
+    time.sleep(1)
+    assert workers and alive(workers) == [], "workers left running"
+    runs = runs_in(tmp_path / "sw.db")
+    assert "RUNNING" not in {status for _, status, _ in runs}, runs
+    assert [status for name, status, _ in runs if name.startswith("sweep ")] == ["KILLED"]
+
+
+def test_a_stop_inside_a_store_call_is_raised_when_the_call_ends():
+    steps = []
+    with pytest.raises(SweepStopped):
+        with store_call():
+            with store_call():  # nested: the outer block's end raises it
+                stop_with(SweepStopped(signal.SIGTERM))
+                steps.append("inner")
+            steps.append("outer")
+    assert steps == ["inner", "outer"]
+    with pytest.raises(SweepStopped):  # outside a store call: at once
+        stop_with(SweepStopped(signal.SIGTERM))
+    with store_call():  # nothing pending is left over
+        pass
+
+
+def test_a_failed_sweep_ends_its_parent_run_and_marks_job_runs_left_open_killed(tmp_path, monkeypatch):
+    from harness.config import TrackingConfig
+
+    uri = f"sqlite:///{tmp_path / 'store.db'}"
+    client = mlflow.MlflowClient(uri)
+    experiment = client.create_experiment("hostbound")
+    parent = client.create_run(experiment).info.run_id
+    open_job = client.create_run(experiment, tags={"mlflow.parentRunId": parent}).info.run_id  # its worker was killed
+    done_job = client.create_run(experiment, tags={"mlflow.parentRunId": parent}).info.run_id
+    client.set_terminated(done_job, "FINISHED")
+    other = client.create_run(experiment).info.run_id  # not this sweep's
+    (tmp_path / PARENT_FILE).write_text(parent)
+    monkeypatch.setattr(sweep, "_STOPPABLE", {"sweep_dir": tmp_path, "tracking": TrackingConfig(uri=uri)})
+    sweep.fail_unfinished_sweep()
+    status = {run: client.get_run(run).info.status for run in (parent, open_job, done_job, other)}
+    assert status == {parent: "FAILED", open_job: "KILLED", done_job: "FINISHED", other: "RUNNING"}
+
+
+def test_n_jobs_below_one_is_refused_before_anything_is_made(tmp_path):
+    proc = run_cli("-m", "strategy=eager,async", "hydra.launcher.n_jobs=0", "workload.steps=2", cwd=tmp_path)
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == "hostbound: error: hydra.launcher.n_jobs=0: must be a whole number >= 1, or null for one per core"
+    assert not (tmp_path / "outputs").exists()
