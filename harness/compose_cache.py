@@ -43,9 +43,24 @@ def _chooses_presets(loader: ConfigLoaderImpl, override: Override) -> bool:
     return not isinstance(override.value(), dict) and loader.repository.group_exists(key)
 
 
+_parsed: dict[str, Override] = {}  # an override's text → Hydra's parse of it (read, never changed, by what follows)
+MAX_PARSED_OVERRIDES = 100_000
+
+
+def parse_overrides(overrides: list[str]) -> list[Override]:
+    """OverridesParser.parse_overrides, each text parsed once per process: a sweep's jobs share most of
+    their overrides, and Hydra's ANTLR parser took ~0.4 ms an override, twice a job."""
+    new = list(dict.fromkeys(o for o in overrides if o not in _parsed))
+    if new:
+        if len(_parsed) + len(new) > MAX_PARSED_OVERRIDES:
+            _parsed.clear()
+        _parsed.update(zip(new, OverridesParser.create().parse_overrides(overrides=new)))
+    return [_parsed[o] for o in overrides]
+
+
 def compose_job(loader: ConfigLoaderImpl, config_name: Optional[str], overrides: list[str]) -> DictConfig:
     """What `loader.load_configuration(config_name, overrides, RunMode.RUN)` returns, from the cache."""
-    parsed = OverridesParser.create().parse_overrides(overrides=overrides)
+    parsed = parse_overrides(overrides)
     loader.validate_sweep_overrides_legal(overrides=parsed, run_mode=RunMode.RUN, from_shell=True)
     chooses = [_chooses_presets(loader, o) for o in parsed]
     choosing = [o for o, c in zip(parsed, chooses) if c]
@@ -55,16 +70,11 @@ def compose_job(loader: ConfigLoaderImpl, config_name: Optional[str], overrides:
     base = _compositions.get(key)
     if base is None:
         composed = loader.load_configuration(config_name=config_name, overrides=[o.input_line for o in choosing], run_mode=RunMode.RUN)
-        try:
-            base = pickle.dumps(composed)
-        except pickle.PicklingError:
-            # A plugin's schema class defined twice (Hydra's plugin scan executes modules again that a
-            # joblib or Ray worker had imported to unpickle its job): kept as is, and deep-copied.
-            base = composed
+        base = _pickled(composed)
         _compositions[key] = base
         if len(_compositions) > MAX_CACHED_COMPOSITIONS:
             _compositions.popitem(last=False)
-    cfg = pickle.loads(base) if isinstance(base, bytes) else copy.deepcopy(base)
+    cfg = _unpickled(base)
     ConfigLoaderImpl._apply_overrides_to_config(values, cfg)
     app_overrides = [o for o in parsed if not o.is_hydra_override()]
     with open_dict(cfg.hydra):
@@ -75,6 +85,24 @@ def compose_job(loader: ConfigLoaderImpl, config_name: Optional[str], overrides:
             overrides=app_overrides, kv_sep=dirname.kv_sep, item_sep=dirname.item_sep, exclude_keys=dirname.exclude_keys
         )
     return cfg
+
+
+def _pickled(cfg: DictConfig) -> "bytes | DictConfig":
+    try:
+        return pickle.dumps(cfg)
+    except pickle.PicklingError:
+        # A plugin's schema class defined twice (Hydra's plugin scan executes modules again that a joblib
+        # or Ray worker had imported to unpickle its job): kept as is, and deep-copied.
+        return cfg
+
+
+def _unpickled(base: "bytes | DictConfig") -> DictConfig:
+    return pickle.loads(base) if isinstance(base, bytes) else copy.deepcopy(base)
+
+
+def copy_config(cfg: DictConfig) -> DictConfig:
+    """A deep copy of a config, by pickling (~3 ms for a job's config against ~8 ms for copy.deepcopy)."""
+    return _unpickled(_pickled(cfg))
 
 
 def load_sweep_config(self: ConfigLoaderImpl, master_config: DictConfig, sweep_overrides: list[str]) -> DictConfig:

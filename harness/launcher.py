@@ -4,9 +4,9 @@ Hydra's basic launcher runs a sweep's jobs one after the other in this process (
 joblib's or Ray's workers each start Python afresh: ~3 s of imports, their own tracking store connection
 and compiled kernels loaded, and every job's context pickled to them. Forking after the sweep has started
 (`SweepTracking.on_multirun_start` has made the store, the parent run and the kernels) gives workers that
-have all of it already; a job sends them only its overrides. Each worker composes and runs its jobs
-through Hydra's own `run_job`, so a job's folder, `.hydra/` files, log file and callbacks are what the
-basic launcher makes.
+have all of it already; a job sends them only its overrides. Each worker composes and runs its jobs as
+Hydra's own `run_job` does (`run_sweep_job`, with cheaper copies), so a job's folder, `.hydra/` files,
+log file and callbacks are what the basic launcher makes.
 
     hydra.launcher.n_jobs: null     # one worker per core this process may use; 1 runs the jobs in this process
 
@@ -20,6 +20,7 @@ hydra/launcher=basic.
 """
 from __future__ import annotations
 
+import copy
 import gc
 import logging
 import multiprocessing
@@ -31,10 +32,14 @@ from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from hydra.core.utils import JobReturn, configure_log, filter_overrides, run_job, setup_globals
+from hydra.core.hydra_config import HydraConfig
+from hydra.core.utils import (JobReturn, JobRuntime, JobStatus, _flush_loggers, _save_config, configure_log, env_override,
+                              filter_overrides, setup_globals)
 from hydra.plugins.launcher import Launcher
 from hydra.types import HydraContext, TaskFunction
-from omegaconf import DictConfig, open_dict
+from omegaconf import DictConfig, OmegaConf, open_dict, read_write
+
+from harness.compose_cache import copy_config
 
 from harness.errors import EXIT_WORKER_DIED, ConfigError
 from harness.stopping import stop_with
@@ -108,8 +113,7 @@ class WarmWorkerLauncher(Launcher):
         with open_dict(sweep_config):
             sweep_config.hydra.job.id = idx
             sweep_config.hydra.job.num = idx
-        return run_job(hydra_context=self.hydra_context, task_function=self.task_function, config=sweep_config,
-                       job_dir_key="hydra.sweep.dir", job_subdir_key="hydra.sweep.subdir")
+        return run_sweep_job(self.hydra_context, self.task_function, sweep_config)
 
     def _launch_forked(self, jobs: list[tuple[int, Sequence[str]]], workers: int) -> list[JobReturn]:
         pool = ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("fork"), initializer=_start_worker)
@@ -133,6 +137,61 @@ class WarmWorkerLauncher(Launcher):
             raise
         pool.shutdown(wait=True)
         return results
+
+
+def run_sweep_job(hydra_context: HydraContext, task_function: TaskFunction, config: DictConfig) -> JobReturn:
+    """hydra.core.utils.run_job(job_dir_key="hydra.sweep.dir", job_subdir_key="hydra.sweep.subdir"), step for
+    step, but cheaper: the job's copy of its config is pickled rather than deep-copied, and the Hydra config
+    is copied once and given the job's folder instead of being copied twice (~20 ms of a ~120 ms job).
+    tests/test_launcher.py checks that both make the same files and the same JobReturn."""
+    callbacks = hydra_context.callbacks
+    old_cwd = os.getcwd()
+    hydra = HydraConfig.instance()
+    orig_hydra_cfg = hydra.cfg
+    hydra.set_config(config)  # the folder's interpolations may read it (${hydra:job.num})
+    output_dir = os.path.join(str(OmegaConf.select(config, "hydra.sweep.dir")), str(OmegaConf.select(config, "hydra.sweep.subdir")))
+    for node in (config.hydra.runtime, hydra.cfg.hydra.runtime):  # the job's config and Hydra's copy of it
+        with read_write(node), open_dict(node):
+            node.output_dir = os.path.abspath(output_dir)
+    _chdir = None
+    try:
+        ret = JobReturn()
+        task_cfg = copy_config(config)
+        with read_write(task_cfg), open_dict(task_cfg):
+            del task_cfg["hydra"]
+        ret.cfg = task_cfg
+        hydra_cfg = copy.deepcopy(hydra.cfg)  # pickling it would take its parent, the whole config, along
+        ret.hydra_cfg = hydra_cfg
+        ret.overrides = OmegaConf.to_container(config.hydra.overrides.task)
+        Path(output_dir).mkdir(parents=True, exist_ok=True)
+        _chdir = bool(hydra_cfg.hydra.job.chdir)  # None is False from version_base 1.2 on (conf: 1.3)
+        if _chdir:
+            os.chdir(output_dir)
+            ret.working_dir = output_dir
+        else:
+            ret.working_dir = os.getcwd()
+        configure_log(config.hydra.job_logging, config.hydra.verbose)
+        if config.hydra.output_subdir is not None:
+            hydra_output = Path(config.hydra.runtime.output_dir) / Path(config.hydra.output_subdir)
+            _save_config(task_cfg, "config.yaml", hydra_output)
+            _save_config(hydra_cfg, "hydra.yaml", hydra_output)
+            _save_config(config.hydra.overrides.task, "overrides.yaml", hydra_output)
+        with env_override(hydra_cfg.hydra.job.env_set):
+            callbacks.on_job_start(config=config, task_function=task_function)
+            try:
+                ret.return_value = task_function(task_cfg)
+                ret.status = JobStatus.COMPLETED
+            except Exception as e:
+                ret.return_value = e
+                ret.status = JobStatus.FAILED
+        ret.task_name = JobRuntime.instance().get("name")
+        _flush_loggers()
+        callbacks.on_job_end(config=config, job_return=ret)
+        return ret
+    finally:
+        hydra.cfg = orig_hydra_cfg
+        if _chdir:
+            os.chdir(old_cwd)
 
 
 def _start_worker() -> None:

@@ -183,3 +183,53 @@ def test_n_jobs_below_one_is_refused_before_anything_is_made(tmp_path):
     assert proc.returncode == 2
     assert proc.stderr.strip() == "hostbound: error: hydra.launcher.n_jobs=0: must be a whole number >= 1, or null for one per core"
     assert not (tmp_path / "outputs").exists()
+
+
+def test_the_launchers_job_runner_does_what_hydras_run_job_does(tmp_path, monkeypatch):
+    """harness.launcher.run_sweep_job is Hydra's run_job with cheaper copies: same .hydra files, same
+    JobReturn, the Hydra config of the job while it runs and the previous one after."""
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.core.utils import JobStatus, run_job, setup_globals
+    from hydra.types import HydraContext, RunMode
+    from hydra._internal.callbacks import Callbacks
+    from omegaconf import open_dict
+
+    from harness.config import CONF_DIR
+    from harness.launcher import run_sweep_job
+
+    monkeypatch.chdir(tmp_path)
+    setup_globals()
+    seen = []
+
+    def task(cfg):
+        seen.append((HydraConfig.get().runtime.output_dir, HydraConfig.get().job.num))
+        if cfg.workload.batch_size == 3:
+            raise ValueError("bad batch")
+        return cfg.workload.batch_size * 2
+
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        loader = GlobalHydra.instance().config_loader()
+        master = loader.load_configuration("config", ["hydra.sweep.dir=sw"], run_mode=RunMode.MULTIRUN)
+        context = HydraContext(config_loader=loader, callbacks=Callbacks())
+        for batch in ("4", "3"):
+            outcomes = []
+            for runner in ("hydra", "ours"):
+                config = loader.load_sweep_config(master, [f"workload.batch_size={batch}", "strategy=async"])
+                with open_dict(config):
+                    config.hydra.job.id = config.hydra.job.num = 5
+                before = HydraConfig.instance().cfg
+                if runner == "hydra":
+                    ret = run_job(task_function=task, config=config, job_dir_key="hydra.sweep.dir", job_subdir_key="hydra.sweep.subdir",
+                                  hydra_context=context)
+                else:
+                    ret = run_sweep_job(context, task, config)
+                assert HydraConfig.instance().cfg is before
+                files = {p.name: p.read_text() for p in Path(seen[-1][0]).glob(".hydra/*.yaml")}
+                value = ret.return_value if ret.status == JobStatus.COMPLETED else repr(ret._return_value)
+                outcomes.append((files, ret.cfg, ret.hydra_cfg, ret.overrides, ret.status, value, ret.working_dir, ret.task_name, seen[-1]))
+            assert outcomes[0] == outcomes[1]
+            assert set(outcomes[0][0]) == {"config.yaml", "hydra.yaml", "overrides.yaml"}
+    assert Path(seen[0][0]).parent == tmp_path / "sw" and Path(seen[0][0]).name.startswith("5_") and seen[0][1] == 5
+    assert outcomes[0][4] == JobStatus.FAILED

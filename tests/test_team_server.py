@@ -95,8 +95,10 @@ def _rest(url: str, path: str, body: dict | None = None) -> dict:
     return json.load(urllib.request.urlopen(request, timeout=30))
 
 
-def test_a_parallel_sweep_logs_every_run_to_a_postgresql_backed_server(mlflow_server, tmp_path):
-    proc = run_cli("-m", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2", "strategy=eager,async", "workload.batch_size=1,8",
+@pytest.mark.parametrize("launcher", [["hydra/launcher=joblib", "hydra.launcher.n_jobs=2"], []], ids=["joblib", "default"])
+def test_a_parallel_sweep_logs_every_run_to_a_postgresql_backed_server(mlflow_server, tmp_path, launcher):
+    # the default launcher's workers are forked from the sweep: each must use an HTTP session of its own
+    proc = run_cli("-m", *launcher, "strategy=eager,async", "workload.batch_size=1,8",
                    f"tracking.uri={mlflow_server}", "tracking.artifacts=all", "workload.steps=3", "output.timeline_steps=0",
                    "output.print_summary=false", "hydra.sweep.dir=sw", cwd=tmp_path, timeout=400)
     assert proc.returncode == 0, proc.stderr[-3000:]
