@@ -27,7 +27,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from harness.compose_cache import compose_job
 from harness.config import CONF_DIR, RunConfig, flatten, one_line, to_run_config
-from harness.errors import EXIT_BAD_INPUT, EXIT_TRACKING_FAILED, EXIT_WRITE_FAILED, ConfigError, HarnessError, one_line_text
+from harness.errors import EXIT_TRACKING_FAILED, EXIT_WRITE_FAILED, ConfigError, HarnessError, fail, one_line_text
 from harness.ops import check_memory
 from harness.stopping import stop_with
 from harness.workload import build_workload
@@ -37,13 +37,6 @@ log = logging.getLogger(__name__)
 # Hydra flags that take a value, and flags after which there is nothing to check.
 _FLAGS_WITH_VALUE = {"--config-path", "-cp", "--config-name", "-cn", "--config-dir", "-cd", "--experimental-rerun"}
 _INFO_FLAGS = {"--help", "-h", "--hydra-help", "--info", "-i", "--shell-completion", "-sc", "--version", "--cfg", "-c", "--resolve", "-p", "--package"}
-
-
-def fail(message: str, status: int = EXIT_BAD_INPUT) -> None:
-    if sys.stderr.isatty():  # a progress line may be showing: the error replaces it
-        sys.stderr.write("\r\033[K")
-    print(f"hostbound: error: {one_line_text(message)}", file=sys.stderr)
-    raise SystemExit(status)
 
 
 def exit_now(code: object) -> NoReturn:

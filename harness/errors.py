@@ -1,5 +1,6 @@
-"""Error types: one base for everything the harness reports to a user without a traceback, and the
-exit statuses that tell them apart (docs/reliability.md)."""
+"""Error types: one base for everything the harness reports to a user without a traceback, the exit
+statuses that tell them apart (docs/reliability.md), and `fail`, the one line that ends a command."""
+import sys
 
 EXIT_BAD_INPUT = 2  # a key, value, preset, trace file or output folder: nothing written
 EXIT_TRACKING_FAILED = 3  # the tracking store failed: the run's files are complete
@@ -10,6 +11,14 @@ EXIT_WORKER_DIED = 5  # a sweep's worker process was killed: finished jobs keep 
 def one_line_text(message: str) -> str:
     """A message as one printable line: a value a user typed may hold newlines or other control characters."""
     return "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in str(message))
+
+
+def fail(message: str, status: int = EXIT_BAD_INPUT) -> None:
+    """End the command with `hostbound: error: <message>` on one line and exit status `status`."""
+    if sys.stderr.isatty():  # a progress line may be showing: the error replaces it
+        sys.stderr.write("\r\033[K")
+    print(f"hostbound: error: {one_line_text(message)}", file=sys.stderr)
+    raise SystemExit(status)
 
 
 class HarnessError(Exception):

@@ -41,7 +41,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 from harness.compose_cache import copy_config
 
-from harness.errors import EXIT_WORKER_DIED, ConfigError
+from harness.errors import EXIT_WORKER_DIED, ConfigError, fail
 from harness.stopping import stop_with
 
 log = logging.getLogger(__name__)
@@ -123,8 +123,6 @@ class WarmWorkerLauncher(Launcher):
         except BrokenProcessPool:
             pool.shutdown(wait=True, cancel_futures=True)
             finished = sum(f.done() and not f.cancelled() and f.exception() is None for f in futures)
-            from harness.cli import fail
-
             fail(f"a sweep worker process died (killed by a signal, or out of memory): {finished} of {len(jobs)} jobs"
                  " finished; run the same command with resume=true to finish the rest", EXIT_WORKER_DIED)
         except BaseException:  # SIGTERM (SweepStopped) reached the workers too; Ctrl-C (KeyboardInterrupt) did not
