@@ -18,7 +18,8 @@ import pandas as pd
 import pytest
 
 from conftest import run_cli
-from harness.cli import EXIT_BAD_INPUT, preflight, sweep_combinations
+from harness.cli import preflight, sweep_combinations
+from harness.errors import EXIT_BAD_INPUT
 from harness.result import WALL_CLOCK_KEYS
 from harness.sweep import JOB_FAILED_FILE, _descendants
 

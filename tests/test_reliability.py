@@ -28,9 +28,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from conftest import compose_run, free_port, run_cli
-from harness.cli import EXIT_BAD_INPUT, EXIT_WRITE_FAILED, check_run, preflight
+from harness.cli import check_run, preflight
 from harness.config import LIMITS, Limit
-from harness.errors import ConfigError
+from harness.errors import EXIT_BAD_INPUT, EXIT_WRITE_FAILED, ConfigError
 from harness.files import atomic_write
 from harness.run import execute
 from harness.trace_io import COLUMN_LIMITS, INT_COLUMNS
