@@ -27,6 +27,7 @@ import multiprocessing
 import os
 import pickle
 import signal
+import sys
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
@@ -125,13 +126,8 @@ class WarmWorkerLauncher(Launcher):
             finished = sum(f.done() and not f.cancelled() and f.exception() is None for f in futures)
             fail(f"a sweep worker process died (killed by a signal, or out of memory): {finished} of {len(jobs)} jobs"
                  " finished; run the same command with resume=true to finish the rest", EXIT_WORKER_DIED)
-        except BaseException:  # SIGTERM (SweepStopped) reached the workers too; Ctrl-C (KeyboardInterrupt) did not
-            for pid in list(getattr(pool, "_processes", {}) or {}):
-                try:
-                    os.kill(pid, signal.SIGTERM)
-                except OSError:
-                    pass
-            pool.shutdown(wait=True, cancel_futures=True)
+        except BaseException:  # a stop (SweepStopped: the sweep's handler has sent the workers SIGTERM already)
+            pool.shutdown(wait=True, cancel_futures=True)  # or an error here: the running jobs end, no new one starts
             raise
         pool.shutdown(wait=True)
         return results
@@ -203,8 +199,6 @@ def forget_inherited_connections() -> None:
     """A forked process must not use its parent's database connections (SQLAlchemy's `dispose(close=False)`
     recipe): MLflow keeps one engine per database URI for the process. (Its HTTP sessions are per process
     id already.)"""
-    import sys
-
     if "mlflow.store.tracking.sqlalchemy_store" not in sys.modules:  # never imported: nothing inherited
         return
     from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
