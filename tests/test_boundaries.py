@@ -1,0 +1,293 @@
+"""Every capacity-style knob at N − 1, N and N + 1, against values computed by hand.
+
+A capacity off by one (a cache that holds one entry more, a queue one slot deeper, a graph budget that
+allows one graph more) changes users' numbers without breaking any direction a test could check: only
+the exact boundary tells. Each case says how its numbers were worked out.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from conftest import compose_run
+from harness.config import Dispatch, OpKind, OpSpec, StrategyConfig
+from harness.core import lru_hits
+from harness.errors import ConfigError
+from harness.graph import CATEGORY
+from harness.ops import MemoryPlan, check_memory
+from harness.policies import BUILD, EAGER, REPLAY, bucket_batch, fuse, pad_up, prepare, trim_buckets
+from harness.run import simulate_run
+from harness.workload import build_workload
+from test_semantics import THREE_OPS, TOKEN_BACK_US, three_op_run
+
+B, E, R = BUILD, EAGER, REPLAY
+MIB = 2**20
+
+
+# ---------------------------------------------------------------- the tiling cache (LRU)
+
+
+@pytest.mark.parametrize(
+    "keys, capacity, expected",
+    [
+        # Three keys in a cycle: each comes back after the 2 others, so it stays with 3 entries, not with 2.
+        ([0, 1, 2, 0, 1, 2], 2, [0, 0, 0, 0, 0, 0]),
+        ([0, 1, 2, 0, 1, 2], 3, [0, 0, 0, 1, 1, 1]),
+        ([0, 1, 2, 0, 1, 2], 4, [0, 0, 0, 1, 1, 1]),
+        # Key 0 returns after one other key (1 entry is too few), key 1 after two (0 and 2).
+        ([0, 1, 0, 2, 1], 1, [0, 0, 0, 0, 0]),
+        ([0, 1, 0, 2, 1], 2, [0, 0, 1, 0, 0]),
+        ([0, 1, 0, 2, 1], 3, [0, 0, 1, 0, 1]),
+        # A key used again at once hits even a one-entry cache; a new key never hits.
+        ([7, 7, 7, 8, 7], 1, [0, 1, 1, 0, 0]),
+        ([7, 7, 7, 8, 7], 2, [0, 1, 1, 0, 1]),
+    ],
+)
+def test_lru_holds_exactly_its_capacity(keys, capacity, expected):
+    assert lru_hits(np.array(keys), capacity).astype(int).tolist() == expected
+
+
+def tiling_run(entries: int, steps: int = 3):
+    run = three_op_run("eager", steps=steps, tiling_lookup_us=0.25)
+    return simulate_run(dataclasses.replace(run, strategy=StrategyConfig(tiling_cache=True, tiling_cache_entries=entries)))
+
+
+@pytest.mark.parametrize("entries, hits", [(2, 0), (3, 6), (4, 6)])
+def test_tiling_cache_entries_at_the_step_size(entries, hits):
+    """Three static ops look up 3 keys a step: 2 entries never hit (each key returns after the 2 others),
+    3 or more hit from step 1 on. A hit's Tiling takes the 0.25 µs lookup instead of 1 µs: op b launches
+    2 × 0.75 µs earlier (its own and op a's tiling), and c waits for b on the stream, so the step is
+    1.5 µs shorter than the 25 µs of the unit-cost eager step (test_semantics): 23.5 µs, then the token's
+    D2H and the 2 µs sync."""
+    outcome = tiling_run(entries)
+    tasks, durations = outcome.result.graph.tasks, outcome.result.end_us - outcome.result.start_us
+    tiling = durations[tasks["category"] == CATEGORY["tiling"]].round(9)
+    assert np.count_nonzero(tiling == 0.25) == hits and np.count_nonzero(tiling == 1.0) == 9 - hits
+    assert outcome.summary["tiling_cache_hit_rate"] == pytest.approx(hits / 9)
+    miss_us, hit_us = 25 + TOKEN_BACK_US + 2, 23.5 + TOKEN_BACK_US + 2
+    expected = [miss_us] * 3 if hits == 0 else [miss_us, hit_us, hit_us]
+    assert (outcome.steps["latency_ms"] * 1e3).tolist() == pytest.approx(expected, abs=1e-9)
+
+
+@pytest.mark.parametrize("entries", [483, 484, 485])
+def test_tiling_cache_on_a_preset_thrashes_below_one_steps_lookups(entries):
+    """Llama-2-7B decode looks up 484 tiling keys a step (every op; each node caches its own). Between two
+    uses of a node come the 483 others, so 483 entries never hit; from 484 on, every static op hits from
+    step 1 on, and the 32 attention ops (their KV length changes every step) never: over 4 steps
+    (484 - 32) × 3 hits of 484 × 4 lookups."""
+    summary = simulate_run(compose_run("strategy=eager", "strategy.tiling_cache=true", f"strategy.tiling_cache_entries={entries}",
+                                       "workload.steps=4")).summary
+    expected = 0.0 if entries < 484 else (484 - 32) * 3 / (484 * 4)
+    assert summary["tiling_cache_hit_rate"] == pytest.approx(expected, abs=1e-12)
+
+
+# ---------------------------------------------------------------- the bounded queue between host threads
+
+
+def queue_run(capacity: int):
+    """Async dispatch of 5 ops: the main thread spends 3 µs an op (framework, InferShape, Tiling), the
+    launch thread 7 (alloc 5, launch 1, free 1)."""
+    ops = [OpSpec(name=f"op{i}", device_us=0.1) for i in range(5)]
+    run = three_op_run("async", ops=ops, alloc_us=5.0)
+    return simulate_run(dataclasses.replace(run, strategy=StrategyConfig(dispatch=Dispatch["async"], queue_capacity=capacity)))
+
+
+@pytest.mark.parametrize(
+    "capacity, framework_starts, step_us",
+    [
+        # Op k's alloc starts at a_k; op k + C's framework waits for that alloc to end (a_k + 5).
+        # C = 1: a_k = 4 + 8k (3 µs of main-thread work after each wait), frameworks at a_k + 5.
+        (1, [1, 9, 17, 25, 33], 36 + 6 + 0.1),
+        # C = 2: a_k = 4 + 7k (the launch thread is the bottleneck); framework 2 waits until 9 (a_0 + 5),
+        # 3 until 16 (a_1 + 5), 4 until 23 (a_2 + 5).
+        (2, [1, 4, 9, 16, 23], 32 + 6 + 0.1),
+        # C = 3: framework 3 waits until 9, but the main thread is busy until 10; framework 4 until 16.
+        (3, [1, 4, 7, 10, 16], 32 + 6 + 0.1),
+        # C = 4: only framework 4 could wait (until 9); the main thread reaches it at 13.
+        (4, [1, 4, 7, 10, 13], 32 + 6 + 0.1),
+    ],
+)
+def test_queue_capacity_is_exact(capacity, framework_starts, step_us):
+    outcome = queue_run(capacity)
+    tasks = outcome.result.graph.tasks
+    framework = (tasks["category"] == CATEGORY["framework"]) & (tasks["op"] >= 0)
+    assert outcome.result.start_us[framework].tolist() == pytest.approx(framework_starts)
+    # The last op's kernel ends at `step_us` (its alloc at a_4, + 5 + 1 launch, + 0.1 on the device);
+    # then the sampled token's D2H and the 2 µs sync.
+    assert outcome.summary["step_ms_mean"] * 1e3 == pytest.approx(step_us + TOKEN_BACK_US + 2)
+
+
+# ---------------------------------------------------------------- host threads (a pool of cores)
+
+
+@pytest.mark.parametrize("threads, device_end_us", [(1, 26), (2, 22), (3, 22)])
+def test_host_cores_at_the_number_of_host_threads(threads, device_end_us):
+    """Async dispatch runs two host threads. With two cores or more the three-op step of test_semantics
+    ends its last kernel at 22 µs. With one core every host task waits for it in the order it became
+    ready: the main and the launch thread alternate (tasks ready at the same time go by task id, an
+    op's alloc before the next op's framework), b's launch ends at 13, its kernel runs to 23 and c's
+    to 26."""
+    outcome = simulate_run(three_op_run("async", threads=threads))
+    assert outcome.summary["step_ms_mean"] * 1e3 == pytest.approx(device_end_us + TOKEN_BACK_US + 2)
+    launches = (outcome.result.graph.tasks["category"] == CATEGORY["launch"]) & (outcome.result.graph.tasks["op"] >= 0)
+    expected_launch_ends = [7, 13, 18] if threads == 1 else [6, 9, 12]
+    assert outcome.result.end_us[launches].tolist() == pytest.approx(expected_launch_ends)
+
+
+# ---------------------------------------------------------------- fusion
+
+
+@pytest.mark.parametrize(
+    "max_ops, kernels",
+    [(1, [1] * 7), (2, [1, 2, 2, 2]), (3, [1, 3, 3]), (4, [1, 4, 2]), (5, [1, 5, 1]), (6, [1, 6]), (7, [1, 6])],
+)
+def test_fusion_groups_hold_at_most_max_ops(max_ops, kernels):
+    """A matmul, then six fusible vector ops: groups of at most `max_ops`, filled in order."""
+    ops = [OpSpec(name="mm", kind=OpKind.cube, device_us=5.0)] + [OpSpec(name=f"v{i}", device_us=1.0) for i in range(6)]
+    run = three_op_run("eager", ops=ops)
+    workload = build_workload(run.workload)
+    fused, _ = fuse(workload, max_ops, np.zeros(workload.n_ops, dtype=bool))
+    assert fused.n_kernels.tolist() == kernels
+    assert fused.device_us[0].tolist() == [5.0] + [float(k) for k in kernels[1:]]
+    summary = simulate_run(dataclasses.replace(run, strategy=StrategyConfig(fusion=True, fusion_max_ops=max_ops))).summary
+    assert summary["launches_per_step"] == len(kernels)
+
+
+# ---------------------------------------------------------------- shape buckets and graph budgets
+
+
+def test_bucket_edges():
+    buckets = [1, 2, 4, 8]
+    padded, fits = bucket_batch(np.array([1, 2, 3, 4, 5, 7, 8, 9]), buckets)
+    assert padded.tolist() == [1, 2, 4, 4, 8, 8, 8, 9] and fits.tolist() == [True] * 7 + [False]
+    # KV lengths padded up to a block: a multiple stays, one more goes to the next block.
+    assert pad_up(np.array([255.0, 256.0, 257.0, 512.0]), 256).tolist() == [256.0, 256.0, 512.0, 512.0]
+
+
+@pytest.mark.parametrize(
+    "max_graphs, kept",
+    [(1, [32]), (2, [1, 32]), (3, [1, 8, 32]), (6, [1, 2, 4, 16, 24, 32]), (7, [1, 2, 4, 8, 16, 24, 32]), (8, [1, 2, 4, 8, 16, 24, 32])],
+)
+def test_trim_buckets_keeps_exactly_the_budget_evenly(max_graphs, kept):
+    """Seven sizes, positions 0..6 picked at rint(linspace(0, 6, n)): 3 → 0, 3, 6; 6 → 0, 1.2, 2.4, 3.6,
+    4.8, 6 → 0, 1, 2, 4, 5, 6 (2.4 → 2, 3.6 → 4)."""
+    assert trim_buckets([32, 1, 2, 4, 8, 16, 24, 2], max_graphs) == kept
+
+
+def capture_plan(streams: int):
+    """Capture/replay of Llama-3.1-8B decode (32 layers: a graph uses 33 streams) over batches 1, 2, 3, 5,
+    8, 9 with capture sizes 1, 2, 4, 8."""
+    run = compose_run("workload=llama31_8b_decode", "workload.steps=6", "strategy=acl_graph", "strategy.graph.buckets=[1,2,4,8]",
+                      f"hardware.graph.max_graphs={streams}")
+    workload, plan = prepare(run, np.array([1, 2, 3, 5, 8, 9]), None)
+    return workload, plan
+
+
+@pytest.mark.parametrize(
+    "streams, padded, modes",
+    [
+        # 131 streams: 3 graphs; the sizes are trimmed to 1, 4, 8 (positions rint(0, 1.5, 3) = 0, 2, 3).
+        (131, [1, 4, 4, 8, 8, 9], [B, B, R, B, R, E]),
+        # 132 or 133 streams: 4 graphs, every size kept; 9 sequences fit no graph and run eagerly.
+        (132, [1, 2, 4, 8, 8, 9], [B, B, B, B, R, E]),
+        (133, [1, 2, 4, 8, 8, 9], [B, B, B, B, R, E]),
+    ],
+)
+def test_graph_count_follows_the_stream_budget(streams, padded, modes):
+    workload, plan = capture_plan(streams)
+    assert workload.batch.tolist() == padded and workload.real_batch.tolist() == [1, 2, 3, 5, 8, 9]
+    assert plan.mode.tolist() == modes
+    graphs = modes.count(B)
+    assert plan.info["graph_captures"] == graphs and plan.info["graph_buckets"] == (3 if streams == 131 else 4)
+    assert workload.memory.graphs_gb == pytest.approx(graphs * 26 * MIB / 1e9)
+
+
+@pytest.mark.parametrize("streams, graphs", [(65, 1), (66, 2), (98, 2), (99, 3)])
+def test_sink_builds_graphs_in_program_order_while_the_budget_lasts(streams, graphs):
+    """Graph sink of Llama-2-7B decode with KV lengths bucketed to 12 tokens: steps 0-7 attend over
+    1025-1032 tokens (padded to 1032), 8-19 over 1033-1044 (1044), 20-31 over 1045-1056 (1056): three shape
+    sets. A graph of 32 layers takes 33 streams: 65 streams allow 1 graph, 66-98 two, 99 three. A step
+    whose shapes have a graph replays it; a new shape set builds one while the budget lasts, else the
+    step runs on the host. (One batch size, 1: more would be trimmed to the budget, the largest kept.)"""
+    outcome = simulate_run(compose_run("strategy=ge_sink", "strategy.shape_buckets=true", "strategy.kv_block=12", "strategy.graph.buckets=[1]",
+                                       "workload.steps=32", f"hardware.graph.max_graphs={streams}"))
+    first = {0: "build", 8: "build" if graphs >= 2 else "eager", 20: "build" if graphs >= 3 else "eager"}
+    rest = {0: "replay", 8: "replay" if graphs >= 2 else "eager", 20: "replay" if graphs >= 3 else "eager"}
+    expected = [first[s] if s in first else rest[max(k for k in first if k <= s)] for s in range(32)]
+    steps = outcome.steps
+    assert steps["mode"].tolist() == expected
+    assert outcome.summary["graph_captures"] == graphs
+    assert steps["padded_kv_len"].tolist() == [1032.0] * 8 + [1044.0] * 12 + [1056.0] * 12
+    # Builds inside the measured window are left out of it (reported as capture_ms), the rest tiles it.
+    built = steps["mode"] == "build"
+    assert outcome.summary["window_ms"] == pytest.approx(steps["latency_ms"][~built & (steps["step"] > 0)].sum())
+    assert outcome.summary["capture_ms"] == pytest.approx(steps["latency_ms"][built].sum())
+    assert outcome.workload.memory.graphs_gb == pytest.approx(graphs * 26 * MIB / 1e9)
+
+
+@pytest.mark.parametrize(
+    "max_batch, sizes, modes",
+    # A batch replays a start-up graph when the size it pads to was captured: 3 pads to 4, 5 to 8.
+    [(3, [1, 2], [R, R, E, E]), (4, [1, 2, 4], [R, R, R, R]), (5, [1, 2, 4], [R, R, R, E])],
+)
+def test_a_serving_engine_captures_every_size_up_to_its_largest_batch(max_batch, sizes, modes):
+    run = compose_run("workload=llama31_8b_decode", "strategy=acl_graph", "strategy.graph.buckets=[1,2,4,8]",
+                      "workload.serving.enabled=true", f"workload.serving.max_batch={max_batch}", "workload.steps=4")
+    workload, plan = prepare(run, np.array([1, 2, 3, max_batch]), None)
+    assert plan.info["graph_captures"] == len(sizes)
+    assert plan.info["capture_ms"] == pytest.approx(len(sizes) * run.hardware.graph.capture_ms)
+    assert plan.mode.tolist() == modes
+    assert workload.memory.graphs_gb == pytest.approx(len(sizes) * run.hardware.graph.graph_mem_mib * MIB / 1e9)
+
+
+def test_start_up_captures_stop_at_the_stream_budget():
+    """Llama-3.1-8B: 33 streams a graph; 99 streams hold 3 of the 4 sizes up to max_batch 8."""
+    run = compose_run("workload=llama31_8b_decode", "strategy=acl_graph", "strategy.graph.buckets=[1,2,4,8]",
+                      "workload.serving.enabled=true", "workload.serving.max_batch=8", "workload.steps=2", "hardware.graph.max_graphs=99")
+    _, plan = prepare(run, np.array([1, 8]), None)
+    assert plan.info["graph_buckets"] == 3  # 1, 4, 8 after trimming to 3
+    assert plan.info["graph_captures"] == 3 and plan.mode.tolist() == [R, R]
+
+
+# ---------------------------------------------------------------- HBM at exactly its capacity
+
+
+def test_memory_fits_at_exactly_the_capacity_and_not_above():
+    workload = build_workload(compose_run("workload.steps=2").workload)
+    workload.memory = MemoryPlan(weights_gb=10.0, kv_cache_gb=50.0, workspace_gb=3.0, graphs_gb=1.0)
+    check_memory(workload, 64.0)
+    check_memory(workload, 64.001)
+    with pytest.raises(ConfigError) as refused:
+        check_memory(workload, 63.999)
+    assert str(refused.value) == (
+        "hardware.device.hbm_gb=63.999: llama2_7b_decode does not fit on one rank: weights 10.0 GB + KV cache 50.0 GB"
+        " + workspace 3.0 GB + graphs 1.0 GB = 64.0 GB (raise workload.tp/ep/dp, use workload.quant=w8a8, or shrink batch_size/context_len)"
+    )
+
+
+@pytest.mark.parametrize("strategy", ["eager", "acl_graph"])
+def test_a_run_fits_hbm_at_its_exact_footprint(strategy):
+    """The footprint checked is weights + KV cache + workspace + the captured graphs (26 MiB each)."""
+    base = ("workload=llama31_8b_decode", f"strategy={strategy}", "workload.steps=3")
+    run = compose_run(*base)
+    workload, _ = prepare(run, np.full(3, 1), None)
+    footprint = workload.memory.total_gb
+    graphs = 26 * MIB / 1e9 if strategy == "acl_graph" else 0.0
+    assert workload.memory.graphs_gb == pytest.approx(graphs)
+    simulate_run(compose_run(*base, f"hardware.device.hbm_gb={footprint!r}"))
+    with pytest.raises(ConfigError, match=r"^hardware\.device\.hbm_gb="):
+        simulate_run(compose_run(*base, f"hardware.device.hbm_gb={footprint - 1e-6!r}"))
+
+
+# ---------------------------------------------------------------- warm-up
+
+
+@pytest.mark.parametrize("warmup, measured", [(0, 4), (3, 1)])
+def test_warmup_leaves_at_least_one_measured_step(warmup, measured):
+    outcome = simulate_run(compose_run("workload.steps=4", f"workload.warmup_steps={warmup}"))
+    assert outcome.summary["steps_measured"] == measured
+    assert outcome.steps["measured"].tolist() == [False] * warmup + [True] * measured
+    with pytest.raises(ConfigError, match="workload.warmup_steps=4: must be < workload.steps=4"):
+        compose_run("workload.steps=4", "workload.warmup_steps=4")
