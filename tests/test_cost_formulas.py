@@ -1,0 +1,262 @@
+"""The cost formulas users rely on, each against numbers worked out by hand (not directions).
+
+Collectives at two sizes and parallel degrees, in one node and across nodes; the block-split rule at its
+edges; host copies; request latencies (TTFT, TPOT, ITL, end to end) of a stream where one request
+queues; the KV cache that alone overflows HBM; host dispatch strategies on a host-bound step.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from conftest import compose_run
+from harness.config import DeviceConfig, LinkConfig, OpSpec
+from harness.device import KIND_COMM, KIND_CUBE, block_dim, collective_us, copy_time_us, core_peak_flop_per_us, device_times
+from harness.errors import ConfigError
+from harness.ops import COMM_ALL_GATHER, COMM_ALL_REDUCE, COMM_ALL_TO_ALL, COMM_NONE, check_memory
+from harness.run import simulate_run
+from harness.serving import Requests, ServingPlan, plan_serving, serving_summary
+from harness.workload import build_workload
+from test_semantics import TOKEN_BACK_US, three_op_run
+
+# The default link: 196 GB/s and 0.5 µs a hop inside a node of 8 devices, 25 GB/s and 1.5 µs between nodes.
+LINK = LinkConfig()
+MB_196 = 1.96e6  # bytes per rank: 10 µs over the scale-up link, 78.4 µs between nodes
+
+
+@pytest.mark.parametrize(
+    "comm, ranks, nbytes, expected_us",
+    [
+        # Ring all-reduce: 2(p-1) hops of S/p.
+        (COMM_ALL_REDUCE, 4, MB_196, 2 * 3 * (0.5 + 2.5)),  # 18
+        (COMM_ALL_REDUCE, 8, MB_196, 2 * 7 * (0.5 + 1.25)),  # 24.5
+        (COMM_ALL_REDUCE, 4, 10 * MB_196, 2 * 3 * (0.5 + 25.0)),  # 153
+        (COMM_ALL_REDUCE, 16, MB_196, 2 * 15 * (1.5 + MB_196 / 16 / 25_000)),  # across nodes: 192
+        # All-gather: (p-1) hops of S.
+        (COMM_ALL_GATHER, 4, MB_196, 3 * (0.5 + 10.0)),  # 31.5
+        (COMM_ALL_GATHER, 8, MB_196, 7 * (0.5 + 10.0)),  # 73.5
+        (COMM_ALL_GATHER, 4, 10 * MB_196, 3 * (0.5 + 100.0)),  # 301.5
+        # All-to-all: one round sending S(p-1)/p over the mesh.
+        (COMM_ALL_TO_ALL, 4, MB_196, 0.5 + 10.0 * 3 / 4),  # 8
+        (COMM_ALL_TO_ALL, 8, MB_196, 0.5 + 10.0 * 7 / 8),  # 9.25
+        (COMM_ALL_TO_ALL, 4, 10 * MB_196, 0.5 + 100.0 * 3 / 4),  # 75.5
+        (COMM_ALL_TO_ALL, 16, MB_196, 1.5 + MB_196 * 15 / 16 / 25_000),  # across nodes: 75
+        # Not a collective, or one rank alone: nothing to move.
+        (COMM_NONE, 8, MB_196, 0.0),
+        (COMM_ALL_REDUCE, 1, MB_196, 0.0),
+        (COMM_ALL_GATHER, 1, MB_196, 0.0),
+    ],
+)
+def test_collective_transfer_times(comm, ranks, nbytes, expected_us):
+    got = collective_us(np.array([comm]), np.array([ranks]), np.array([[nbytes]]), LINK)
+    assert got.tolist() == [[pytest.approx(expected_us, rel=1e-12)]]
+
+
+def test_a_group_of_one_node_stays_on_the_scale_up_link():
+    """8 ranks on nodes of 8 stay inside; on nodes of 4 they cross: the inter-node numbers apply."""
+    inside = collective_us(np.array([COMM_ALL_REDUCE]), np.array([8]), np.array([MB_196]), LINK)
+    across = collective_us(np.array([COMM_ALL_REDUCE]), np.array([8]), np.array([MB_196]), dataclasses.replace(LINK, devices_per_node=4))
+    assert inside.tolist() == [pytest.approx(24.5)]
+    assert across.tolist() == [pytest.approx(2 * 7 * (1.5 + MB_196 / 8 / 25_000))]  # 150.2
+
+
+def test_tensor_parallel_all_reduce_of_a_card():
+    """Llama-2-7B prefill at TP 8 on the Atlas A2: after attention and after the MLP each rank all-reduces
+    its 1024 tokens × 4096 hidden × 2 bytes = 8,388,608 bytes over HCCS: 10 µs fixed + 14 hops of
+    (0.5 µs + 1,048,576 B / 196,000 B/µs) = 91.898 µs."""
+    run = compose_run("workload=llama2_7b_prefill", "workload.tp=8", "workload.context_len=1024", "workload.steps=1")
+    workload = build_workload(run.workload)
+    durations, cores = device_times(workload, run.hardware)
+    reduces = [j for j, name in enumerate(workload.op_names) if name.endswith("tp_all_reduce")]
+    assert len(reduces) == 64 and workload.bytes[0, reduces[0]] == 1024 * 4096 * 2
+    assert durations[0, reduces].tolist() == [pytest.approx(10 + 14 * (0.5 + 1_048_576 / 196_000))] * 64
+    assert cores[0, reduces].tolist() == [0] * 64  # collectives hold no AI core
+
+
+# ---------------------------------------------------------------- the block-split rule (seed 002)
+
+# 24 cores rated at 24 TFLOPS: 1e6 FLOP/µs a core, 1e7 FLOP of capacity in the 10 µs quantum.
+DEVICE = DeviceConfig(ai_cores=24, rated_cores=24, cube_tflops=24.0, vector_tflops=24.0, block_quantum_us=10.0)
+
+
+@pytest.mark.parametrize(
+    "flops, cores",
+    [
+        (0.999e6, 1),  # below 10 % of one core's capacity: one block
+        (1e6, 4),  # exactly 10 %: not below, four blocks
+        (5e6, 4),  # exactly 50 %: not above, four blocks
+        (5.01e6, 2),  # above 50 %: FLOPs / 30 % of a core, rounded up = 2 (fewer than four: the rule as seed 002 gives it)
+        (3e7, 10),  # 10 × 30 %
+        (3.0001e7, 11),
+        (7.2e7, 24),  # every core
+        (1e9, 24),  # never more than the device has
+    ],
+)
+def test_block_dim_at_the_rules_edges(flops, cores):
+    assert block_dim(np.array([flops]), np.array([KIND_CUBE]), DEVICE).tolist() == [cores]
+
+
+def test_block_dim_on_a_small_device_holds_at_most_its_cores():
+    small = dataclasses.replace(DEVICE, ai_cores=2, rated_cores=2, cube_tflops=2.0)  # the same 1e6 FLOP/µs a core
+    assert block_dim(np.array([1e6, 5e6, 1e9]), np.array([KIND_CUBE] * 3), small).tolist() == [2, 2, 2]
+
+
+def test_device_time_is_the_roofline_of_the_cores_it_holds():
+    """A matmul of 3e7 FLOP holds 10 cores (above): 3e7 / (10 × 1e6 FLOP/µs) = 3 µs of compute; 1.6 MB at
+    1.6 TB/s is 1 µs: compute-bound, plus the 5 µs fixed cost. 16 MB (10 µs) makes it memory-bound."""
+    run = compose_run("workload.card=null", "workload.ops=[{name:mm,kind:cube,flops:3e7,bytes:1.6e6},{name:big,kind:cube,flops:3e7,bytes:1.6e7}]")
+    hardware = dataclasses.replace(run.hardware, device=dataclasses.replace(
+        DEVICE, hbm_gbps=1600.0, matmul_fixed_us=5.0, matmul_efficiency=1.0, hbm_efficiency=1.0))
+    durations, cores = device_times(build_workload(run.workload), hardware)
+    assert durations[0].tolist() == pytest.approx([5 + 3.0, 5 + 10.0])
+    assert cores[0].tolist() == [10, 10]
+
+
+def test_block_dim_takes_the_bf16_peak_unless_told_the_op_is_int8():
+    """With an INT8 peak twice the BF16 one, a core's capacity doubles for INT8 ops only: 1e6 FLOP is 10 %
+    of a BF16 core's 1e7 (four blocks) but 5 % of an INT8 core's 2e7 (one block)."""
+    device = dataclasses.replace(DEVICE, cube_int8_tflops=48.0)
+    cube = np.array([KIND_CUBE])
+    assert block_dim(np.array([1e6]), cube, device).tolist() == [4]
+    assert block_dim(np.array([1e6]), cube, device, int8=np.array([True])).tolist() == [1]
+    assert core_peak_flop_per_us(cube, device).tolist() == [1e6]
+    assert core_peak_flop_per_us(cube, device, np.array([True])).tolist() == [2e6]
+
+
+def test_a_vector_op_runs_at_the_full_vector_peak():
+    """matmul_efficiency derates matmuls only: a compute-bound vector op of 3e7 FLOP on 10 cores of
+    1e6 FLOP/µs takes 3 µs (+ 2 µs fixed) at any matmul efficiency."""
+    run = compose_run("workload.card=null", "workload.ops=[{name:v,kind:vector,flops:3e7,bytes:0}]")
+    hardware = dataclasses.replace(run.hardware, device=dataclasses.replace(DEVICE, matmul_efficiency=0.5, vector_fixed_us=2.0))
+    durations, _ = device_times(build_workload(run.workload), hardware)
+    assert durations[0].tolist() == [pytest.approx(2 + 3.0)]
+
+
+def test_a_host_copy_costs_its_latency_plus_bytes_over_pcie():
+    link = LinkConfig(pcie_gbps=32.0, pcie_latency_us=2.0)
+    assert copy_time_us(1e6, link) == pytest.approx(2 + 1e6 / 32_000)  # 33.25 µs
+    assert copy_time_us(0, link) == 2.0
+
+
+def test_copy_ops_on_a_stream_cost_one_pcie_transfer_and_hold_no_core():
+    """An imported profile's memcpy without a measured time: 2 µs + 1 MB at 32 GB/s on the A2; host
+    work and syncs have no device time at all."""
+    ops = "[{name:cp,kind:copy,bytes:1e6},{name:py,kind:host,host_us:7},{name:wait,kind:sync},{name:mm,kind:cube,flops:1e9,device_us:4}]"
+    run = compose_run("workload.card=null", f"workload.ops={ops}")
+    durations, cores = device_times(build_workload(run.workload), run.hardware)
+    assert durations[0].tolist() == [pytest.approx(2 + 1e6 / 32_000), 0.0, 0.0, 4.0]
+    assert cores[0, :3].tolist() == [0, 0, 0] and cores[0, 3] > 0  # a given time keeps the block-split rule's cores
+
+
+def test_comm_ops_of_an_op_list_cost_their_fixed_time():
+    """An explicit comm op names no collective: only the fixed kernel cost, and no AI core."""
+    run = compose_run("workload.card=null", "workload.ops=[{name:ar,kind:comm,bytes:1e9}]")
+    durations, cores = device_times(build_workload(run.workload), run.hardware)
+    assert durations[0].tolist() == [run.hardware.device.comm_fixed_us] and cores[0].tolist() == [0]
+    assert build_workload(run.workload).kind.tolist() == [KIND_COMM]
+
+
+# ---------------------------------------------------------------- request latencies
+
+
+def test_request_latencies_of_a_hand_made_plan():
+    """Two requests: r0 arrives at 0, is admitted at once, produces 3 tokens at 10, 20 (gap 10) and 30 ms;
+    r1 arrives at 5, waits until 30, produces 2 tokens at 40 and 60 ms. Every figure by hand (ms);
+    percentiles interpolate linearly between the two requests (p99 = low + 0.99 × (high - low))."""
+    plan = ServingPlan(
+        batch=np.array([1, 1, 1, 1, 1, 1]), kv_len=np.zeros(6), release_us=np.zeros(6), step_us=np.full(6, 10_000.0),
+        requests=Requests(arrival_us=np.array([0.0, 5_000.0]), prompt_len=np.array([100, 100]), output_len=np.array([3, 2])),
+        admitted_us=np.array([0.0, 30_000.0]), finished_us=np.array([30_000.0, 60_000.0]),
+        first_token_us=np.array([10_000.0, 40_000.0]), itl_us=np.array([10_000.0, 10_000.0, 20_000.0]),
+    )
+    summary = serving_summary(plan)
+    expected = {
+        "requests_completed": 2, "batch_mean": 1.0, "batch_max": 1,
+        # arrival to last token: 30 and 55
+        "request_latency_ms_p50": 42.5, "request_latency_ms_p99": 30 + 0.99 * 25, "mean_e2el_ms": 42.5, "median_e2el_ms": 42.5,
+        "p99_e2el_ms": 30 + 0.99 * 25,
+        "queue_ms_mean": (0 + 25) / 2,
+        # the harness's TPOT: admission to last token over the tokens, 30 / 3 and 30 / 2
+        "tpot_ms_mean": (10 + 15) / 2,
+        # vLLM's: arrival to first token 10 and 35; first to last token over the tokens after the first, 20 / 2 and 20 / 1
+        "mean_ttft_ms": 22.5, "median_ttft_ms": 22.5, "p99_ttft_ms": 10 + 0.99 * 25,
+        "mean_tpot_ms": 15.0, "median_tpot_ms": 15.0, "p99_tpot_ms": 10 + 0.99 * 10,
+        # every gap between two tokens: 10, 10, 20
+        "mean_itl_ms": 40 / 3, "median_itl_ms": 10.0, "p99_itl_ms": 10 + 0.98 * 10,
+    }
+    assert {k: v for k, v in summary.items() if not k.endswith("note")} == pytest.approx(expected)
+    assert "2 completed request(s), fewer than 20" in summary["serving_note"]
+
+
+QUEUED = (
+    "workload.serving.enabled=true", "workload.steps=6", "workload.serving.initial_requests=2", "workload.serving.arrival_rate_rps=1e-6",
+    "workload.serving.max_batch=1", "workload.serving.len_cv=0", "workload.serving.output_len_mean=3",
+    "workload.serving.prompt_len_mean=512", "+workload.card_overrides.num_hidden_layers=1", "tracking.enabled=false",
+)
+
+
+def test_two_requests_where_one_queues():
+    """Two requests wait at t = 0 for a server that runs one sequence at a time; each wants 3 tokens. With
+    host-bound steps of a fixed length S (a one-layer Llama-2: the KV length does not show), r0 runs
+    steps 0-2 and r1 steps 3-5: r0's tokens at S, 2S, 3S; r1 is admitted at 3S, its tokens at 4S, 5S, 6S.
+    TTFT 1 S and 4 S (mean 2.5 S), TPOT S for both, every inter-token gap S, latency 3 S and 6 S."""
+    run = compose_run(*QUEUED)
+    plan = plan_serving(run)
+    s_us = plan.step_us[0]
+    assert plan.step_us.tolist() == pytest.approx([s_us] * 6, rel=1e-12)
+    assert plan.batch.tolist() == [1] * 6
+    assert plan.admitted_us[:2].tolist() == pytest.approx([0, 3 * s_us])
+    assert plan.first_token_us[:2].tolist() == pytest.approx([s_us, 4 * s_us])
+    assert plan.finished_us[:2].tolist() == pytest.approx([3 * s_us, 6 * s_us])
+    assert np.isnan(plan.admitted_us[2:]).all()  # at 1e-6 requests/s the next one comes long after the run
+    # The KV length: the prompt, the tokens generated so far, and the one being generated.
+    assert plan.kv_len.tolist() == [513, 514, 515, 513, 514, 515]
+    S = s_us / 1e3
+    summary = simulate_run(run).summary
+    assert summary["step_ms_mean"] == pytest.approx(S)
+    assert summary["mean_ttft_ms"] == pytest.approx(2.5 * S) and summary["p99_ttft_ms"] == pytest.approx(S + 0.99 * 3 * S)
+    assert summary["mean_tpot_ms"] == pytest.approx(S) and summary["tpot_ms_mean"] == pytest.approx(S)
+    assert summary["mean_itl_ms"] == pytest.approx(S) and summary["p99_itl_ms"] == pytest.approx(S)
+    assert summary["mean_e2el_ms"] == pytest.approx(4.5 * S) and summary["queue_ms_mean"] == pytest.approx(1.5 * S)
+    assert summary["requests_completed"] == 2 and summary["batch_max"] == 1
+
+
+# ---------------------------------------------------------------- memory
+
+
+def test_a_kv_cache_that_alone_overflows_hbm_is_refused_with_its_size():
+    """Llama-3.1-8B, 64 sequences of 32k tokens: 128 KiB a token (32 layers × 8 KV heads × 128 × K and V
+    × 2 bytes) × 64 × (32768 + 32) tokens at the last of 32 steps = 275.1 GB; the weights (16 GB) fit."""
+    base = ("workload=llama31_8b_decode", "workload.steps=32", "workload.batch_size=64", "workload.context_len=32768")
+    run = compose_run(*base)
+    workload = build_workload(run.workload)
+    assert workload.memory.kv_cache_gb == pytest.approx(131_072 * 64 * 32_800 / 1e9, rel=1e-12)
+    assert workload.memory.weights_gb < 64 < workload.memory.kv_cache_gb
+    with pytest.raises(ConfigError, match=r"KV cache 275\.1 GB") as refused:
+        check_memory(workload, run.hardware.device.hbm_gb)
+    assert str(refused.value).startswith("hardware.device.hbm_gb=64: llama31_8b_decode does not fit on one rank: weights 16.1 GB")
+    with pytest.raises(ConfigError, match=r"KV cache 275\.1 GB"):
+        simulate_run(compose_run(*base))
+
+
+# ---------------------------------------------------------------- host dispatch on a host-bound step
+
+
+@pytest.mark.parametrize(
+    "dispatch, last_kernel_end_us",
+    [
+        # One thread, 8 µs an op (Tiling 3): op k launches at 8 + 8k; the 4th kernel ends at 32.1.
+        ("eager", 32.1),
+        # Main thread 5 µs an op (framework, InferShape, Tiling 3), launch thread 3: the main thread paces
+        # it, op k launches at 8 + 5k.
+        ("async", 23.1),
+        # Threads of 2, 3 and 3 µs an op: Tiling paces the pipeline, op k launches at 8 + 3k.
+        ("pipeline", 17.1),
+    ],
+)
+def test_dispatch_strategies_on_a_tiling_bound_step(dispatch, last_kernel_end_us):
+    ops = [OpSpec(name=f"op{i}", device_us=0.1) for i in range(4)]
+    outcome = simulate_run(three_op_run(dispatch, ops=ops, tiling_us=3.0))
+    assert outcome.summary["step_ms_mean"] * 1e3 == pytest.approx(last_kernel_end_us + TOKEN_BACK_US + 2, abs=1e-9)
