@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import itertools
+import re
 from pathlib import Path
 
 import pytest
@@ -251,3 +252,36 @@ def test_the_typed_fast_path_builds_the_same_run_as_merging_into_the_schema(grou
         assert fast == general, option
     fast, general = both(["workload.steps=4", "workload.warmup_steps=9"])
     assert fast == general == "workload.warmup_steps=9: must be < workload.steps=4"
+
+
+# Ranges written down here, not read from harness.config.LIMITS: a wrong limit there (a fraction allowed
+# above 1, a capacity allowed at 0) would otherwise pass the tests that derive their cases from it.
+PHYSICAL_EDGES = [
+    # (key, the last value that makes sense, the first that does not)
+    ("workload.batch_size", 1, 0),
+    ("workload.batch_size", 1048576, 1048577),
+    ("workload.warmup_steps", 0, -1),
+    ("workload.ep", 0, -1),  # 0: every device
+    ("hardware.host.threads", 1, 0),
+    ("hardware.host.framework_us", 0, -0.001),
+    ("hardware.host.jitter_cv", 0, -0.01),
+    ("hardware.host.stream_pool_speedup", 0.999, 1.0),  # a pool cannot make alloc and free free
+    ("hardware.device.ai_cores", 1, 0),
+    ("hardware.device.matmul_efficiency", 1.0, 1.001),
+    ("hardware.device.hbm_efficiency", 1.0, 1.001),
+    ("hardware.device.hbm_efficiency", 0.001, 0),
+    ("hardware.link.devices_per_node", 1, 0),
+    ("hardware.graph.max_graphs", 1, 0),
+    ("strategy.queue_capacity", 1, 0),
+    ("strategy.tiling_cache_entries", 1, 0),
+    ("strategy.fusion_max_ops", 1, 0),
+    ("strategy.kv_block", 1, 0),
+    ("strategy.graph.buckets", "[1]", "[0]"),
+]
+
+
+@pytest.mark.parametrize("key, fine, refused", PHYSICAL_EDGES, ids=[f"{k}={r}" for k, _, r in PHYSICAL_EDGES])
+def test_physical_edges_of_the_ranges(key, fine, refused):
+    compose_run(f"{key}={fine}")
+    with pytest.raises(ConfigError, match=rf"^{re.escape(key)}(\[0\])?=\S+: must "):
+        compose_run(f"{key}={refused}")

@@ -96,8 +96,10 @@ def test_batch_above_the_largest_bucket_runs_eagerly_and_buckets_trim_to_the_gra
     assert set(simulate_run(run).steps["mode"]) == {"eager"}
     assert trim_buckets([1, 2, 4, 8, 16, 24, 32], 3) == [1, 8, 32]  # evenly over the list, ends kept
     budget = compose_run("workload=llama31_8b_decode", "strategy=acl_graph", "hardware.graph.max_graphs=99", "workload.steps=2")
-    _, plan = prepare(budget, np.full(2, 1), None)
+    workload, plan = prepare(budget, np.full(2, 1), None)
     assert plan.info["graph_buckets"] == 3  # 99 streams / (32 layers + 1) per graph
+    # vLLM's 51 sizes trimmed to positions 0, 25, 50: 1, 184, 512; a batch of 1 keeps its own graph.
+    assert trim_buckets(list(budget.strategy.graph.buckets), 3) == [1, 184, 512] and workload.batch.tolist() == [1, 1]
 
 
 def test_a_serving_run_captures_its_buckets_at_start_up_and_only_replays():

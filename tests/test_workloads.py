@@ -55,8 +55,13 @@ def test_memory_check_fails_with_the_sizes_and_passes_on_presets():
 
     with pytest.raises(ConfigError) as err:
         check_memory(wl, run.hardware.device.hbm_gb)
-    message = str(err.value)
-    assert message.startswith("hardware.device.hbm_gb=8:") and "weights 46.7 GB" in message and "KV cache" in message
+    # MLA caches a latent of (512 + 64) × 2 bytes a token in each of 61 layers: 70,272 bytes a token; the
+    # preset's 8 sequences hold 2048 + 32 tokens at the last step: 1.17 GB.
+    assert wl.memory.kv_cache_gb == pytest.approx(70_272 * 8 * 2_080 / 1e9, rel=1e-12)
+    assert str(err.value).startswith(
+        "hardware.device.hbm_gb=8: deepseek_v3 does not fit on one rank: weights 46.7 GB + KV cache 1.2 GB + workspace 0.0 GB"
+        " + graphs 0.0 GB = 48.0 GB"
+    )
     # bf16 DeepSeek-V3 on the same 16 ranks needs ~88 GB of weights per rank: does not fit 64 GB either.
     run, wl = workload("workload=deepseek_v3", "workload.quant=bf16")
     with pytest.raises(ConfigError):
