@@ -1,8 +1,8 @@
 """`python -m harness.report` — compare runs: speed-up of each strategy over eager, per workload.
 
 Reads runs from sweep or run directories (their summary.json files) or from an MLflow tracking store,
-into a pandas DataFrame, and writes `comparison.csv`, `comparison.md` and plots (`speedup.png`,
-`bubble.png`) to `--out`, printing the Markdown table:
+into a pandas DataFrame, and writes `runs.csv` (every run with every number it has), `comparison.csv`,
+`comparison.md` and plots (`speedup.png`, `bubble.png`) to `--out`, printing the Markdown table:
 
     python -m harness.report outputs/sweeps/2026-11-30/10-00-00
     python -m harness.report --tracking-uri sqlite:///outputs/mlflow.db [--experiment hostbound] [--parent RUN_ID]
@@ -20,6 +20,7 @@ from omegaconf import OmegaConf
 
 from harness.files import atomic_write, write_text
 from harness.outputs import run_notes
+from harness.result import WHAT_RAN_PARAMS
 
 KEYS = ["hardware", "workload", "strategy"]
 SHOWN = ["throughput_tok_s", "speedup_vs_eager", "step_ms_mean", "bubble_ratio", "bound"]
@@ -31,7 +32,7 @@ def load_run_dirs(paths: list[Path]) -> pd.DataFrame:
     for root in paths:
         for summary in sorted(Path(root).rglob("summary.json")):
             row = json.loads(summary.read_text())
-            row["run_dir"] = str(summary.parent)
+            row["run_dir"] = str(summary.parent.absolute())
             overrides = summary.parent / ".hydra" / "overrides.yaml"  # Hydra's record of the job's overrides
             if overrides.is_file():
                 row["overrides"] = " ".join(OmegaConf.load(overrides))
@@ -55,13 +56,31 @@ def load_mlflow(uri: str, experiment: str = "hostbound", parent: str | None = No
     if runs.empty:
         return runs
     runs = runs[runs.get("tags.kind", pd.Series(index=runs.index, dtype=object)).ne("sweep")]
-    out = pd.DataFrame({k: runs.get(f"tags.{k}") for k in KEYS + ["bound", "overrides", "notes"]})
+    out = pd.DataFrame({k: runs.get(f"tags.{k}") for k in KEYS + ["bound", "overrides", "notes", "run_dir"]})
     out["notes"] = out["notes"].fillna("")
+    # What ran (batch, steps, seed, ...) is in the params, as text: the same columns a run folder's table has.
+    for key, param in WHAT_RAN_PARAMS.items():
+        if f"params.{param}" in runs.columns:
+            out[key] = runs[f"params.{param}"].map(_param_value)
     for column in runs.columns:
         if column.startswith("metrics."):
             out[column.removeprefix("metrics.")] = runs[column]
     out["run_id"] = runs["run_id"]
     return out.reset_index(drop=True)
+
+
+def _param_value(text: object) -> object:
+    """An MLflow param (text) back as the number or boolean the config held."""
+    if not isinstance(text, str):
+        return text
+    if text in ("True", "False"):
+        return text == "True"
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
 
 
 def comparison(runs: pd.DataFrame) -> pd.DataFrame:
@@ -177,6 +196,7 @@ def main(argv: list[str] | None = None) -> None:
     table = comparison(runs)
     out = args.out or (args.dirs[0] if args.dirs else Path("outputs") / "report")
     out.mkdir(parents=True, exist_ok=True)
+    atomic_write(out / "runs.csv", lambda tmp: runs.to_csv(tmp, index=False))
     atomic_write(out / "comparison.csv", lambda tmp: table.to_csv(tmp, index=False))
     markdown = to_markdown(table)
     write_text(out / "comparison.md", markdown + "\n")
@@ -184,7 +204,7 @@ def main(argv: list[str] | None = None) -> None:
     print(markdown)
     for key in missing_eager(table):
         print(f"hostbound report: note: no eager run for {key}: no speed-up to show", file=sys.stderr)
-    print(f"\nwrote {out / 'comparison.csv'}, {out / 'comparison.md'}" + "".join(f", {p}" for p in plots), file=sys.stderr)
+    print(f"\nwrote {out / 'runs.csv'}, {out / 'comparison.csv'}, {out / 'comparison.md'}" + "".join(f", {p}" for p in plots), file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -27,6 +27,12 @@ WHAT_RAN_KEYS = (
     "batch_size", "context_len", "phase", "quant", "kernels", "tp", "dp", "ep", "steps", "warmup_steps", "serving", "seed", "overrides",
     "config_hash",
 )
+# The param (flattened config key) each of them is in MLflow; `overrides` is a tag there, `config_hash` not kept.
+WHAT_RAN_PARAMS = {
+    **{key: f"workload.{key}" for key in ("batch_size", "context_len", "phase", "quant", "kernels", "tp", "dp", "ep", "steps", "warmup_steps")},
+    "serving": "workload.serving.enabled",
+    "seed": "seed",
+}
 
 
 def without_wall_clock(summary: dict) -> dict:

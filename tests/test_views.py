@@ -1,0 +1,94 @@
+"""Every number of a run reaches every view unchanged: summary.json, MLflow, the sweep's results.csv and
+the report's table of runs (read from the folders and from the store). Driven by each summary's own keys:
+a number added later is checked without this test changing, and one that a view drops (MLflow keeping
+only floats, a table column lost) fails it."""
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+
+import pandas as pd
+import pytest
+
+from conftest import compose_run, run_cli
+from harness.config import flatten
+from harness.result import WHAT_RAN_KEYS, WHAT_RAN_PARAMS
+
+# Eager and graph replay, alone and serving a request stream: graph captures, padding, request counts.
+SWEEP = ["-m", "workload=llama31_8b_decode", "strategy=eager,acl_graph", "workload.serving.enabled=false,true", "workload.steps=6",
+         "workload.serving.initial_requests=4", "workload.serving.output_len_mean=3", "output.print_summary=false"]
+# Keys the sweep must hold among its numbers, so that a view dropping integers or a strategy's keys shows.
+MUST_HOLD = {"throughput_tok_s", "tasks_simulated", "ops_per_step", "graph_captures", "padding_waste", "requests_completed", "batch_max",
+             "mean_ttft_ms", "peak_mem_gb", "breakdown_launch", "batch_size", "steps", "seed"}
+
+
+@pytest.fixture(scope="module")
+def views(tmp_path_factory):
+    cwd = tmp_path_factory.mktemp("views")
+    proc = run_cli(*SWEEP, "hydra.sweep.dir=sweep", cwd=cwd, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    store = f"sqlite:///{cwd / 'outputs' / 'mlflow.db'}"
+    parent = (cwd / "sweep" / "mlflow_parent_run_id").read_text().strip()
+    for source, out in ((["sweep"], "report_dirs"), (["--tracking-uri", store, "--parent", parent], "report_store")):
+        report = subprocess.run([sys.executable, "-m", "harness.report", *source, "--out", out], cwd=cwd, capture_output=True, text=True)
+        assert report.returncode == 0, report.stderr
+    return cwd, store
+
+
+def numbers(summary: dict) -> dict:
+    return {k: v for k, v in summary.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+
+
+def row_of(table: pd.DataFrame, run_dir: str) -> dict:
+    rows = table[table["run_dir"] == run_dir]
+    assert len(rows) == 1, f"{run_dir}: {len(rows)} rows"
+    return rows.iloc[0].to_dict()
+
+
+def test_every_number_of_every_run_is_the_same_in_every_view(views):
+    import mlflow
+
+    cwd, store = views
+    client = mlflow.MlflowClient(tracking_uri=store)
+    results = pd.read_csv(cwd / "sweep" / "results.csv")
+    report_dirs = pd.read_csv(cwd / "report_dirs" / "runs.csv")
+    report_store = pd.read_csv(cwd / "report_store" / "runs.csv")
+    summaries = sorted((cwd / "sweep").glob("*/summary.json"))
+    assert len(summaries) == 4 and len(results) == len(report_dirs) == len(report_store) == 4
+    seen: set[str] = set()
+    for path in summaries:
+        summary = numbers(json.loads(path.read_text()))
+        seen |= summary.keys()
+        assert all(math.isfinite(v) for v in summary.values())
+        run_dir = str(path.parent)
+        (mlflow_run,) = client.search_runs(
+            [client.get_experiment_by_name("hostbound").experiment_id], filter_string=f"tags.run_dir = '{run_dir}'"
+        )
+        metrics, params = mlflow_run.data.metrics, mlflow_run.data.params
+        for key, value in summary.items():
+            where = f"{path.parent.name}: {key}"
+            if key in WHAT_RAN_KEYS:  # what ran is the config: a param, as the config wrote it
+                assert params[WHAT_RAN_PARAMS[key]] == str(value), where
+            else:
+                assert metrics[key] == value, where
+            for name, table in (("results.csv", results), ("report from folders", report_dirs), ("report from MLflow", report_store)):
+                assert row_of(table, run_dir)[key] == value, f"{where} in {name}"
+        # MLflow's metrics are the summary's numbers and nothing else (the step series aside).
+        assert set(metrics) - {"step_ms", "warmup_step_ms"} == summary.keys() - set(WHAT_RAN_KEYS), path.parent.name
+    assert MUST_HOLD <= seen
+
+
+def test_what_ran_is_the_configs_own_value():
+    """summary.json's what-ran keys are the config's values under the names MLflow keeps them by."""
+    from omegaconf import OmegaConf
+
+    from harness.run import identity
+
+    run = compose_run("workload=qwen3_30b_decode", "workload.batch_size=3", "seed=7", "workload.serving.enabled=true")
+    params = flatten(OmegaConf.to_container(OmegaConf.structured(run), resolve=True, enum_to_str=True))
+    what_ran = identity(run)
+    assert set(WHAT_RAN_PARAMS) == set(WHAT_RAN_KEYS) - {"overrides", "config_hash"}
+    for key, param in WHAT_RAN_PARAMS.items():
+        assert str(params[param]) == str(what_ran[key]), key
