@@ -43,6 +43,11 @@ MIB = 2**20
         # A key used again at once hits even a one-entry cache; a new key never hits.
         ([7, 7, 7, 8, 7], 1, [0, 1, 1, 0, 0]),
         ([7, 7, 7, 8, 7], 2, [0, 1, 1, 0, 1]),
+        # Key 0 returns after key 1 was used twice: one distinct key between, however often.
+        ([0, 1, 1, 0], 1, [0, 0, 1, 0]),
+        ([0, 1, 1, 0], 2, [0, 0, 1, 1]),
+        ([0, 1, 1, 1, 2, 2, 0], 2, [0, 0, 1, 1, 0, 1, 0]),
+        ([0, 1, 1, 1, 2, 2, 0], 3, [0, 0, 1, 1, 0, 1, 1]),
     ],
 )
 def test_lru_holds_exactly_its_capacity(keys, capacity, expected):

@@ -149,3 +149,60 @@ def test_many_lanes_all_pending_at_once():
     result = simulate(make_graph(*case))
     start, end, decider = simulate_reference(*case, [0.0] * len(lanes))
     assert result.start_us.tolist() == start and result.end_us.tolist() == end and result.decider.tolist() == decider
+
+
+# Hand-made cases for what random graphs rarely produce.
+
+
+def test_a_waiting_task_keeps_its_place_at_the_head_of_the_pool_queue():
+    """Task 0 is held by its release time until 1 and then needs both units of the pool, one of which
+    task 1 holds until 4: it waits at the head of the queue. Task 2 (ready at 2, needs 1 unit, which is
+    free) must not overtake it: it starts when task 0 ends (4 + 2 = 6). Task 3 (ready at 3, 2 units)
+    queues behind both."""
+    g = make_graph([0, 1, 2, 3], [0, 0, 0, 0], [2, 1, 1, 2], [2.0, 4.0, 1.0, 1.0], [[], [], [], []], [2], releases=[1.0, 0.0, 2.0, 3.0])
+    result = simulate(g)
+    assert result.start_us.tolist() == [4.0, 0.0, 6.0, 7.0]
+    assert result.decider.tolist() == [1, -1, 0, 2]
+    start, end, decider = simulate_reference([0, 1, 2, 3], [0, 0, 0, 0], [2, 1, 1, 2], [2.0, 4.0, 1.0, 1.0], [[], [], [], []], [2],
+                                             [1.0, 0.0, 2.0, 3.0])
+    assert result.start_us.tolist() == start and result.decider.tolist() == decider
+
+
+def test_the_path_of_each_step_covers_its_latency():
+    """Each step's critical path, followed from its last task back to its first, adds up to its latency:
+    the per-step breakdown rows sum to the step times (a chunk that starts at a later step included)."""
+    from conftest import compose_run
+    from harness.lowering import Lowering
+    from harness.metrics import step_bounds
+    from harness.policies import prepare
+
+    run = compose_run("workload=qwen3_30b_decode", "strategy=acl_graph", "workload.steps=5")
+    workload, plan = prepare(run, np.full(5, run.workload.batch_size), None)
+    lowering = Lowering(workload, run.hardware, run.strategy, run.seed, plan, run.engine)
+    for steps in (np.arange(5), np.arange(2, 5)):
+        result = simulate(lowering.graph(steps))
+        on_path, all_tasks = result.step_category_us(16)
+        start, end = step_bounds(result)
+        assert on_path.shape[0] == steps.size
+        assert on_path.sum(axis=1) == pytest.approx(end - start, rel=1e-12)
+        durations = result.end_us - result.start_us
+        assert all_tasks.sum(axis=1) == pytest.approx([durations[result.graph.tasks["step"] == s].sum() for s in steps], rel=1e-12)
+
+
+def test_an_empty_graph_and_a_negative_dependency_are_refused():
+    empty = make_graph([0], [-1], [0], [1.0], [[]], [1])
+    empty.tasks, empty.dep_ptr = empty.tasks[:0], np.zeros(1, dtype=np.int64)
+    with pytest.raises(HarnessError, match="empty"):
+        simulate(empty)
+    g = make_graph([0, 0], [-1, -1], [0, 0], [1.0, 1.0], [[], []], [1])
+    g.dep_ptr = np.array([0, 0, 1])
+    g.dep_idx = np.array([-1])
+    with pytest.raises(HarnessError, match="lower task id"):
+        simulate(g)
+
+
+def test_a_pool_index_equal_to_the_number_of_pools_is_refused():
+    g = make_graph([0, 0], [-1, 0], [0, 1], [1.0, 1.0], [[], []], [2])
+    g.tasks["pool"][1] = 1  # pools are 0 .. 0
+    with pytest.raises(HarnessError, match="pool out of range"):
+        simulate(g)
