@@ -219,7 +219,7 @@ def from_op_arrays(
         stream=stream,
         flags=flags,
         after=after,
-        comm=np.zeros(n, dtype=np.int8),
+        comm=np.full(n, COMM_NONE, dtype=np.int8),
         comm_ranks=np.ones(n, dtype=np.int32),
         flops=np.ascontiguousarray(per_step["flops"], dtype=np.float64),
         bytes=np.ascontiguousarray(per_step["bytes"], dtype=np.float64),

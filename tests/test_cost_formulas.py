@@ -190,6 +190,35 @@ def test_request_latencies_of_a_hand_made_plan():
     assert "2 completed request(s), fewer than 20" in summary["serving_note"]
 
 
+def finished_plan(requests: int, output_len: int = 2) -> ServingPlan:
+    """`requests` requests arriving at 0, each admitted at once and done after `output_len` 10 ms steps."""
+    n = requests
+    return ServingPlan(
+        batch=np.full(output_len, n), kv_len=np.zeros(output_len), release_us=np.zeros(output_len), step_us=np.full(output_len, 1e4),
+        requests=Requests(arrival_us=np.zeros(n), prompt_len=np.full(n, 10), output_len=np.full(n, output_len)),
+        admitted_us=np.zeros(n), finished_us=np.full(n, output_len * 1e4), first_token_us=np.full(n, 1e4),
+        itl_us=np.full(n * (output_len - 1), 1e4),
+    )
+
+
+@pytest.mark.parametrize("completed, thin", [(19, True), (20, False), (21, False)])
+def test_latency_figures_are_flagged_below_20_completed_requests(completed, thin):
+    assert ("serving_note" in serving_summary(finished_plan(completed))) == thin
+
+
+def test_a_one_token_request_has_no_time_per_output_token():
+    """vLLM's TPOT leaves out requests of one token (no token after the first); the harness's own TPOT
+    (admission to last token per token) counts them."""
+    plan = finished_plan(2)
+    plan.requests.output_len = np.array([2, 1])
+    plan.finished_us = np.array([2e4, 1e4])
+    plan.itl_us = np.array([1e4])
+    summary = serving_summary(plan)
+    assert summary["mean_tpot_ms"] == 10.0 and summary["p99_tpot_ms"] == 10.0
+    assert summary["tpot_ms_mean"] == 10.0  # 20 ms / 2 tokens and 10 ms / 1 token
+    assert summary["mean_e2el_ms"] == 15.0 and summary["mean_ttft_ms"] == 10.0
+
+
 QUEUED = (
     "workload.serving.enabled=true", "workload.steps=6", "workload.serving.initial_requests=2", "workload.serving.arrival_rate_rps=1e-6",
     "workload.serving.max_batch=1", "workload.serving.len_cv=0", "workload.serving.output_len_mean=3",

@@ -105,3 +105,77 @@ def test_lane_merges_agree_with_sorting(overrides):
     expected = np.cumsum(deltas[np.lexsort((deltas, times))]).max(initial=0.0)
     assert allocs.size > 0 and expected > 0
     assert peak_activation_bytes(result, outcome.workload) == pytest.approx(expected, rel=1e-12)
+
+
+def shares(**parts) -> np.ndarray:
+    from harness.graph import CATEGORY
+
+    out = np.zeros(len(CATEGORIES))
+    for name, value in parts.items():
+        out[CATEGORY[name]] = value
+    return out
+
+
+@pytest.mark.parametrize("host, bound", [(0.4999999, "device"), (0.5, "device"), (0.5000001, "host")])
+def test_a_run_is_host_bound_above_half_the_critical_path_on_the_host(host, bound):
+    from harness.metrics import occupancy
+
+    out = occupancy(shares(launch=host, compute=1 - host), 30.0, {"host.main": 80.0, "host.launch": 20.0}, 100.0)
+    assert out["bound"] == bound
+    assert out["bubble_ratio"] == pytest.approx(0.7) and out["device_busy"] == pytest.approx(0.3)
+    assert out["host_busy_max"] == pytest.approx(0.8) and out["host_cpu_load"] == pytest.approx(1.0)
+
+
+def test_an_empty_window_has_no_bubble_and_no_load():
+    from harness.metrics import occupancy
+
+    out = occupancy(shares(compute=1.0), 0.0, {"host.main": 0.0}, 0.0)
+    assert (out["bubble_ratio"], out["device_busy"], out["host_busy_max"], out["host_cpu_load"]) == (0.0, 1.0, 0.0, 0.0)
+
+
+@pytest.mark.parametrize(
+    "parts, bubble, reason",
+    [
+        (dict(launch=0.4, framework=0.3, tiling=0.1, alloc=0.05, compute=0.15), 0.7,
+         "host work is 85% of the critical path (launch 40%, framework 30%, tiling 10%); device idle 70% of the window"),
+        (dict(compute=0.6, comm=0.3, launch=0.1), 0.1,
+         "device work is 90% of the critical path (compute 60%, comm 30%); device idle 10% of the window"),
+        (dict(external=0.6, compute=0.4), 0.2,
+         "device work is 100% of the critical path (external 60%, compute 40%); device idle 20% of the window;"
+         " 60% is the device waiting for work outside the trace (another stream, process or step)"),
+        (dict(external=0.5, compute=0.5), 0.2, "device work is 100% of the critical path (compute 50%, external 50%); device idle 20% of the window"),
+    ],
+)
+def test_the_bound_reason_names_the_three_largest_shares_of_its_side(parts, bubble, reason):
+    from harness.metrics import HOST_CATEGORIES, bound_reason
+
+    breakdown = shares(**parts)
+    host_share = sum(v for k, v in parts.items() if k in HOST_CATEGORIES)
+    assert bound_reason(host_share, breakdown, bubble) == reason
+
+
+def test_measured_steps_leave_out_warm_up_and_graph_builds_unless_every_step_builds():
+    from harness.metrics import measured_steps
+    from harness.policies import BUILD, EAGER, REPLAY, StepPlan
+
+    workload = type("W", (), {"steps": 4, "warmup_steps": 1})()
+
+    def plan(*modes):
+        return StepPlan(mode=np.array(modes, dtype=np.int8), tiling_hit=np.zeros((4, 1), dtype=bool), cpu_ops=np.zeros(1, dtype=bool))
+
+    assert measured_steps(workload, plan(BUILD, REPLAY, BUILD, EAGER)).tolist() == [False, True, False, True]
+    assert measured_steps(workload, plan(BUILD, BUILD, BUILD, BUILD)).tolist() == [False, True, True, True]
+    assert measured_steps(workload).tolist() == [False, True, True, True]
+
+
+def test_a_run_that_only_builds_graphs_measures_its_build_steps():
+    """One step of graph capture: nothing else to measure, so the build step is the measured one (and
+    its capture is in the step time)."""
+    outcome = simulate_run(compose_run("strategy=acl_graph", "workload.steps=1"))
+    assert outcome.steps["mode"].tolist() == ["build"] and outcome.summary["steps_measured"] == 1
+    assert outcome.summary["step_ms_mean"] == pytest.approx(outcome.steps["latency_ms"][0])
+    assert outcome.summary["step_ms_mean"] > 2960 and outcome.summary["capture_ms"] == pytest.approx(outcome.summary["step_ms_mean"])
+
+
+def test_busy_time_of_nothing_is_zero():
+    assert BusyTime(np.zeros(0), np.zeros(0)).between(np.array([0.0, 3.0]), np.array([5.0, 9.0])).tolist() == [0.0, 0.0]

@@ -83,3 +83,33 @@ def test_thin_percentiles_are_flagged():
         "workload.serving.initial_requests=3", "workload.serving.output_len_mean=4", "tracking.enabled=false",
     )).summary
     assert summary["requests_completed"] < 20 and "fewer than 20" in summary["serving_note"]
+
+
+@pytest.mark.parametrize("cv", [0.5, 1.0])
+def test_lengths_have_the_mean_and_the_spread_asked_for(cv):
+    """Lognormal lengths with the configured mean and coefficient of variation (std / mean)."""
+    from harness.config import ServingConfig
+
+    drawn = draw_requests(ServingConfig(prompt_len_mean=1024, output_len_mean=2048, len_cv=cv), 0, 50_000)
+    for lengths, mean in ((drawn.prompt_len, 1024), (drawn.output_len, 2048)):
+        assert lengths.mean() == pytest.approx(mean, rel=0.02)
+        assert lengths.std() / lengths.mean() == pytest.approx(cv, rel=0.05)
+
+
+def test_every_request_makes_at_least_one_token():
+    from harness.config import ServingConfig
+
+    fixed = draw_requests(ServingConfig(output_len_mean=1, len_cv=0), 0, 100)
+    assert fixed.output_len.tolist() == [1] * 100
+    spread = draw_requests(ServingConfig(output_len_mean=1, len_cv=1.0), 0, 10_000)
+    assert spread.output_len.min() == 1 and np.mean(spread.output_len == 1) > 0.3
+
+
+def test_a_burst_of_arrivals_fills_every_slot_and_drains_the_stream():
+    """At a million requests a second all 161 requests the plan draws (20 steps × 8 slots + 1) have
+    arrived by the end of the first step: every later step runs a full batch."""
+    run = compose_run("workload.serving.enabled=true", "workload.steps=20", "workload.serving.max_batch=8",
+                      "workload.serving.arrival_rate_rps=1e6", "workload.serving.output_len_mean=4", "+workload.card_overrides.num_hidden_layers=1")
+    plan = plan_serving(run)
+    assert plan.batch[0] == 1 and plan.batch[1:].tolist() == [8] * 19  # the first request arrives alone, ~1 µs in
+    assert np.all(plan.requests.arrival_us <= plan.release_us[0] + plan.step_us[0])

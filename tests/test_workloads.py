@@ -1,6 +1,8 @@
 """Model cards, parallel layouts, memory and shapes: the workload side of the seeds' headline cases."""
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
@@ -169,3 +171,103 @@ def test_card_overrides_take_list_values():
     assert wl.n_ops == 1 + 32 * 3 + 3
     again = build_workload(compose_run("workload=llama2_7b_decode", "workload.steps=2").workload)
     assert again.n_ops > wl.n_ops  # the cache keyed the override: the plain card is unchanged
+
+
+# ---------------------------------------------------------------- explicit op lists (harness.ops)
+
+
+def op_list_config(**fields):
+    from harness.config import OpSpec, WorkloadConfig
+
+    return WorkloadConfig(card=None, ops=[OpSpec()], **{"steps": 3, **fields})
+
+
+def test_an_op_row_needs_only_a_name_and_a_kind():
+    """Unset fields of a row: no flags, no FLOPs or bytes, a device time from the cost model (NaN), the
+    stream of its kind, no host time, and the previous op to wait for."""
+    from harness.ops import COMM_NONE, STREAM_COMM, STREAM_COMPUTE, from_static_ops
+
+    rows = [{"name": "v", "kind": OpKind.vector}, {"name": "h", "kind": OpKind.host, "host_us": None}, {"name": "c", "kind": OpKind.comm}]
+    wl = from_static_ops(op_list_config(), rows)
+    assert wl.flags.tolist() == [0, 0, 0] and wl.after == [[], [0], [1]]
+    assert wl.flops.tolist() == [[0.0] * 3] * 3 and wl.bytes.tolist() == [[0.0] * 3] * 3 and np.isnan(wl.device_us).all()
+    assert wl.stream.tolist() == [STREAM_COMPUTE, STREAM_COMPUTE, STREAM_COMM] and wl.host_us.tolist() == [0.0, 0.0, 0.0]
+    assert wl.comm.tolist() == [COMM_NONE] * 3 and wl.comm_ranks.tolist() == [1, 1, 1]
+
+
+def test_an_op_rows_flags_host_time_and_stream_are_its_own():
+    from harness.ops import FLAG_COMPUTE_DEPENDENT, FLAG_CPU_ELIGIBLE, FLAG_ROUTED, from_static_ops
+
+    rows = [
+        {"name": "d", "kind": OpKind.vector, "dynamic": True},
+        {"name": "v", "kind": OpKind.vector, "value_dependent": True},
+        {"name": "u", "kind": OpKind.vector, "compute_dependent": True},
+        {"name": "e", "kind": OpKind.vector, "cpu_eligible": True},
+        {"name": "r", "kind": OpKind.vector, "routed": True},
+        {"name": "py", "kind": OpKind.host, "host_us": 7.0},
+        {"name": "ar", "kind": OpKind.comm, "stream": 0},  # a collective kept on the compute stream
+        {"name": "s2", "kind": OpKind.vector, "stream": 2, "after": []},
+    ]
+    wl = from_static_ops(op_list_config(), rows)
+    assert wl.flags.tolist() == [FLAG_DYNAMIC, FLAG_VALUE_DEPENDENT, FLAG_COMPUTE_DEPENDENT, FLAG_CPU_ELIGIBLE, FLAG_ROUTED, 0, 0, 0]
+    assert wl.host_us.tolist() == [0, 0, 0, 0, 0, 7.0, 0, 0]
+    assert wl.stream.tolist() == [0, 0, 0, 0, 0, 0, 0, 2] and wl.after[-1] == []
+    # A dynamic op's shapes change every step; a static op's never.
+    assert len(set(wl.shape_key[:, 0])) == 3 and len(set(wl.shape_key[:, 1])) == 1
+
+
+@pytest.mark.parametrize("after", [[1], [-1], [5]])
+def test_an_op_waits_only_for_earlier_ops(after):
+    from harness.ops import from_static_ops
+
+    with pytest.raises(ConfigError, match=re.escape(f"workload.ops[1].after={after}: must name earlier ops (indices 0..0)")):
+        from_static_ops(op_list_config(), [{"name": "a", "kind": OpKind.vector}, {"name": "b", "kind": OpKind.vector, "after": after}])
+
+
+@pytest.mark.parametrize("phase, tokens, kv_len", [("decode", [2, 2, 2], [513, 514, 515]), ("prefill", [1024, 1024, 1024], [512, 512, 512])])
+def test_an_op_lists_tokens_and_kv_length_follow_the_phase(phase, tokens, kv_len):
+    from harness.config import Phase
+    from harness.ops import from_static_ops
+
+    wl = from_static_ops(op_list_config(phase=Phase(phase), batch_size=2, context_len=512), [{"name": "a", "kind": OpKind.vector}])
+    assert wl.tokens.tolist() == tokens and wl.kv_len.tolist() == kv_len and wl.batch.tolist() == [2, 2, 2]
+
+
+def test_a_workload_starts_with_its_real_sizes_and_no_groups_or_memory():
+    from harness.ops import MemoryPlan
+
+    wl = build_workload(compose_run("workload.steps=3", "workload.batch_size=4").workload)
+    assert wl.real_batch is wl.batch and wl.real_kv_len is wl.kv_len and wl.tokens_out.tolist() == [4, 4, 4]
+    assert wl.group.tolist() == [-1] * wl.n_ops and wl.n_kernels.tolist() == [1] * wl.n_ops and wl.steps == 3
+    assert MemoryPlan().total_gb == 0.0
+    listed = build_workload(compose_run("workload.card=null", "workload.ops=[{name:a}]").workload)
+    assert listed.memory.total_gb == 0.0 and listed.host_us.tolist() == [0.0] and listed.weight_bytes.tolist() == [0.0]
+
+
+def test_activations_are_half_the_traffic_beyond_the_weights():
+    """An op allocates its outputs: half of what it moves that is not its resident weights, never less
+    than nothing. Eager frees each op's outputs before the next op allocates: the peak is the largest op's."""
+    wl = build_workload(compose_run("workload.card=null", "workload.ops=[{name:a,bytes:200},{name:b,bytes:0},{name:c,bytes:50}]",
+                                    "workload.steps=1").workload)
+    wl.weight_bytes = np.array([0.0, 0.0, 100.0])
+    assert wl.activation_bytes().tolist() == [[100.0, 0.0, 0.0]]
+    # A card's embedding reads a few rows of a table it holds whole: less traffic than weights, no activations.
+    card = build_workload(compose_run("workload.steps=1").workload)
+    embedding = card.op_names.index("embedding")
+    assert card.bytes[0, embedding] < card.weight_bytes[embedding] and card.activation_bytes()[0, embedding] == 0.0
+    assert card.activation_bytes().min() == 0.0
+    summary = simulate_run(compose_run("workload.card=null", "workload.ops=[{name:a,bytes:200},{name:b,bytes:600},{name:c,bytes:400}]",
+                                       "workload.steps=2")).summary
+    assert summary["peak_activation_gb"] == 300e-9 and "peak_mem_gb" not in summary  # an op list knows no weights
+    nothing = simulate_run(compose_run("workload.card=null", "workload.ops=[{name:a},{name:b}]", "workload.steps=1")).summary
+    assert nothing["peak_activation_gb"] == 0.0
+
+
+def test_an_op_lists_collectives_survive_an_export(tmp_path):
+    from harness.trace_io import read_ops_csv, write_ops_csv
+
+    run = compose_run("workload.card=null", "workload.ops=[{name:a,device_us:1},{name:ar,kind:comm,device_us:2}]", "workload.steps=2")
+    wl = build_workload(run.workload)
+    write_ops_csv(wl, tmp_path / "ops.csv")
+    back = read_ops_csv(tmp_path / "ops.csv", run.workload)
+    assert back.comm.tolist() == wl.comm.tolist() and back.kind.tolist() == wl.kind.tolist() and back.stream.tolist() == [0, 1]
