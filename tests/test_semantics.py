@@ -138,3 +138,54 @@ def test_decode_attention_grows_with_kv_length():
     assert attention_us(long, 0) > 10 * attention_us(short, 0)
     assert long.summary["step_ms_mean"] > short.summary["step_ms_mean"]
     assert np.all(np.diff(short.steps["kv_len"]) == 1)
+
+
+# Outputs of 300, 200 and 100 bytes (half of each op's 600, 400 and 200 bytes of traffic).
+SIZED_OPS = [OpSpec(name="a", device_us=2.0, bytes=600), OpSpec(name="b", device_us=10.0, bytes=400), OpSpec(name="c", device_us=3.0, bytes=200)]
+
+
+@pytest.mark.parametrize("free_on_main, peak_bytes", [(False, 300), (True, 500)])
+def test_frees_handed_to_the_main_thread_keep_outputs_alive_longer(free_on_main, peak_bytes):
+    """Async dispatch, Tiling 2 µs and free 2 µs (other stages 1 µs), a queue of 2. The launch thread
+    frees each op's outputs right after its launch: a's 300 bytes are gone (free 7-9) before b allocates
+    (9-10), so at most 300 bytes live. Handed to the main thread (seed 000's anti-pattern), a's free runs
+    there after b's Tiling, 9-11, while b allocates 9-10: 500 bytes live at 10. The kernels: a 7-9, b 11-21,
+    c waits for b, 21-24, either way."""
+    run = three_op_run("async", ops=SIZED_OPS, tiling_us=2.0, free_us=2.0)
+    strategy = StrategyConfig(dispatch=Dispatch["async"], queue_capacity=2, free_on_main=free_on_main)
+    outcome = simulate_run(dataclasses.replace(run, strategy=strategy))
+    assert outcome.summary["peak_activation_gb"] * 1e9 == pytest.approx(peak_bytes)
+    assert outcome.summary["step_ms_mean"] * 1e3 == pytest.approx(24 + TOKEN_BACK_US + 2)
+    tasks = outcome.result.graph.tasks
+    frees = (tasks["stage"] == 6) & (tasks["op"] >= 0)
+    lanes = outcome.result.graph.lane_names
+    expected_ends = [11, 17, 19] if free_on_main else [9, 13, 17]
+    assert outcome.result.end_us[frees].tolist() == pytest.approx(expected_ends)
+    assert {lanes[k] for k in tasks["lane"][frees]} == {"host.main" if free_on_main else "host.launch"}
+
+
+def test_host_jitter_has_mean_one_and_the_configured_spread():
+    from harness.lowering import _jitter
+
+    draws = _jitter(3, np.arange(200), 0.2, 500)
+    assert draws.shape == (200, 500)
+    assert draws.mean() == pytest.approx(1.0, abs=0.005) and draws.std() == pytest.approx(0.2, rel=0.03)
+    assert np.array_equal(_jitter(3, np.array([7]), 0.2, 500), draws[7:8])  # a step's draws do not depend on the others
+    assert np.array_equal(_jitter(3, np.arange(4), 0.0, 5), np.ones((4, 5)))
+
+
+def test_an_op_run_on_the_cpu_hand_computed():
+    """Heterogeneous execution of op b (1e6 FLOP, 64 kB of traffic) on a 50 GFLOP/s host core: after its
+    dispatch (framework 7-8, InferShape 8-9) and a's kernel (6-8), half its traffic comes back by D2H
+    (1 µs + 32 kB at 32 GB/s: 8-10), it computes 1e6 / 5e4 FLOP/µs = 20 µs (10-30), its result goes back
+    by H2D (30-32), and c's kernel, launched at 14, starts when it arrives: 32-35."""
+    ops = [OpSpec(name="a", device_us=2.0), OpSpec(name="b", flops=1e6, bytes=64_000, device_us=10.0), OpSpec(name="c", device_us=3.0)]
+    run = dataclasses.replace(three_op_run("eager", ops=ops, cpu_gflops=50.0), strategy=StrategyConfig(heterogeneous=["b"]))
+    outcome = simulate_run(run)
+    assert outcome.summary["step_ms_mean"] * 1e3 == pytest.approx(35 + TOKEN_BACK_US + 2)
+    graph, start, end = outcome.result.graph, outcome.result.start_us, outcome.result.end_us
+    b = (graph.tasks["op"] == 1)
+    lanes = [graph.lane_names[k] for k in graph.tasks["lane"][b]]
+    spans = [(lane, s, e) for lane, s, e in zip(lanes, start[b].tolist(), end[b].tolist())]
+    assert spans == [("host.main", 7, 8), ("host.main", 8, 9), ("copy.d2h", 8, 10), ("host.cpu_ops", 10, 30), ("copy.h2d", 30, 32)]
+    assert outcome.summary["launches_per_step"] == 2  # b is dispatched, not launched
