@@ -134,3 +134,38 @@ def test_serving_reports_vllm_benchmark_names():
     assert summary["mean_ttft_ms"] > latency[0]
     assert summary["mean_e2el_ms"] > summary["mean_ttft_ms"]
     assert "prefill" in summary["ttft_note"]
+
+
+@pytest.mark.parametrize(
+    "switches, expected",
+    [
+        # One thread: schedule + prepare (50 µs) when a block of 4 steps starts; the block's outputs
+        # (10 µs once + 1 µs a sequence for each of its 4 steps = 26) and API (40) when it ends.
+        ((), {"pre": [50, 0, 0, 0, 50, 0, 0, 0], "output_inline": [0, 0, 0, 26, 0, 0, 0, 26], "api_inline": [0, 0, 0, 40, 0, 0, 0, 40]}),
+        # Async scheduling: step 0 schedules itself; the next block is scheduled during a block's last step.
+        (("engine.async_scheduling=true",), {"pre": [50, 0, 0, 0, 0, 0, 0, 0], "ahead": [0, 0, 0, 50, 0, 0, 0, 50],
+                                             "output_inline": [0, 0, 0, 26, 0, 0, 0, 26], "api_inline": [0, 0, 0, 40, 0, 0, 0, 40]}),
+        # Outputs and the API server beside the engine: a block's outputs are handled during the next step.
+        (("engine.async_output=true", "engine.api_process=true"), {"pre": [50, 0, 0, 0, 50, 0, 0, 0], "output_side": [0, 0, 0, 0, 26, 0, 0, 0],
+                                                                   "api_side": [0, 0, 0, 0, 40, 0, 0, 0]}),
+        (("engine.output_process=true",), {"pre": [50, 0, 0, 0, 50, 0, 0, 0], "output_side": [0, 0, 0, 0, 26, 0, 0, 0],
+                                           "api_inline": [0, 0, 0, 40, 0, 0, 0, 40]}),
+    ],
+)
+def test_engine_cost_table_by_hand(switches, expected):
+    """Multi-step 4 over 8 steps of 4 sequences; sampling (5 µs + 1 µs a sequence = 9) every step."""
+    from harness.lowering import ENGINE_SLOTS
+
+    run = compose_run(*BASE, *stage("schedule", 30), *stage("prepare", 20), *stage("sample", 5, 1), *stage("output", 10, 1),
+                      *stage("api", 40), "engine.multi_step=4", *switches)
+    table = engine_cost_table(build_workload(run.workload), run.engine)
+    for slot in ENGINE_SLOTS:
+        want = [9.0] * 8 if slot == "sample" else expected.get(slot, [0] * 8)
+        assert table[:, ENGINE_SLOT[slot]].tolist() == want, slot
+
+
+def test_no_engine_costs_nothing():
+    run = compose_run(*BASE)
+    assert not run.engine.active
+    assert engine_cost_table(build_workload(run.workload), run.engine).tolist() == [[0.0] * 7] * 8
+    assert engine_cost_table(build_workload(run.workload), None).tolist() == [[0.0] * 7] * 8

@@ -189,3 +189,28 @@ def test_an_op_run_on_the_cpu_hand_computed():
     spans = [(lane, s, e) for lane, s, e in zip(lanes, start[b].tolist(), end[b].tolist())]
     assert spans == [("host.main", 7, 8), ("host.main", 8, 9), ("copy.d2h", 8, 10), ("host.cpu_ops", 10, 30), ("copy.h2d", 30, 32)]
     assert outcome.summary["launches_per_step"] == 2  # b is dispatched, not launched
+
+
+@pytest.mark.parametrize(
+    "switches, n_kernels, expected",
+    [
+        # The A2 preset: framework 10, InferShape 5, Tiling 10, alloc 4, launch 12 (a 2 µs call + 10 parameters
+        # written at 1 µs each), free 4.
+        ({}, 1, dict(framework=10, infer_shape=5, tiling=10, alloc=4, launch=12, free=4)),
+        ({}, 3, dict(launch=2 + 30)),  # a fused kernel of 3 writes 30 parameters
+        ({"param_packing": True}, 3, dict(launch=2 + 5)),  # written at once
+        ({"memory_pool": False}, 1, dict(alloc=50, free=50)),  # every alloc and free through the driver
+        ({"stream_local_pool": True}, 1, dict(alloc=3.2, free=3.2)),  # 20 % cheaper
+        ({"memory_pool": False, "stream_local_pool": True}, 1, dict(alloc=40, free=40)),
+    ],
+)
+def test_host_stage_costs_by_hand(switches, n_kernels, expected):
+    from harness.lowering import host_stage_costs
+    from harness.workload import build_workload
+
+    run = compose_run("workload.steps=1")
+    workload = build_workload(run.workload)
+    workload.n_kernels = np.full(workload.n_ops, n_kernels)
+    costs = host_stage_costs(workload, run.hardware, StrategyConfig(**switches))
+    for stage, us in expected.items():
+        assert costs[stage].tolist() == pytest.approx([us] * workload.n_ops), stage

@@ -1,0 +1,96 @@
+"""The importers' building blocks, each against cases worked out by hand: timestamps, how slices on a
+thread nest, which slice holds a time, reading (gzipped) JSON, kernel names and kinds, step windows."""
+from __future__ import annotations
+
+import gzip
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from harness.importers.core import Window, _repeated_mark, _windows_between, op_kind, short_name
+from harness.importers.events import TASK_COMM, TASK_COPY, TASK_KERNEL, TASK_SET, Clock, ProfileError, innermost, nesting_parents, read_json, top_level
+
+
+def test_the_clock_subtracts_the_whole_part_exactly():
+    """torch_npu writes 16 integer digits and a fraction: a float would lose the fraction."""
+    clock = Clock(1704161511422000)
+    assert clock("1704161511422904.204") == pytest.approx(904.204, abs=1e-9)
+    assert clock("1704161511422904") == 904.0
+    assert clock(1704161511422010) == 10.0 and isinstance(clock(1704161511422010), float)
+    assert Clock(100)(102.5) == 2.5
+    assert Clock.whole_part("1704161511422904.204") == 1704161511422904 and Clock.whole_part(12.9) == 12
+
+
+def test_slices_on_a_thread_nest_in_start_order_longest_first():
+    """Slices: 0 [0,10], 1 [0,4] (same start, shorter: inside 0), 2 [4,6] (starts where 1 ends: beside 1,
+    inside 0), 3 [5,6] (inside 2), 4 [10,12] (starts where 0 ends: top level)."""
+    start = np.array([0.0, 0.0, 4.0, 5.0, 10.0])
+    end = np.array([10.0, 4.0, 6.0, 6.0, 12.0])
+    order, parent = nesting_parents(start, end)
+    assert order.tolist() == [0, 1, 2, 3, 4]
+    assert parent.tolist() == [-1, 0, 0, 2, -1]
+    assert top_level(start, end).tolist() == [True, False, False, False, True]
+    # The innermost slice holding each time (a slice holds its start and its end; the later slice wins a tie).
+    assert innermost(start, end, np.array([0.0, 3.0, 4.0, 5.5, 6.0, 7.0, 10.0, 12.0, 12.5, -1.0])).tolist() == [1, 1, 2, 3, 3, 0, 4, 4, -1, -1]
+    assert innermost(np.zeros(0), np.zeros(0), np.array([1.0, 2.0])).tolist() == [-1, -1]
+
+
+def test_reading_json_plain_gzipped_or_not_at_all(tmp_path):
+    (tmp_path / "a.json").write_text('{"traceEvents": []}')
+    (tmp_path / "b.json").write_bytes(gzip.compress(b'{"x": 1}'))  # gzipped whatever the name says
+    assert read_json(tmp_path / "a.json") == {"traceEvents": []} and read_json(tmp_path / "b.json") == {"x": 1}
+    (tmp_path / "c.json").write_bytes(b"\x1f\x8b not gzip")
+    (tmp_path / "d.json").write_text("{nope")
+    for name, words in (("c.json", "not a readable gzip file"), ("d.json", "not JSON"), ("missing.json", "cannot read")):
+        with pytest.raises(ProfileError, match=words):
+            read_json(tmp_path / name)
+
+
+@pytest.mark.parametrize(
+    "kernel, short",
+    [
+        ("void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float>, at::detail::Array<char*, 1> >(int, at::native::FillFunctor<float>, at::detail::Array<char*, 1>)",
+         "vectorized_elementwise_kernel"),
+        ("ampere_bf16_s16816gemm_bf16_128x64_ldg8_f2f_stages_64x4_tn", "ampere_bf16_s16816gemm_bf16_128x64_ldg8_f2f_stages_64x4_tn"),
+        ("MatMulV2", "MatMulV2"),
+        ("<unnamed>", "<unnamed>"),
+        ("k" * 100, "k" * 80),
+    ],
+)
+def test_short_kernel_names(kernel, short):
+    assert short_name(kernel) == short
+
+
+@pytest.mark.parametrize(
+    "task_kind, kernel, kind",
+    [
+        (TASK_COPY, "Memcpy HtoD", "copy"), (TASK_SET, "Memset", "copy"), (TASK_COMM, "ncclKernel_AllReduce", "comm"),
+        (TASK_KERNEL, "sm90_xmma_gemm_bf16", "cube"), (TASK_KERNEL, "flash_fwd_kernel", "cube"), (TASK_KERNEL, "MatMulV3", "cube"),
+        (TASK_KERNEL, "triton_poi_fused_add_0", "vector"), (TASK_KERNEL, "RmsNorm", "vector"),
+    ],
+)
+def test_a_device_task_has_the_kind_of_its_unit(task_kind, kernel, kind):
+    assert op_kind(task_kind, kernel) == kind
+
+
+def test_windows_run_from_each_start_to_the_next_and_empty_ones_are_dropped():
+    windows = _windows_between([0.0, 5.0, 5.0, 9.0], 12.0, ["a", "b", "c", "d"])
+    assert [(w.label, w.start_us, w.end_us) for w in windows] == [("a", 0.0, 5.0), ("c", 5.0, 9.0), ("d", 9.0, 12.0)]
+    assert isinstance(windows[0], Window)
+
+
+def test_the_repeated_mark_is_the_most_frequent_that_never_overlaps_itself():
+    marks = pd.DataFrame({
+        "thread": [1] * 7,
+        "name": ["fwd", "fwd", "fwd", "layer", "layer", "once", "nested"],
+        "start_us": [0.0, 10.0, 20.0, 1.0, 11.0, 2.0, 3.0],
+        "end_us": [9.0, 19.0, 29.0, 5.0, 15.0, 3.0, 4.0],
+    })
+    assert _repeated_mark(marks) == "fwd"
+    overlapping = marks.assign(end_us=[12.0, 19.0, 29.0, 5.0, 15.0, 3.0, 4.0])  # fwd's first occurrence overlaps its second
+    assert _repeated_mark(overlapping) == "layer"
+    # Equally frequent: the one that starts first.
+    tie = pd.DataFrame({"thread": [1] * 4, "name": ["b", "a", "b", "a"], "start_us": [1.0, 0.0, 11.0, 10.0], "end_us": [2.0, 1.0, 12.0, 11.0]})
+    assert _repeated_mark(tie) == "a"
+    assert _repeated_mark(marks[marks["name"] == "once"]) is None
