@@ -20,7 +20,7 @@ from harness.ops import MemoryPlan, check_memory
 from harness.policies import BUILD, EAGER, REPLAY, bucket_batch, fuse, pad_up, prepare, trim_buckets
 from harness.run import simulate_run
 from harness.workload import build_workload
-from test_semantics import THREE_OPS, TOKEN_BACK_US, three_op_run
+from test_semantics import TOKEN_BACK_US, three_op_run
 
 B, E, R = BUILD, EAGER, REPLAY
 MIB = 2**20

@@ -19,6 +19,8 @@ def test_the_clock_subtracts_the_whole_part_exactly():
     assert clock("1704161511422904") == 904.0
     assert clock(1704161511422010) == 10.0 and isinstance(clock(1704161511422010), float)
     assert Clock(100)(102.5) == 2.5
+    clock = Clock(Clock.whole_part("1704161511422904.204"))
+    assert clock("1704161511422904.204") == pytest.approx(0.204, abs=1e-9) and clock("1704161511422910.5") == pytest.approx(6.5, abs=1e-9)
     assert Clock.whole_part("1704161511422904.204") == 1704161511422904 and Clock.whole_part(12.9) == 12
 
 
@@ -34,6 +36,10 @@ def test_slices_on_a_thread_nest_in_start_order_longest_first():
     # The innermost slice holding each time (a slice holds its start and its end; the later slice wins a tie).
     assert innermost(start, end, np.array([0.0, 3.0, 4.0, 5.5, 6.0, 7.0, 10.0, 12.0, 12.5, -1.0])).tolist() == [1, 1, 2, 3, 3, 0, 4, 4, -1, -1]
     assert innermost(np.zeros(0), np.zeros(0), np.array([1.0, 2.0])).tolist() == [-1, -1]
+    # Given out of order: indices are the caller's.
+    start, end = np.array([0.0, 1.0, 2.0, 10.0]), np.array([9.0, 5.0, 3.0, 12.0])
+    assert innermost(start, end, np.array([2.5, 4.0, 8.0, 11.0, 20.0])).tolist() == [2, 1, 0, 3, -1]
+    assert top_level(start[::-1], end[::-1]).tolist() == [True, False, False, True]
 
 
 def test_reading_json_plain_gzipped_or_not_at_all(tmp_path):
@@ -53,6 +59,7 @@ def test_reading_json_plain_gzipped_or_not_at_all(tmp_path):
         ("void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float>, at::detail::Array<char*, 1> >(int, at::native::FillFunctor<float>, at::detail::Array<char*, 1>)",
          "vectorized_elementwise_kernel"),
         ("ampere_bf16_s16816gemm_bf16_128x64_ldg8_f2f_stages_64x4_tn", "ampere_bf16_s16816gemm_bf16_128x64_ldg8_f2f_stages_64x4_tn"),
+        ("void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float> >(int, float)", "vectorized_elementwise_kernel"),
         ("MatMulV2", "MatMulV2"),
         ("<unnamed>", "<unnamed>"),
         ("k" * 100, "k" * 80),

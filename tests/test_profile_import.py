@@ -19,7 +19,7 @@ import pytest
 
 from conftest import compose_run
 from harness.importers import ProfileError, load_profile
-from harness.importers.core import find_windows, import_profile, ops_table, short_name, write_ops_table
+from harness.importers.core import find_windows, import_profile, ops_table, write_ops_table
 from harness.importers.events import (
     CALL_COPY,
     CALL_COPY_SYNC,
@@ -31,9 +31,6 @@ from harness.importers.events import (
     CALL_WAIT,
     TASK_COMM,
     TASK_KERNEL,
-    Clock,
-    innermost,
-    top_level,
 )
 from harness.importers.kineto import call_kind
 from harness.importers.measure import measured_summary, peer_breakdown, union
@@ -330,20 +327,6 @@ def test_bad_traces_fail_in_one_line_and_write_nothing(tmp_path, content, extra,
 # ---------------------------------------------------------------- helpers
 
 
-def test_clock_keeps_every_digit_of_long_string_timestamps():
-    clock = Clock(Clock.whole_part("1704161511422904.204"))
-    assert clock("1704161511422904.204") == pytest.approx(0.204, abs=1e-9)
-    assert clock("1704161511422910.5") == pytest.approx(6.5, abs=1e-9)
-    assert clock(1704161511422905) == 1.0
-
-
-def test_innermost_and_top_level_slices():
-    start = np.array([0.0, 1.0, 2.0, 10.0])
-    end = np.array([9.0, 5.0, 3.0, 12.0])
-    assert innermost(start, end, np.array([2.5, 4.0, 8.0, 11.0, 20.0])).tolist() == [2, 1, 0, 3, -1]
-    assert top_level(start, end).tolist() == [True, False, False, True]
-
-
 @pytest.mark.parametrize(
     "name,kind",
     [
@@ -357,11 +340,6 @@ def test_innermost_and_top_level_slices():
 )
 def test_runtime_calls_are_classified_by_name(name, kind):
     assert call_kind(name) == kind
-
-
-def test_kernel_names_are_shortened_for_the_op_list():
-    assert short_name("void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float> >(int, float)") == "vectorized_elementwise_kernel"
-    assert short_name("ampere_sgemm_128x64_nn") == "ampere_sgemm_128x64_nn"
 
 
 def test_the_same_trace_imports_to_the_same_files(tmp_path):

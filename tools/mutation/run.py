@@ -79,10 +79,10 @@ SKIP_ANNOTATION = "type annotation"
 SKIP_LARGE_NUMBER = "off by one of a number of a million or more"
 LARGE_NUMBER = 1e6
 FILTERS_VERSION = "3"  # change when the mutants made change: sessions are made again
-# A mutant's tests may take this many times the unmutated run (plus compiling the mutated kernels) before
-# it counts as killed by a timeout (an endless loop).
+# A mutant's tests may take this many times their unmutated time (plus start-up and compiling the
+# mutated kernels) before it counts as killed by a timeout (an endless loop).
 TIMEOUT_FACTOR = 4.0
-TIMEOUT_EXTRA_S = 60.0
+TIMEOUT_EXTRA_S = 30.0
 
 
 @dataclass
@@ -92,10 +92,12 @@ class Target:
     tests: list[str]
     reach_all: bool = False  # every mutant runs every test (they reach the module in subprocesses)
     baseline_s: float = 0.0
+    test_s: dict[str, float] = field(default_factory=dict)  # unmutated seconds of each test (file::function)
 
-    @property
-    def timeout_s(self) -> float:
-        return TIMEOUT_FACTOR * self.baseline_s + TIMEOUT_EXTRA_S
+    def timeout_s(self, tests: list[str] | None) -> float:
+        """How long the mutant's tests may run: a few times what they took unmutated."""
+        took = self.baseline_s if tests is None else sum(self.test_s.get(t, self.baseline_s) for t in tests)
+        return TIMEOUT_FACTOR * min(took, self.baseline_s) + TIMEOUT_EXTRA_S
 
     def command(self, tests: list[str] | None) -> str:
         """The command that runs `tests` (None: all of the target's) against a mutant."""
@@ -238,15 +240,33 @@ def baseline(k: int, targets: list[Target]) -> dict[str, float]:
             coverage_file(target).unlink(missing_ok=True)
             env["COVERAGE_FILE"] = str(coverage_file(target))
             traced = ["--cov=harness", "--cov-context=test", "--cov-report="]
+        junit = STATE / f"junit-{target.name}-{k}.xml"
         began = time.perf_counter()
         proc = subprocess.run(
-            [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "--hypothesis-seed=0", *traced, *target.tests],
+            [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "--hypothesis-seed=0", f"--junitxml={junit}", *traced,
+             *target.tests],
             cwd=tree(k), env=env, capture_output=True, text=True,
         )
         if proc.returncode != 0:
             raise SystemExit(f"mutation: error: the unmutated tests of {target.name} fail; fix them first:\n{proc.stdout[-3000:]}")
         seconds[target.name] = time.perf_counter() - began
     return seconds
+
+
+def test_seconds(target: Target, workers: int) -> dict[str, float]:
+    """Seconds each test (file::function, its parameters summed) took unmutated, the slower tree's."""
+    import xml.etree.ElementTree as ElementTree
+
+    took: dict[str, float] = {}
+    for k in range(workers):
+        mine: dict[str, float] = {}
+        for case in ElementTree.parse(STATE / f"junit-{target.name}-{k}.xml").iter("testcase"):
+            path = case.get("classname", "").replace(".", "/") + ".py"
+            name = re.sub(r"\[.*$", "", case.get("name", ""))
+            mine[f"{path}::{name}"] = mine.get(f"{path}::{name}", 0.0) + float(case.get("time", 0.0))
+        for test, seconds in mine.items():
+            took[test] = max(took.get(test, 0.0), seconds)
+    return took
 
 
 # ---------------------------------------------------------------- which tests reach a mutant
@@ -384,8 +404,7 @@ def run_mutants(targets: list[Target], workers: int) -> None:
                             diff=mutant_diff(item.mutations[0]),
                         ))
                         continue
-                    command = target.command(tests)
-                    jobs.append((target, module, item, command))
+                    jobs.append((target, module, item, target.command(tests), tests))
     if not jobs:
         print("mutation: nothing left to run", file=sys.stderr)
         return
@@ -397,7 +416,9 @@ def run_mutants(targets: list[Target], workers: int) -> None:
     databases = {}
     try:
         with ProcessPoolExecutor(workers, mp_context=context, initializer=_enter_tree, initargs=(slots,)) as pool:
-            futures = {pool.submit(_test_mutant, item.mutations, command, target.timeout_s): (module, item) for target, module, item, command in jobs}
+            futures = {
+                pool.submit(_test_mutant, item.mutations, command, target.timeout_s(tests)): (module, item) for target, module, item, command, tests in jobs
+            }
             for done, future in enumerate(as_completed(futures), 1):
                 module, item = futures[future]
                 if module not in databases:
@@ -584,7 +605,8 @@ def main(argv: list[str] | None = None) -> int:
             timings = list(pool.map(baseline, range(workers), [targets] * workers))
         for target in targets:
             target.baseline_s = max(t[target.name] for t in timings)
-            print(f"mutation: {target.name}: tests take {target.baseline_s:.0f} s unmutated; a mutant's limit {target.timeout_s:.0f} s",
+            target.test_s = test_seconds(target, workers)
+            print(f"mutation: {target.name}: tests take {target.baseline_s:.0f} s unmutated; a mutant's limit at most {target.timeout_s(None):.0f} s",
                   file=sys.stderr)
         run_mutants(targets, workers)
     text = report(collect(targets))
