@@ -214,3 +214,40 @@ def test_host_stage_costs_by_hand(switches, n_kernels, expected):
     costs = host_stage_costs(workload, run.hardware, StrategyConfig(**switches))
     for stage, us in expected.items():
         assert costs[stage].tolist() == pytest.approx([us] * workload.n_ops), stage
+
+
+def test_the_first_kernel_waits_for_the_steps_input_tokens():
+    """Over a 1 MB/s link the step's input (one token id and one position, 8 bytes) takes 1 + 8 µs to
+    copy (1-10): a, launched at 6, starts at 10; b and c follow (10 µs, 3 µs) to 25; the sampled token
+    (4 bytes) comes back in 1 + 4 µs, then the 2 µs sync: 32 µs."""
+    slow = dataclasses.replace(LINK, pcie_gbps=0.001)
+    run = three_op_run("eager")
+    run = dataclasses.replace(run, hardware=dataclasses.replace(run.hardware, link=slow))
+    outcome = simulate_run(run)
+    assert outcome.summary["step_ms_mean"] * 1e3 == pytest.approx(32.0)
+    graph = outcome.result.graph
+    copies = {graph.lane_names[lane]: (s, e) for lane, s, e in zip(graph.tasks["lane"], outcome.result.start_us, outcome.result.end_us)
+              if graph.lane_names[lane].startswith("copy.")}
+    assert copies == {"copy.h2d": pytest.approx((1.0, 10.0)), "copy.d2h": pytest.approx((25.0, 30.0))}
+
+
+def test_a_compute_dependent_op_holds_the_host_until_its_shape_is_back():
+    """b's output shape is known only once it ran: after its kernel (12-22) the shape comes back (64 bytes:
+    1.002 µs) and the host syncs (2 µs) before it issues c: c's host work 25.002-31.002, its kernel from
+    30.002 to 33.002; without the dependency c's kernel waits for b on the stream, 22-25."""
+    plain = simulate_run(three_op_run("eager")).summary
+    ops = [THREE_OPS[0], dataclasses.replace(THREE_OPS[1], compute_dependent=True), THREE_OPS[2]]
+    drained = simulate_run(three_op_run("eager", ops=ops)).summary
+    assert plain["step_ms_mean"] * 1e3 == pytest.approx(25 + TOKEN_BACK_US + 2)
+    # b's kernel ends at 22; shape back and sync; c's five stages up to its launch; c's kernel; then the token.
+    assert drained["step_ms_mean"] * 1e3 == pytest.approx(22 + copy_time_us(64, LINK) + 2 + 5 + 3 + TOKEN_BACK_US + 2)
+
+
+def test_host_jitter_touches_host_work_only():
+    run = three_op_run("eager", steps=3, jitter_cv=0.5)
+    outcome = simulate_run(run)
+    graph, durations = outcome.result.graph, outcome.result.end_us - outcome.result.start_us
+    device = graph.lane_kinds[graph.tasks["lane"]] == 1
+    host = graph.tasks["pool"] == 0
+    assert sorted(set(np.round(durations[device], 9))) == [2.0, 3.0, 10.0]  # the kernels as given
+    assert len(set(np.round(durations[host], 9))) > 30  # every host task drew its own multiplier

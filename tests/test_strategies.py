@@ -270,3 +270,17 @@ def test_frees_on_another_thread_raise_peak_memory():
     assert main["peak_mem_gb"] - same["peak_mem_gb"] == pytest.approx(main["peak_activation_gb"] - same["peak_activation_gb"])
     eager = peak("strategy=eager")
     assert without_wall_clock(peak("strategy=eager", "strategy.free_on_main=true")) == without_wall_clock(eager)
+
+
+@pytest.mark.parametrize("flags, refresh_us", [("0,0", 0.0), ("1,0", 50.0), ("1,1", 0.0)])
+def test_a_replay_refreshes_dynamic_ops_but_not_routed_ones(tmp_path, flags, refresh_us):
+    """Inside a captured graph a dynamic op's arguments are refreshed before each replay (50 µs on the
+    A2); a routed (MoE) op runs at padded static shapes and is not."""
+    path = tmp_path / "ops.csv"
+    path.write_text(f"name,kind,device_us,dynamic,routed\na,vector,2,0,0\nr,vector,10,{flags}\nc,vector,3,0,0\n")
+    static = tmp_path / "static.csv"
+    static.write_text("name,kind,device_us,dynamic,routed\na,vector,2,0,0\nr,vector,10,0,0\nc,vector,3,0,0\n")
+    step = {}
+    for name, csv in (("mine", path), ("static", static)):
+        step[name] = simulate_run(compose_run("workload=trace", f"workload.path={csv}", "strategy=acl_graph", "workload.steps=3")).summary["step_ms_mean"]
+    assert (step["mine"] - step["static"]) * 1e3 == pytest.approx(refresh_us)
