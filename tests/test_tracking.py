@@ -1,0 +1,172 @@
+"""harness.tracking in-process: run names, what is logged (every number, params cut to MLflow's limit,
+tags, the step series apart from warm-up), artifact policies, store URIs and the line a failed store
+leaves. The whole path from `python -m harness` is tested in test_cli, test_views and test_reliability."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from harness.config import ArtifactPolicy, TrackingConfig
+from harness.errors import TrackingError
+from harness.tracking import (
+    FAILED_ENV,
+    FAILED_FILE,
+    MAX_PARAM_CHARS,
+    artifact_files,
+    bound_requests,
+    later_command,
+    log_run,
+    log_run_or_mark,
+    read_run_dir,
+    run_folders,
+    run_name,
+    short_reason,
+    sqlite_path,
+    sqlite_uri,
+)
+
+NAMES = {"hardware": "atlas_a2", "workload": "llama2_7b_decode", "strategy": "eager", "engine": "none"}
+
+
+@pytest.mark.parametrize(
+    "names, overrides, expected",
+    [
+        (NAMES, "", "llama2_7b_decode·eager·atlas_a2"),
+        ({**NAMES, "engine": "vllm_v1"}, "", "llama2_7b_decode·eager·atlas_a2·vllm_v1"),
+        # Values set on top, by their last key part; group choices and where things go left out.
+        (NAMES, "strategy=eager workload.batch_size=8 +workload.card_overrides.layer_overhead_us=5 tracking.uri=x output.trace_steps=0"
+                " hydra.run.dir=y resume=true ~seed", "llama2_7b_decode·eager·atlas_a2·batch_size=8·layer_overhead_us=5·seed="),
+    ],
+)
+def test_a_run_is_named_by_its_presets_and_the_values_set_on_top(names, overrides, expected):
+    assert run_name(names, overrides) == expected
+
+
+def test_a_run_name_fits_mlflows_limit():
+    assert len(run_name(NAMES, " ".join(f"workload.k{i}={'9' * 20}" for i in range(40)))) == 250
+
+
+def run_folder(tmp_path: Path) -> Path:
+    folder = tmp_path / "run"
+    (folder / ".hydra").mkdir(parents=True)
+    for name in ("summary.json", "steps.parquet", "trace.json", "timeline.png", FAILED_FILE):
+        (folder / name).write_text("x")
+    (folder / ".hydra" / "config.yaml").write_text("seed: 0\n")
+    return folder
+
+
+@pytest.mark.parametrize(
+    "policy, logged",
+    [
+        (ArtifactPolicy.small, [".hydra", "steps.parquet", "summary.json", "timeline.png"]),
+        (ArtifactPolicy.all, [".hydra", "steps.parquet", "summary.json", "timeline.png", "trace.json"]),
+        (ArtifactPolicy.none, []),
+    ],
+)
+def test_artifact_policies(tmp_path, policy, logged):
+    """The tracking-failure marker is never an artifact; `small` keeps the trace in the folder only."""
+    assert [p.name for p in artifact_files(run_folder(tmp_path), policy)] == logged
+
+
+def test_store_uris_keep_url_characters_of_a_folder(tmp_path):
+    folder = tmp_path / "a#b?c%20d"
+    uri = sqlite_uri(folder / "mlflow.db")
+    assert uri == "sqlite:///" + str(folder).replace("%", "%25").replace("#", "%23").replace("?", "%3F") + "/mlflow.db"
+    assert sqlite_path(uri) == folder / "mlflow.db"
+    assert sqlite_path(uri + "?timeout=5") == folder / "mlflow.db"
+    assert sqlite_path("http://127.0.0.1:5000") is None and sqlite_path("postgresql://h/db") is None
+
+
+def test_requests_to_a_server_are_bounded_once_unless_set(monkeypatch):
+    monkeypatch.delenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", raising=False)
+    monkeypatch.delenv("MLFLOW_HTTP_REQUEST_TIMEOUT", raising=False)
+    bound_requests(TrackingConfig(timeout_s=2.2))
+    assert os.environ["MLFLOW_HTTP_REQUEST_MAX_RETRIES"] == "0" and os.environ["MLFLOW_HTTP_REQUEST_TIMEOUT"] == "3"
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "9")
+    bound_requests(TrackingConfig(timeout_s=0.1))
+    assert os.environ["MLFLOW_HTTP_REQUEST_TIMEOUT"] == "9"  # the user's setting wins
+    monkeypatch.delenv("MLFLOW_HTTP_REQUEST_TIMEOUT")
+    bound_requests(TrackingConfig(timeout_s=0.1))
+    assert os.environ["MLFLOW_HTTP_REQUEST_TIMEOUT"] == "1"  # at least a second
+
+
+@pytest.mark.parametrize(
+    "error, reason",
+    [
+        (ConnectionError("HTTPConnectionPool(host='127.0.0.1', port=9): Max retries exceeded (Caused by NewConnectionError("
+                         "'<urllib3.connection.HTTPConnection object>: Failed to establish a new connection: [Errno 111] Connection refused'))"),
+         "Connection refused"),
+        (TimeoutError("Read timed out. (read timeout=5)"), "no answer in time (tracking.timeout_s)"),
+        (RuntimeError("x" * 400), "x" * 300),
+    ],
+)
+def test_a_failed_store_is_said_in_a_few_words(error, reason):
+    assert short_reason(error) == reason
+
+
+def test_the_command_that_logs_a_run_later_names_only_what_differs(tmp_path):
+    folder = tmp_path / "my run"
+    assert later_command(folder, TrackingConfig()) == f"python -m harness.tracking log '{folder}'"
+    assert later_command(folder, TrackingConfig(uri="http://h:5000", experiment="team x")) == (
+        f"python -m harness.tracking log '{folder}' --uri http://h:5000 --experiment 'team x'"
+    )
+
+
+def test_a_store_that_failed_before_is_not_asked_again(tmp_path, monkeypatch):
+    """In a sweep, once the store failed, later jobs mark their folders without waiting on it."""
+    monkeypatch.setenv(FAILED_ENV, "tracking.uri=http://h: Connection refused")
+    folder = run_folder(tmp_path)
+    with pytest.raises(TrackingError, match="tracking failed, the run's files are kept .tracking.uri=http://h: Connection refused."):
+        log_run_or_mark(TrackingConfig(uri="http://h:5000"), folder, {}, pd.DataFrame(), {}, NAMES)
+    assert (folder / FAILED_FILE).read_text() == (
+        f"tracking.uri=http://h: Connection refused\nlog this run later with:\n  python -m harness.tracking log {folder} --uri http://h:5000\n"
+    )
+
+
+def test_a_run_is_logged_with_every_number_its_params_and_its_step_series(tmp_path):
+    import mlflow
+
+    store = f"sqlite:///{tmp_path / 'store.db'}"
+    tracking = TrackingConfig(uri=store, experiment="units", artifacts=ArtifactPolicy.small)
+    folder = run_folder(tmp_path)
+    (folder / FAILED_FILE).unlink()
+    summary = {"throughput_tok_s": 12.5, "tasks_simulated": 2**40, "graph_captures": 2, "bound": "host", "graph_note": "a note",
+               "padding_waste": 0.25, "nan_value": float("nan"), "flag": True}
+    steps = pd.DataFrame({"step": [0, 1, 2], "latency_ms": [3000.0, 2.0, 2.5], "measured": [False, True, True]})
+    params = {"workload.batch_size": 8, "long": "y" * (MAX_PARAM_CHARS + 10), "exact": "z" * MAX_PARAM_CHARS}
+    run_id = log_run(tracking, folder, summary, steps, params, NAMES, "workload.batch_size=8")
+    client = mlflow.MlflowClient(tracking_uri=store)
+    run = client.get_run(run_id)
+    # Numbers (integers too), not booleans, not text, not NaN (MLflow keeps no NaN).
+    assert run.data.metrics == {"throughput_tok_s": 12.5, "tasks_simulated": float(2**40), "graph_captures": 2.0, "padding_waste": 0.25,
+                                "step_ms": 2.5, "warmup_step_ms": 3000.0}
+    assert [(m.step, m.value) for m in client.get_metric_history(run_id, "step_ms")] == [(1, 2.0), (2, 2.5)]
+    assert [(m.step, m.value) for m in client.get_metric_history(run_id, "warmup_step_ms")] == [(0, 3000.0)]
+    assert run.data.params["workload.batch_size"] == "8" and run.data.params["exact"] == "z" * MAX_PARAM_CHARS
+    assert run.data.params["long"] == "y" * (MAX_PARAM_CHARS - 3) + "..."
+    tags = run.data.tags
+    assert {k: tags[k] for k in ("hardware", "workload", "strategy", "bound", "run_dir", "overrides", "notes", "files_only_in_run_dir")} == {
+        **{k: NAMES[k] for k in ("hardware", "workload", "strategy")}, "bound": "host", "run_dir": str(folder),
+        "overrides": "workload.batch_size=8", "notes": "2 captures; padding waste 0.25; a note", "files_only_in_run_dir": "trace.json",
+    }
+    assert run.info.status == "FINISHED" and run.info.run_name == "llama2_7b_decode·eager·atlas_a2·batch_size=8"
+    assert "mlflow.parentRunId" not in tags
+    assert sorted(a.path for a in client.list_artifacts(run_id)) == [".hydra", "steps.parquet", "summary.json", "timeline.png"]
+
+
+def test_a_sweeps_jobs_are_read_back_from_its_folder(tmp_path):
+    sweep = tmp_path / "sweep"
+    for job in ("0_a", "1_b"):
+        (sweep / job).mkdir(parents=True)
+        (sweep / job / "summary.json").write_text('{"hardware": "h100", "workload": "w", "strategy": "eager", "batch_size": 2,'
+                                                  ' "throughput_tok_s": 5.0, "overrides": "x=1"}')
+        pd.DataFrame({"step": [0], "latency_ms": [1.0], "measured": [True]}).to_parquet(sweep / job / "steps.parquet")
+    (sweep / "2_unfinished").mkdir()
+    assert run_folders(sweep) == [sweep / "0_a", sweep / "1_b"]
+    assert run_folders(sweep / "0_a") == [sweep / "0_a"]
+    measured, steps, params, names, overrides = read_run_dir(sweep / "0_a")
+    assert measured == {"throughput_tok_s": 5.0} and names == {"hardware": "h100", "workload": "w", "strategy": "eager", "engine": "none"}
+    assert overrides == "x=1" and params == {} and steps["latency_ms"].tolist() == [1.0]
