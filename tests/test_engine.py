@@ -206,3 +206,14 @@ def test_a_pool_index_equal_to_the_number_of_pools_is_refused():
     g.tasks["pool"][1] = 1  # pools are 0 .. 0
     with pytest.raises(HarnessError, match="pool out of range"):
         simulate(g)
+
+
+def test_the_critical_path_starts_from_the_last_task_to_end_highest_id_on_ties():
+    """Two lanes end together at 2: the path is followed back from the later task id, whose category the
+    step's breakdown then holds."""
+    g = make_graph([0, 1], [-1, -1], [0, 0], [2.0, 2.0], [[], []], [1])
+    g.tasks["category"] = [0, 7]
+    result = simulate(g)
+    assert result.critical_path().tolist() == [1]
+    on_path, all_tasks = result.step_category_us(13)
+    assert on_path[0].tolist() == [0.0] * 7 + [2.0] + [0.0] * 5 and all_tasks[0, [0, 7]].tolist() == [2.0, 2.0]
