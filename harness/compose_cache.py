@@ -17,6 +17,7 @@ experiment overrides.
 from __future__ import annotations
 
 import copy
+import os
 import pickle
 from collections import OrderedDict
 from typing import Optional
@@ -65,8 +66,9 @@ def compose_job(loader: ConfigLoaderImpl, config_name: Optional[str], overrides:
     chooses = [_chooses_presets(loader, o) for o in parsed]
     choosing = [o for o, c in zip(parsed, chooses) if c]
     values = [o for o, c in zip(parsed, chooses) if not c]
-    # Keyed by where configs are found too: a joblib worker gets a new loader (unpickled) for every job.
-    key = (repr(loader.config_search_path.get_path()), config_name, tuple(o.input_line for o in choosing))
+    # Keyed by where configs are found too (a joblib worker gets a new loader, unpickled, for every job), and
+    # by the working folder, which Hydra records in the composition (hydra.runtime.cwd).
+    key = (os.getcwd(), repr(loader.config_search_path.get_path()), config_name, tuple(o.input_line for o in choosing))
     base = _compositions.get(key)
     if base is None:
         composed = loader.load_configuration(config_name=config_name, overrides=[o.input_line for o in choosing], run_mode=RunMode.RUN)
