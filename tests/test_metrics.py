@@ -179,3 +179,60 @@ def test_a_run_that_only_builds_graphs_measures_its_build_steps():
 
 def test_busy_time_of_nothing_is_zero():
     assert BusyTime(np.zeros(0), np.zeros(0)).between(np.array([0.0, 3.0]), np.array([5.0, 9.0])).tolist() == [0.0, 0.0]
+
+
+STAGE_COLUMNS = "framework_us,infer_shape_us,tiling_us,alloc_us,launch_us,free_us"
+
+
+@pytest.mark.parametrize(
+    "framework_us, device_us, expected",
+    [
+        # A measured step of 0.25 µs of host work, then a 0.5 µs kernel: a window of 0.75 µs.
+        (0.25, 0.5, dict(throughput_tok_s=1 / 0.75e-6, bubble_ratio=1 / 3, host_busy_max=1 / 3, host_cpu_load=1 / 3,
+                         breakdown_framework=1 / 3, breakdown_compute=2 / 3, time_share_framework=1 / 3, time_share_compute=2 / 3)),
+        # Nothing takes any time: no window, no throughput, no shares (not 0 / 0).
+        (0.0, 0.0, dict(throughput_tok_s=0.0, bubble_ratio=0.0, host_busy_max=0.0, host_cpu_load=0.0, breakdown_framework=0.0,
+                        breakdown_compute=0.0, time_share_framework=0.0, time_share_compute=0.0)),
+    ],
+)
+def test_summaries_of_tiny_and_empty_windows(tmp_path, framework_us, device_us, expected):
+    path = tmp_path / "ops.csv"
+    path.write_text(f"step,name,kind,device_us,{STAGE_COLUMNS}\n0,k,vector,{device_us},{framework_us},0,0,0,0,0\n")
+    summary = simulate_run(compose_run("workload=trace", f"workload.path={path}", "workload.steps=1")).summary
+    assert {key: summary[key] for key in expected} == pytest.approx(expected)
+    assert summary["window_ms"] == pytest.approx((framework_us + device_us) / 1e3)
+
+
+def test_step_percentiles_are_those_of_the_measured_steps():
+    outcome = simulate_run(compose_run("hardware.host.jitter_cv=0.3", "workload.steps=7", "workload.warmup_steps=1"))
+    latency = outcome.steps["latency_ms"][1:].to_numpy()
+    assert len(set(latency)) == 6
+    summary = outcome.summary
+    assert summary["step_ms_p50"] == np.median(latency) and summary["step_ms_p99"] == np.percentile(latency, 99)
+    assert summary["step_ms_p99"] < latency.max() and summary["step_ms_mean"] == pytest.approx(latency.mean())
+
+
+def test_work_per_step_of_a_single_measured_step():
+    outcome = simulate_run(compose_run("workload.steps=1"))
+    durations = outcome.result.end_us - outcome.result.start_us
+    assert outcome.summary["task_ms_per_step"] == pytest.approx(durations.sum() / 1e3)
+
+
+def test_no_allocations_no_activation_memory():
+    from harness.core import simulate
+    from harness.graph import TASK_DTYPE, TaskGraph, csr_from_edges
+    from harness.metrics import peak_activation_bytes
+
+    tasks = np.zeros(2, dtype=TASK_DTYPE)
+    tasks["duration_us"] = [1.0, 2.0]
+    ptr, idx = csr_from_edges(2, np.zeros(0, np.int64), np.zeros(0, np.int64))
+    result = simulate(TaskGraph(tasks, ptr, idx, ["lane0"], np.zeros(1, np.int8), ["pool0"], np.array([1])))
+    workload = type("W", (), {"activation_bytes": lambda self: np.ones((1, 1))})()
+    assert peak_activation_bytes(result, workload) == 0.0
+
+
+def test_the_bound_reason_at_exactly_half_on_the_host_takes_the_device_side():
+    from harness.metrics import bound_reason
+
+    breakdown = shares(launch=0.5, compute=0.5)
+    assert bound_reason(0.5, breakdown, 0.4) == "device work is 50% of the critical path (compute 50%); device idle 40% of the window"

@@ -43,6 +43,15 @@ def test_eager_three_ops_hand_computed():
     assert s["breakdown_alloc"] == pytest.approx(3 / total)  # alloc a, free a, alloc b
     assert s["breakdown_sync"] == pytest.approx(2 / total)
     assert s["bubble_ratio"] == pytest.approx(1 - 15 / total)
+    # The host thread works 21 µs of the step: the copy's issue, 3 × 6 µs of stages, the 2 µs sync.
+    assert s["host_busy_max"] == pytest.approx(21 / total) and s["host_cpu_load"] == pytest.approx(21 / total)
+    assert "capture_ms" not in s and s["launches_per_step"] == 3 and s["task_ms_per_step"] * 1e3 == pytest.approx(21 + 15 + 1.00025 + TOKEN_BACK_US)
+    (row,) = outcome.steps.to_dict("records")
+    assert row == {
+        "step": 0, "measured": True, "mode": "eager", "start_ms": 0.0, "end_ms": pytest.approx(total / 1e3), "latency_ms": pytest.approx(total / 1e3),
+        "kv_len": 1025.0, "padded_kv_len": 1025.0, "batch": 1, "padded_batch": 1, "tokens": 1, "device_busy_ms": pytest.approx(0.015),
+        "bubble_ratio": pytest.approx(1 - 15 / total), "host.main_busy_ms": pytest.approx(0.021), "launches": 3,
+    }
 
 
 def test_async_three_ops_hand_computed():
@@ -189,6 +198,10 @@ def test_an_op_run_on_the_cpu_hand_computed():
     spans = [(lane, s, e) for lane, s, e in zip(lanes, start[b].tolist(), end[b].tolist())]
     assert spans == [("host.main", 7, 8), ("host.main", 8, 9), ("copy.d2h", 8, 10), ("host.cpu_ops", 10, 30), ("copy.h2d", 30, 32)]
     assert outcome.summary["launches_per_step"] == 2  # b is dispatched, not launched
+    # Host threads: the main one 17 µs (issue 1, a 6, b 2, c 6, sync 2), the CPU-op one 20 µs.
+    window = 35 + TOKEN_BACK_US + 2
+    assert outcome.summary["host_busy_max"] == pytest.approx(20 / window) and outcome.summary["host_cpu_load"] == pytest.approx(37 / window)
+    assert outcome.steps["host.cpu_ops_busy_ms"].tolist() == [pytest.approx(0.020)]
 
 
 @pytest.mark.parametrize(

@@ -232,7 +232,7 @@ def baseline(k: int, targets: list[Target]) -> dict[str, float]:
     cache = numba_cache(k)
     shutil.rmtree(cache, ignore_errors=True)
     env = {**os.environ, "NUMBA_CACHE_DIR": str(cache), "PYTHONPATH": str(tree(k)), "PYTHONDONTWRITEBYTECODE": "1",
-           "MLFLOW_DISABLE_TELEMETRY": "true"}
+           "MLFLOW_DISABLE_TELEMETRY": "true", "NUMBA_BOUNDSCHECK": "1"}
     seconds = {}
     for target in targets:
         traced = []
@@ -243,7 +243,7 @@ def baseline(k: int, targets: list[Target]) -> dict[str, float]:
         junit = STATE / f"junit-{target.name}-{k}.xml"
         began = time.perf_counter()
         proc = subprocess.run(
-            [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "--hypothesis-seed=0", f"--junitxml={junit}", *traced,
+            [sys.executable, "-m", "pytest", "-x", "-q", "-n", "0", "-p", "no:cacheprovider", "--hypothesis-seed=0", f"--junitxml={junit}", *traced,
              *target.tests],
             cwd=tree(k), env=env, capture_output=True, text=True,
         )
@@ -478,14 +478,30 @@ def killing_test(output: str) -> str:
     return match[1].split(" - ")[0] if match else ""
 
 
-def load_equivalent() -> dict[tuple[str, str, str, str], str]:
-    if not EQUIVALENT_FILE.exists():
-        return {}
-    return {(m["module"], m["function"], m["before"], m["after"]): m["why"] for m in toml.load(EQUIVALENT_FILE).get("mutant", [])}
+class Equivalents:
+    """equivalent.toml: single mutants (module, function, the line before and after), and rules of one
+    textual replacement in a module (`[[rule]]`: every mutant that replaces one `replace[0]` by
+    `replace[1]`, e.g. `.shape[0]` by `.shape[-1]` where every array indexed so is one-dimensional)."""
+
+    def __init__(self, path: Path = EQUIVALENT_FILE):
+        data = toml.load(path) if path.exists() else {}
+        self.single = {(m["module"], m["function"], m["before"], m["after"]): m["why"] for m in data.get("mutant", [])}
+        self.rules = data.get("rule", [])
+
+    def why(self, module: str, function: str, before: str, after: str) -> str | None:
+        if (module, function, before, after) in self.single:
+            return self.single[(module, function, before, after)]
+        for rule in self.rules:
+            old, new = rule["replace"]
+            if module in rule["modules"] and any(
+                before[:k] + new + before[k + len(old):] == after for k in range(len(before)) if before.startswith(old, k)
+            ):
+                return rule["why"]
+        return None
 
 
 def collect(targets: list[Target]) -> dict[str, Tally]:
-    equivalent = load_equivalent()
+    equivalent = Equivalents()
     tallies: dict[str, Tally] = {}
     for target in targets:
         tally = tallies.setdefault(target.name, Tally())
@@ -504,7 +520,7 @@ def collect(targets: list[Target]) -> dict[str, Tally]:
                 if result.worker_outcome == WorkerOutcome.NO_TEST:
                     continue  # the operator found nothing to change at that occurrence
                 if result.test_outcome == TestOutcome.SURVIVED:
-                    why = equivalent.get((module, function, before, after))
+                    why = equivalent.why(module, function, before, after)
                     outcome = "equivalent" if why else "uncovered" if result.output == UNCOVERED else "survived"
                 elif result.test_outcome == TestOutcome.KILLED:
                     outcome = "timeout" if result.output == "timeout" else "killed"
