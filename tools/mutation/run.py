@@ -2,7 +2,7 @@
 the unit-level tests covering the module fail on each (docs/testing.md: how to run it, the last score,
 the survivors and why the equivalent ones are).
 
-    pip install -e '.[test,mutation]'
+    pip install -e '.[test]'
     python tools/mutation/run.py                          # every target; resumes where it stopped
     python tools/mutation/run.py --target engine --target policies
     python tools/mutation/run.py --retest                 # the survivors again (after adding tests)

@@ -1,0 +1,123 @@
+"""tools/mutation/run.py's own logic (docs/testing.md): which mutants it does not make, which tests it
+picks for a mutant, how it reads results and matches equivalent mutants. Running mutants takes hours;
+these pieces take milliseconds."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from harness.config import REPO_ROOT
+
+sys.path.insert(0, str(REPO_ROOT / "tools" / "mutation"))
+import run as mutation  # noqa: E402
+
+
+def test_every_target_names_modules_and_test_files_that_exist():
+    targets = mutation.load_targets([])
+    assert {t.name for t in targets} >= {"engine", "lowering", "policies", "device", "metrics", "serving", "tracking", "ops", "importers"}
+    for target in targets:
+        assert target.modules and target.tests
+        assert all((REPO_ROOT / m).is_file() for m in target.modules), target.name
+        assert all((REPO_ROOT / t.split("::")[0]).is_file() for t in target.tests), target.name
+        assert not any(t.startswith(("tests/test_repro.py", "tests/test_readme.py")) for t in target.tests)  # unit-level only
+    with pytest.raises(SystemExit, match="no target nosuch"):
+        mutation.load_targets(["nosuch"])
+
+
+def test_message_text_and_annotations_are_not_mutated(tmp_path, monkeypatch):
+    monkeypatch.setattr(mutation, "REPO", tmp_path)
+    (tmp_path / "m.py").write_text(
+        "def f(x: int | None = None) -> float:\n"
+        "    log.info('%d items', x + 1)\n"
+        "    y: list[int] = []\n"
+        "    raise ValueError(f'x={x + 1}')\n"
+    )
+    spans = mutation.unmutated_spans("m.py")
+    message, annotation = spans[mutation.SKIP_MESSAGE], spans[mutation.SKIP_ANNOTATION]
+    assert ((2, 4), (2, 31)) in message and ((4, 21), (4, 33)) in message
+    assert ((1, 9), (1, 19)) in annotation and ((1, 31), (1, 36)) in annotation and ((3, 7), (3, 16)) in annotation
+
+
+def test_the_number_a_mutant_changes_is_read_from_its_position():
+    spec = type("Spec", (), {"start_pos": (1, 4), "end_pos": (1, 7)})()
+    assert mutation.number_at(["x = 1e9 + 2"], spec) == 1e9
+    spec.start_pos, spec.end_pos = (1, 10), (1, 11)
+    assert mutation.number_at(["x = 1e9 + 2"], spec) == 2.0
+
+
+def test_a_mutant_is_reported_by_the_lines_it_changes_and_the_test_that_failed():
+    diff = "--- a/m.py\n+++ b/m.py\n@@ -3 +3 @@\n-    if a < b:\n+    if a <= b:\n"
+    assert mutation.changed_lines(diff) == ("if a < b:", "if a <= b:")
+    output = "....F\n=== FAILURES ===\nFAILED tests/test_x.py::test_y[3-2] - AssertionError: no\n1 failed\n"
+    assert mutation.killing_test(output) == "tests/test_x.py::test_y[3-2]"
+    assert mutation.killing_test("timeout") == ""
+
+
+def test_equivalent_mutants_match_by_their_lines_or_a_rule(tmp_path):
+    path = tmp_path / "equivalent.toml"
+    path.write_text(
+        "[[rule]]\nreplace = ['.shape[0]', '.shape[ -1]']\nmodules = ['a.py']\nwhy = 'one-dimensional'\n\n"
+        "[[mutant]]\nmodule = 'a.py'\nfunction = 'f'\nbefore = 'x = 1'\nafter = 'x = 2'\nwhy = 'never read'\n"
+    )
+    known = mutation.Equivalents(path)
+    assert known.why("a.py", "f", "x = 1", "x = 2") == "never read"
+    assert known.why("a.py", "g", "x = 1", "x = 2") is None  # another function
+    assert known.why("a.py", "g", "n = a.shape[0] + b.shape[0]", "n = a.shape[0] + b.shape[ -1]") == "one-dimensional"
+    assert known.why("b.py", "g", "n = a.shape[0]", "n = a.shape[ -1]") is None  # the rule holds in a.py only
+    assert known.why("a.py", "g", "n = a.shape[0]", "n = a.shape[1]") is None
+
+
+def test_the_tests_of_a_mutant_are_those_reaching_its_statement(tmp_path, monkeypatch):
+    """A statement's tests are the coverage contexts of its lines (a compound statement's header only);
+    a kernel's are those of the Python lines calling it; code that runs at import gets every test."""
+    monkeypatch.setattr(mutation, "REPO", tmp_path)
+    monkeypatch.setattr(mutation, "tree", lambda k: tmp_path)
+    (tmp_path / "m.py").write_text(
+        "from numba import njit\n"  # 1
+        "LIMIT = 3\n"  # 2
+        "@njit\n"  # 3
+        "def _kernel(x):\n"  # 4
+        "    return x + 1\n"  # 5
+        "def f(x):\n"  # 6
+        "    if x > 0:\n"  # 7
+        "        return _kernel(x)\n"  # 8
+        "    return 0\n"  # 9
+    )
+    target = mutation.Target("t", ["m.py"], ["tests/test_b.py", "tests/test_a.py"])
+    reach = mutation.Coverage.__new__(mutation.Coverage)
+    reach.target, reach.parsed = target, {}
+    contexts = {7: {"tests/test_a.py::test_one|run", "tests/test_b.py::test_two[1]|run"}, 8: {"tests/test_a.py::test_one|run"}, 9: {""}}
+    reach.data = type("Data", (), {"contexts_by_lineno": lambda self, path: contexts})()
+    assert reach.tests_for("m.py", 7) == ["tests/test_b.py::test_two", "tests/test_a.py::test_one"]  # targets.toml's file order
+    assert reach.tests_for("m.py", 5) == ["tests/test_a.py::test_one"]  # the kernel, through line 8
+    assert reach.tests_for("m.py", 9) == []  # reached only outside any test: no test to run
+    assert reach.tests_for("m.py", 2) is None  # module level: every test
+    target.reach_all = True
+    assert reach.tests_for("m.py", 7) is None
+
+
+def test_a_mutants_time_limit_follows_its_tests():
+    target = mutation.Target("t", ["m.py"], ["tests/test_a.py"], baseline_s=100.0, test_s={"tests/test_a.py::f": 2.0, "tests/test_a.py::g": 3.0})
+    assert target.timeout_s(["tests/test_a.py::f", "tests/test_a.py::g"]) == mutation.TIMEOUT_FACTOR * 5 + mutation.TIMEOUT_EXTRA_S
+    assert target.timeout_s(None) == mutation.TIMEOUT_FACTOR * 100 + mutation.TIMEOUT_EXTRA_S
+    assert target.command(["tests/test_a.py::f"]).endswith("tools/mutation/pytest_mutant.py tests/test_a.py::f")
+
+
+def test_the_results_section_of_the_doc_is_replaced_in_place(tmp_path):
+    doc = tmp_path / "testing.md"
+    doc.write_text(f"# T\n\nbefore\n{mutation.BEGIN}\nold\n{mutation.END}\nafter\n")
+    mutation.write_report(doc, "new")
+    assert doc.read_text() == f"# T\n\nbefore\n{mutation.BEGIN}\nnew\n{mutation.END}\nafter\n"
+    (tmp_path / "plain.md").write_text("no section")
+    with pytest.raises(SystemExit, match="no results section"):
+        mutation.write_report(tmp_path / "plain.md", "new")
+
+
+def test_the_score_leaves_equivalent_mutants_out():
+    tally = mutation.Tally([mutation.Mutant("m.py", "f", 1, "op", "a", "b", outcome) for outcome in
+                            ["killed"] * 8 + ["timeout", "survived", "uncovered", "equivalent", "equivalent"]])
+    assert tally.score == pytest.approx(9 / 11)
+    assert "| t | 13 | 8 | 1 | 1 | 1 | 2 | 81.8% |" in mutation.report({"t": tally})
+    assert Path(mutation.__file__).parent == REPO_ROOT / "tools" / "mutation"
