@@ -11,6 +11,8 @@ independent of the ones before:
 * Hypothesis runs derandomized and without its example database, so a mutant's verdict does not depend
   on what failed for the mutants before it.
 * Subprocesses the tests start (`python -m harness …`) import the mutated copy (PYTHONPATH).
+* pytest runs in one process with only these options (the project's addopts spread it over
+  workers, where coverage records no test contexts).
 * Kernels run with Numba's bounds checks (NUMBA_BOUNDSCHECK, also in the unmutated run that built the
   cache): a mutant that indexes past an array fails loudly instead of reading whatever lies there.
 """
@@ -37,7 +39,7 @@ def main(test_args: list[str]) -> int:
             "MLFLOW_DISABLE_TELEMETRY": "true",
             "NUMBA_BOUNDSCHECK": "1",
         }
-        command = [sys.executable, "-m", "pytest", "-x", "-q", "-n", "0", "-p", "no:cacheprovider", "-p", "no:cov", "-p", "no:anyio", "--hypothesis-seed=0", *test_args]
+        command = [sys.executable, "-m", "pytest", "-x", "-q", "-o", "addopts=", "-p", "no:xdist", "-p", "no:cacheprovider", "-p", "no:cov", "-p", "no:anyio", "--hypothesis-seed=0", *test_args]
         return subprocess.call(command, env=env, cwd=tree)
 
 

@@ -243,7 +243,7 @@ def baseline(k: int, targets: list[Target]) -> dict[str, float]:
         junit = STATE / f"junit-{target.name}-{k}.xml"
         began = time.perf_counter()
         proc = subprocess.run(
-            [sys.executable, "-m", "pytest", "-x", "-q", "-n", "0", "-p", "no:cacheprovider", "--hypothesis-seed=0", f"--junitxml={junit}", *traced,
+            [sys.executable, "-m", "pytest", "-x", "-q", "-o", "addopts=", "-p", "no:xdist", "-p", "no:cacheprovider", "--hypothesis-seed=0", f"--junitxml={junit}", *traced,
              *target.tests],
             cwd=tree(k), env=env, capture_output=True, text=True,
         )
@@ -284,6 +284,8 @@ class Coverage:
         self.target = target
         self.data = CoverageData(basename=str(coverage_file(target)))
         self.data.read()
+        if not target.reach_all and len(self.data.measured_contexts()) < 2:
+            raise SystemExit(f"mutation: error: {coverage_file(target)} holds no test contexts: coverage did not record which test ran what")
         self.parsed: dict[str, tuple[ast.Module, dict[str, tuple[int, int]]]] = {}
 
     def _module(self, module: str) -> tuple[ast.Module, dict[str, tuple[int, int]]]:
