@@ -217,3 +217,15 @@ def test_the_critical_path_starts_from_the_last_task_to_end_highest_id_on_ties()
     assert result.critical_path().tolist() == [1]
     on_path, all_tasks = result.step_category_us(13)
     assert on_path[0].tolist() == [0.0] * 7 + [2.0] + [0.0] * 5 and all_tasks[0, [0, 7]].tolist() == [2.0, 2.0]
+
+
+def test_a_task_that_becomes_head_of_the_queue_keeps_its_place_for_those_behind():
+    """Pool of 2. Task 1 holds both units 0-4; task 2 (ready at 1, 1 unit) and task 0 (ready at 2, 2 units)
+    wait in that order. At 4 task 2 starts and task 0, now first in line, cannot (1 unit free); task 3,
+    ready at 5 with 1 unit, must queue behind it. At 7 task 0 starts, at 8 task 3."""
+    case = ([0, 1, 2, 3], [0, 0, 0, 0], [2, 2, 1, 1], [1.0, 4.0, 3.0, 1.0], [[], [], [], []], [2])
+    result = simulate(make_graph(*case, releases=[2.0, 0.0, 1.0, 5.0]))
+    assert result.start_us.tolist() == [7.0, 0.0, 4.0, 8.0]
+    assert result.decider.tolist() == [2, -1, 1, 0]
+    start, _, decider = simulate_reference(*case, [2.0, 0.0, 1.0, 5.0])
+    assert result.start_us.tolist() == start and result.decider.tolist() == decider
