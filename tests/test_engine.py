@@ -229,3 +229,20 @@ def test_a_task_that_becomes_head_of_the_queue_keeps_its_place_for_those_behind(
     assert result.decider.tolist() == [2, -1, 1, 0]
     start, _, decider = simulate_reference(*case, [2.0, 0.0, 1.0, 5.0])
     assert result.start_us.tolist() == start and result.decider.tolist() == decider
+
+
+def test_a_lanes_first_task_waits_for_its_dependencies_whatever_ends_before():
+    """Task 2 opens lane 2 but depends on task 0 (0-10); task 3 (lane 1, after task 1) ends at 2 first:
+    task 2 must still wait until 10."""
+    case = ([0, 1, 2, 1], [-1] * 4, [0] * 4, [10.0, 1.0, 1.0, 1.0], [[], [], [0], []], [1])
+    result = simulate(make_graph(*case))
+    assert result.start_us.tolist() == [0.0, 0.0, 10.0, 1.0]
+    assert result.start_us.tolist() == simulate_reference(*case, [0.0] * 4)[0]
+
+
+def test_a_task_depending_on_itself_is_refused():
+    g = make_graph([0, 0], [-1, -1], [0, 0], [1.0, 1.0], [[], []], [1])
+    g.dep_ptr = np.array([0, 0, 1])
+    g.dep_idx = np.array([1])  # task 1 waits for task 1
+    with pytest.raises(HarnessError, match="lower task id"):
+        simulate(g)
