@@ -117,7 +117,30 @@ def test_the_results_section_of_the_doc_is_replaced_in_place(tmp_path):
 
 def test_the_score_leaves_equivalent_mutants_out():
     tally = mutation.Tally([mutation.Mutant("m.py", "f", 1, "op", "a", "b", outcome) for outcome in
-                            ["killed"] * 8 + ["timeout", "survived", "uncovered", "equivalent", "equivalent"]])
+                            ["killed"] * 8 + ["timeout", "survived", "uncovered", "equivalent", "equivalent"]], not_run=5)
     assert tally.score == pytest.approx(9 / 11)
-    assert "| t | 13 | 8 | 1 | 1 | 1 | 2 | 81.8% |" in mutation.report({"t": tally})
+    text = mutation.report({"t": tally, "u": mutation.Tally(not_run=2)})
+    assert "| t | 13 | 8 | 1 | 1 | 1 | 2 | 81.8% | 5 |" in text
+    assert "| **all** | 13 | 8 | 1 | 1 | 1 | 2 | 81.8% | 7 |" in text
     assert Path(mutation.__file__).parent == REPO_ROOT / "tools" / "mutation"
+
+
+def test_results_are_read_from_the_session_with_the_mutants_not_run_yet(tmp_path, monkeypatch):
+    from cosmic_ray.work_db import WorkDB, use_db
+    from cosmic_ray.work_item import MutationSpec, TestOutcome, WorkerOutcome, WorkItem, WorkResult
+
+    monkeypatch.setattr(mutation, "session_file", lambda module: tmp_path / "m.sqlite")
+    diff = "--- a\n+++ b\n-    return a < b\n+    return a <= b\n"
+    with use_db(str(tmp_path / "m.sqlite"), WorkDB.Mode.create) as db:
+        for k, line in enumerate((3, 4, 5)):
+            db.add_work_item(WorkItem.single(f"job{k}", MutationSpec("m.py", "core/ReplaceComparisonOperator_Lt_LtE", k, (line, 4), (line, 9),
+                                                                     definition_name="f")))
+        db.set_result("job0", WorkResult(WorkerOutcome.NORMAL, "FAILED tests/test_x.py::test_y - assert", TestOutcome.KILLED, diff))
+        db.set_result("job1", WorkResult(WorkerOutcome.NORMAL, "", TestOutcome.SURVIVED, diff))
+    target = mutation.Target("t", ["m.py"], ["tests/test_x.py"])
+    tally = mutation.collect([target])["t"]
+    assert [(m.line, m.outcome, m.killed_by, m.before, m.after) for m in tally.mutants] == [
+        (3, "killed", "tests/test_x.py::test_y", "return a < b", "return a <= b"),
+        (4, "survived", "", "return a < b", "return a <= b"),
+    ]
+    assert tally.not_run == 1

@@ -458,6 +458,7 @@ class Mutant:
 @dataclass
 class Tally:
     mutants: list[Mutant] = field(default_factory=list)
+    not_run: int = 0  # mutants of the session not run yet (an interrupted or partial run)
 
     def count(self, outcome: str) -> int:
         return sum(m.outcome == outcome for m in self.mutants)
@@ -513,6 +514,7 @@ def collect(targets: list[Target]) -> dict[str, Tally]:
                 continue
             with use_db(str(path), WorkDB.Mode.open) as db:
                 completed = db.completed_work_items
+                tally.not_run += db.num_work_items - db.num_results
             for item, result in completed:
                 if result.worker_outcome == WorkerOutcome.SKIPPED:
                     continue
@@ -539,17 +541,18 @@ def collect(targets: list[Target]) -> dict[str, Tally]:
 def report(tallies: dict[str, Tally]) -> str:
     """The results as Markdown: the score per target, then every survivor (equivalent ones with why)."""
     lines = [
-        "| target | mutants | killed | timeouts | survived | no test reaches | equivalent | score |",
-        "|---|---|---|---|---|---|---|---|",
+        "| target | mutants | killed | timeouts | survived | no test reaches | equivalent | score | not run yet |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     total = Tally()
 
     def row(name: str, tally: Tally) -> str:
         counts = " | ".join(str(tally.count(k)) for k in ("killed", "timeout", "survived", "uncovered", "equivalent"))
-        return f"| {name} | {len(tally.mutants)} | {counts} | {tally.score:.1%} |"
+        return f"| {name} | {len(tally.mutants)} | {counts} | {tally.score:.1%} | {tally.not_run} |"
 
     for name, tally in tallies.items():
         total.mutants += tally.mutants
+        total.not_run += tally.not_run
         lines.append(row(name, tally))
     lines.append(row("**all**", total))
     survivors = [m for m in total.mutants if m.outcome in ("survived", "uncovered")]
