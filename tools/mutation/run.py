@@ -6,6 +6,7 @@ the survivors and why the equivalent ones are).
     python tools/mutation/run.py                          # every target; resumes where it stopped
     python tools/mutation/run.py --target engine --target policies
     python tools/mutation/run.py --retest                 # the survivors again (after adding tests)
+    python tools/mutation/run.py --minutes 60             # an hour's random sample of the mutants left
     python tools/mutation/run.py --report docs/testing.md # rewrite the results section of the doc
     python tools/mutation/run.py --survivors              # survivors, as entries of equivalent.toml
 
@@ -37,6 +38,7 @@ import hashlib
 import json
 import multiprocessing
 import os
+import random
 import re
 import shutil
 import sqlite3
@@ -392,7 +394,10 @@ def _test_mutant(mutations, command: str, timeout_s: float) -> WorkResult:
     return mutate_and_test(mutations, command, timeout_s)
 
 
-def run_mutants(targets: list[Target], workers: int) -> None:
+def run_mutants(targets: list[Target], workers: int, minutes: float | None = None) -> None:
+    """Run the pending mutants of the targets, in a shuffled order (fixed seed): a run stopped early,
+    by `minutes` or by hand, leaves results that are a random sample of every target's mutants, not the
+    first functions of the first module."""
     jobs = []
     for target in targets:
         reach = Coverage(target)
@@ -410,6 +415,8 @@ def run_mutants(targets: list[Target], workers: int) -> None:
     if not jobs:
         print("mutation: nothing left to run", file=sys.stderr)
         return
+    random.Random(0).shuffle(jobs)
+    deadline = time.perf_counter() + minutes * 60 if minutes else None
     context = multiprocessing.get_context("fork")
     slots = context.Queue()
     for k in range(workers):
@@ -422,6 +429,8 @@ def run_mutants(targets: list[Target], workers: int) -> None:
                 pool.submit(_test_mutant, item.mutations, command, target.timeout_s(tests)): (module, item) for target, module, item, command, tests in jobs
             }
             for done, future in enumerate(as_completed(futures), 1):
+                if future.cancelled():
+                    continue
                 module, item = futures[future]
                 if module not in databases:
                     databases[module] = WorkDB(str(session_file(module)), WorkDB.Mode.open)
@@ -434,6 +443,10 @@ def run_mutants(targets: list[Target], workers: int) -> None:
                     f"{result.test_outcome.value if result.test_outcome else result.worker_outcome.value}",
                     file=sys.stderr, flush=True,
                 )
+                if deadline is not None and time.perf_counter() > deadline:
+                    cancelled = sum(f.cancel() for f in futures)
+                    print(f"mutation: {minutes:g} minutes are up; {cancelled} mutants left for the next run", file=sys.stderr, flush=True)
+                    deadline = None
     finally:
         for database in databases.values():
             database.close()
@@ -604,6 +617,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--target", action="append", default=[], help="a target of targets.toml (default: all)")
     parser.add_argument("--targets-file", type=Path, default=TARGETS_FILE, help="targets and their tests (default: %(default)s)")
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--minutes", type=float, help="stop starting mutants after this long (the rest wait for the next run)")
     parser.add_argument("--retest", action="store_true", help="run the survivors again")
     parser.add_argument("--report", type=Path, metavar="DOC", help="only write the results section of DOC (docs/testing.md)")
     parser.add_argument("--survivors", action="store_true", help="only print the survivors as equivalent.toml entries")
@@ -629,7 +643,7 @@ def main(argv: list[str] | None = None) -> int:
             target.test_s = test_seconds(target, workers)
             print(f"mutation: {target.name}: tests take {target.baseline_s:.0f} s unmutated; a mutant's limit at most {target.timeout_s(None):.0f} s",
                   file=sys.stderr)
-        run_mutants(targets, workers)
+        run_mutants(targets, workers, args.minutes)
     text = report(collect(targets))
     if args.report is not None:
         write_report(args.report, text)
