@@ -236,3 +236,23 @@ def test_the_bound_reason_at_exactly_half_on_the_host_takes_the_device_side():
 
     breakdown = shares(launch=0.5, compute=0.5)
     assert bound_reason(0.5, breakdown, 0.4) == "device work is 50% of the critical path (compute 50%); device idle 40% of the window"
+
+
+def test_lanes_merge_in_key_order_whichever_lane_holds_them():
+    """The merge of FIFO lanes by key, with tasks on the last lane too (n_lanes = 3) and one lane not taken."""
+    from harness.metrics import _merge_lanes
+
+    lane = np.array([2, 0, 2, 1, 0, 1])
+    key = np.array([1.0, 2.0, 5.0, 3.0, 4.0, 9.0])
+    assert _merge_lanes(lane, np.ones(6, np.bool_), key, 3).tolist() == [0, 1, 3, 4, 2, 5]
+    assert _merge_lanes(lane, lane != 1, key, 3).tolist() == [0, 1, 4, 2]
+
+
+def test_the_steps_table_starts_a_step_where_the_one_before_ended():
+    """Two eager steps of three ops: step 1 starts at step 0's end, in ms like every column."""
+    from test_semantics import three_op_run
+
+    table = simulate_run(three_op_run("eager", steps=2)).steps
+    assert table["start_ms"].tolist() == [0.0, pytest.approx(table["end_ms"][0])]
+    assert (table["end_ms"] - table["start_ms"]).tolist() == pytest.approx(table["latency_ms"].tolist())
+    assert 0.01 < table["end_ms"][1] < 1.0  # two steps of a few tens of µs
