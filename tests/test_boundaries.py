@@ -7,9 +7,12 @@ the exact boundary tells. Each case says how its numbers were worked out.
 from __future__ import annotations
 
 import dataclasses
+from collections import OrderedDict
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from conftest import compose_run
 from harness.config import Dispatch, OpKind, OpSpec, StrategyConfig
@@ -52,6 +55,25 @@ MIB = 2**20
 )
 def test_lru_holds_exactly_its_capacity(keys, capacity, expected):
     assert lru_hits(np.array(keys), capacity).astype(int).tolist() == expected
+
+
+def lru_reference(keys: list[int], capacity: int) -> list[bool]:
+    """A plain LRU cache: a hit moves its key to the front; a miss inserts it and evicts the oldest."""
+    cache: OrderedDict[int, None] = OrderedDict()
+    hits = []
+    for key in keys:
+        hits.append(key in cache)
+        cache[key] = None
+        cache.move_to_end(key)
+        if len(cache) > capacity:
+            cache.popitem(last=False)
+    return hits
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(0, 6), min_size=1, max_size=60), st.integers(1, 8))
+def test_lru_kernel_matches_a_plain_lru_cache(keys, capacity):
+    assert lru_hits(np.array(keys), capacity).tolist() == lru_reference(keys, capacity)
 
 
 def tiling_run(entries: int, steps: int = 3):

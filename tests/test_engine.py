@@ -125,6 +125,8 @@ def test_task_larger_than_its_pool_is_rejected():
     "field, value, message",
     [
         ("lane", 5, "lane out of range"),
+        ("lane", 2, "lane out of range"),  # exactly the number of lanes (0 and 1)
+        ("lane", -1, "lane out of range"),
         ("pool", 3, "pool out of range"),
         ("duration_us", -1.0, "durations must be finite"),
         ("duration_us", np.nan, "durations must be finite"),

@@ -6,9 +6,11 @@ say; B sequences per step.
 """
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from conftest import compose_run
+from harness.graph import CATEGORY, LANE_DEVICE
 from harness.lowering import ENGINE_SLOT, engine_cost_table
 from harness.run import simulate_run
 from harness.workload import build_workload
@@ -169,3 +171,18 @@ def test_no_engine_costs_nothing():
     assert not run.engine.active
     assert engine_cost_table(build_workload(run.workload), run.engine).tolist() == [[0.0] * 7] * 8
     assert engine_cost_table(build_workload(run.workload), None).tolist() == [[0.0] * 7] * 8
+
+
+def test_host_jitter_reaches_every_engine_stage():
+    """The engine's work is host work: with host jitter on, each of its tasks (schedule ahead, sample,
+    output, API) draws a multiplier like the model's host stages, and the kernel keeps its 100 µs."""
+    costs = [*stage("schedule", 60), *stage("sample", 7), *stage("output", 10, 1), *stage("api", 40), "engine.async_scheduling=true"]
+    plain, jittered = (simulate_run(compose_run(*BASE, *costs, f"hardware.host.jitter_cv={cv}")).result for cv in (0, 0.3))
+    graph = plain.graph
+    assert graph.tasks["lane"].tolist() == jittered.graph.tasks["lane"].tolist()
+    d_plain, d_jittered = plain.end_us - plain.start_us, jittered.end_us - jittered.start_us
+    engine = (graph.tasks["category"] == CATEGORY["engine"]) & (d_plain > 0)
+    assert engine.sum() == 1 + 8 * 4  # step 0 schedules itself; then schedule ahead, sample, output, API in each of the 8 steps
+    assert np.all(np.abs(d_jittered[engine] / d_plain[engine] - 1) > 1e-9)
+    kernels = graph.lane_kinds[graph.tasks["lane"]] == LANE_DEVICE
+    assert d_jittered[kernels].tolist() == pytest.approx(d_plain[kernels].tolist())
