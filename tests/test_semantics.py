@@ -9,7 +9,7 @@ import pytest
 from conftest import compose_run
 from harness.config import Dispatch, HardwareConfig, HostConfig, LinkConfig, OpSpec, RunConfig, StrategyConfig, WorkloadConfig
 from harness.device import copy_time_us
-from harness.graph import CATEGORY
+from harness.graph import CATEGORY, LANE_HOST
 from harness.result import without_wall_clock
 from harness.run import simulate_run
 
@@ -264,3 +264,9 @@ def test_host_jitter_touches_host_work_only():
     host = graph.tasks["pool"] == 0
     assert sorted(set(np.round(durations[device], 9))) == [2.0, 3.0, 10.0]  # the kernels as given
     assert len(set(np.round(durations[host], 9))) > 30  # every host task drew its own multiplier
+    # Every task on a host thread is host work, the blocking syncs included: each drew a multiplier.
+    plain = simulate_run(three_op_run("eager", steps=3)).result
+    plain_us = plain.end_us - plain.start_us
+    on_host = (graph.lane_kinds[graph.tasks["lane"]] == LANE_HOST) & (plain_us > 0)
+    assert on_host.sum() > 30 and np.all(np.abs(durations[on_host] / plain_us[on_host] - 1) > 1e-9)
+    assert np.all(graph.tasks["pool"][on_host] == 0)  # and each holds a host core while it runs
