@@ -33,7 +33,7 @@ from harness.importers.events import (
     TASK_KERNEL,
 )
 from harness.importers.kineto import call_kind
-from harness.importers.measure import measured_summary, peer_breakdown, union
+from harness.importers.measure import linkage, measured_summary, peer_breakdown, step_table, union
 from harness.profile import replay_overrides
 from harness.run import simulate_run
 from harness.workload import build_workload
@@ -227,6 +227,42 @@ def test_synthetic_trace_costs_are_exact(tmp_path):
     replayed = replay(im, tmp_path)
     assert replayed["step_ms_mean"] == pytest.approx(measured["step_ms_mean"], rel=1e-9)
     assert replayed["device_busy"] == pytest.approx(measured["device_busy"], rel=1e-9)
+
+
+def test_synthetic_trace_steps_and_linkage_by_hand(tmp_path):
+    """Three ProfilerSteps of 98 µs (expected_step_us) with 4 µs of host time between them: step k runs
+    from k × 102 µs after the first step's start; each holds its 4 kernels, each kernel linked to its launch."""
+    layout = Layout(steps=3, ops=4)
+    path = tmp_path / "synthetic.json"
+    path.write_text(json.dumps(kineto_trace(layout)))
+    im = import_profile(load_profile(path))
+    assert step_table(im) == [
+        {"step": k, "label": f"ProfilerStep#{k}", "start_ms": pytest.approx(k * 0.102), "end_ms": pytest.approx(k * 0.102 + 0.098),
+         "latency_ms": pytest.approx(0.098), "ops": 4, "replayed": True, "left_out": ""}
+        for k in range(3)
+    ]
+    assert linkage(im) == {"device_tasks": 12, "device_tasks_linked": 12, "launch_calls": 12, "launch_calls_linked": 12}
+
+
+# Device tasks, those linked to the call that issued them, issuing calls (launches, graph launches,
+# copies, memsets), those linked to a task. The kernels among them are REFERENCE's counts; the rest are
+# copies and memsets (the Ascend trace's two unlinked tasks are its hardware tasks without a launch).
+LINKAGE = {
+    "ascend_msprof_analyze_ut": (276, 274, 152, 152),
+    "hta_alexnet_a100": (98, 98, 100, 98),  # 79 kernels, 16 copies, 3 memsets; two issuing calls left no task
+    "hta_event_sync_multistream_a100": (6, 6, 6, 6),  # 3 kernels, 3 memsets
+    "hta_gpu_annot_gp100": (140, 140, 140, 140),  # 130 kernels, 10 copies
+    "tl_qwen05b_mi300": (1517, 1054, 1054, 1054),  # 1516 kernels (1053 linked) and one copy
+    "tl_sglang_qwen3_decode_mi300": (558, 558, 15, 15),  # 555 kernels and 3 copies from graph launches and copies
+    "tl_vllm_decode_fullgraph_amd": (434, 434, 14, 14),  # 425 kernels and 9 copies
+}
+
+
+@pytest.mark.parametrize("name", sorted(LINKAGE))
+def test_linkage_counts_every_device_task_and_launch(name, imported):
+    counts = linkage(imported[name])
+    assert tuple(counts.values()) == LINKAGE[name]
+    assert counts["device_tasks_linked"] >= REFERENCE[name][5][0]
 
 
 def test_event_waits_become_dependencies_across_streams(tmp_path):

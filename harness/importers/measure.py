@@ -46,13 +46,6 @@ def union(intervals: np.ndarray) -> np.ndarray:
     return np.stack([starts, ends], axis=1)
 
 
-def overlap(pieces: np.ndarray, a: float, b: float) -> float:
-    """Time of `pieces` (disjoint, sorted) inside [a, b]."""
-    if len(pieces) == 0 or b <= a:
-        return 0.0
-    return float(np.clip(np.minimum(pieces[:, 1], b) - np.maximum(pieces[:, 0], a), 0.0, None).sum())
-
-
 def _step_measures(step: StepOps) -> dict:
     """One step's numbers (µs): latency, device busy, idle split, critical path by category, host time."""
     a, b = step.start_us, step.end_us
