@@ -144,3 +144,25 @@ def test_results_are_read_from_the_session_with_the_mutants_not_run_yet(tmp_path
         (4, "survived", "", "return a < b", "return a <= b"),
     ]
     assert tally.not_run == 1
+
+
+def test_a_continue_that_coverage_never_reports_gets_the_tests_of_its_if(tmp_path, monkeypatch):
+    """CPython folds `if …: continue` into the condition's jump: the continue's line never reports."""
+    monkeypatch.setattr(mutation, "REPO", tmp_path)
+    monkeypatch.setattr(mutation, "tree", lambda k: tmp_path)
+    (tmp_path / "m.py").write_text(
+        "def f(xs):\n"  # 1
+        "    for x in xs:\n"  # 2
+        "        if x is None:\n"  # 3
+        "            continue\n"  # 4
+        "        if x > 9:\n"  # 5
+        "            break\n"  # 6
+        "        print(x)\n"  # 7
+    )
+    reach = mutation.Coverage.__new__(mutation.Coverage)
+    reach.target, reach.parsed = mutation.Target("t", ["m.py"], ["tests/test_a.py"]), {}
+    contexts = {2: {"tests/test_a.py::test_one|run"}, 3: {"tests/test_a.py::test_one|run"}, 5: {"tests/test_a.py::test_two|run"}}
+    reach.data = type("Data", (), {"contexts_by_lineno": lambda self, path: contexts})()
+    assert reach.tests_for("m.py", 4) == ["tests/test_a.py::test_one"]
+    assert reach.tests_for("m.py", 6) == ["tests/test_a.py::test_two"]
+    assert reach.tests_for("m.py", 7) == []  # a plain statement keeps its own lines

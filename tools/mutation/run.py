@@ -318,6 +318,20 @@ class Coverage:
         last = body[0].lineno - 1 if isinstance(body, list) and body and body[0].lineno > statement.lineno else statement.end_lineno
         return range(statement.lineno, max(last, statement.lineno) + 1), in_function
 
+    @staticmethod
+    def _jump_holder_lines(parsed: ast.Module, line: int) -> range:
+        """The header lines of the statement whose body holds a `continue` or `break` at `line`
+        (empty when the line holds no such jump)."""
+        for node in ast.walk(parsed):
+            if not isinstance(node, ast.stmt):
+                continue
+            for field_ in ("body", "orelse"):
+                for child in getattr(node, field_, None) or []:
+                    if isinstance(child, (ast.Continue, ast.Break)) and child.lineno == line:
+                        first_body = node.body[0].lineno if node.body else node.end_lineno + 1
+                        return range(node.lineno, max(first_body, node.lineno + 1))
+        return range(0)
+
     def _call_sites(self, module: str, kernel: str, seen: set[str]) -> list[int] | None:
         """Python lines that call `kernel`, directly or through other kernels; None if there are none."""
         parsed, kernels = self._module(module)
@@ -359,6 +373,11 @@ class Coverage:
         by_line = self.data.contexts_by_lineno(str(tree(0) / module))
         for number in lines:
             contexts.update(by_line.get(number, ()))
+        if not contexts and kernel is None:
+            # CPython folds `if …: continue` (and break) into the condition's jump, so the jump's own
+            # line never reports: take the tests that reach the statement holding it.
+            for number in self._jump_holder_lines(parsed, line):
+                contexts.update(by_line.get(number, ()))
         tests = {re.sub(r"\[.*$", "", c.rsplit("|", 1)[0]) for c in contexts if c}
         order = {path: i for i, path in enumerate(self.target.tests)}
         return sorted(tests, key=lambda t: (order.get(t.split("::")[0], len(order)), t))
