@@ -3,13 +3,16 @@ thread nest, which slice holds a time, reading (gzipped) JSON, kernel names and 
 from __future__ import annotations
 
 import gzip
+import json
 
 import numpy as np
 import pandas as pd
 import pytest
 
-from harness.importers.core import Window, _repeated_mark, _windows_between, op_kind, short_name
+from harness.importers import load_profile
+from harness.importers.core import Window, _repeated_mark, _windows_between, find_windows, import_profile, op_kind, ops_table, short_name
 from harness.importers.events import TASK_COMM, TASK_COPY, TASK_KERNEL, TASK_SET, Clock, ProfileError, innermost, nesting_parents, read_json, top_level
+from synthetic_trace import GPU, PID, TID, Layout, kineto_trace
 
 
 def test_the_clock_subtracts_the_whole_part_exactly():
@@ -101,3 +104,59 @@ def test_the_repeated_mark_is_the_most_frequent_that_never_overlaps_itself():
     tie = pd.DataFrame({"thread": [1] * 4, "name": ["b", "a", "b", "a"], "start_us": [1.0, 0.0, 11.0, 10.0], "end_us": [2.0, 1.0, 12.0, 11.0]})
     assert _repeated_mark(tie) == "a"
     assert _repeated_mark(marks[marks["name"] == "once"]) is None
+
+
+def _trace_file(tmp_path, events, **top) -> str:
+    path = tmp_path / "trace.json"
+    path.write_text(json.dumps({"traceEvents": events, **top}))
+    return str(path)
+
+
+LAUNCH = {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 1, "ts": 2, "dur": 5, "args": {"correlation": 8}}
+KERNEL = {"ph": "X", "cat": "kernel", "name": "k", "pid": 0, "tid": 7, "ts": 10, "dur": 5, "args": {"correlation": 8, "stream": 7, "device": 0}}
+
+
+def test_driver_calls_count_only_where_no_runtime_call_holds_them(tmp_path):
+    """A driver call inside the runtime call that made it is the same host time (dropped); a driver call
+    on its own (thread 1 at 20 µs, thread 2 even while thread 3 runs a call) is a host call of its own.
+    Times from the first event (2 µs)."""
+    events = [
+        LAUNCH,
+        {"ph": "X", "cat": "cuda_driver", "name": "cuLaunchKernel", "pid": 1, "tid": 1, "ts": 3, "dur": 3, "args": {"correlation": 8}},
+        {"ph": "X", "cat": "cuda_driver", "name": "cuMemAlloc", "pid": 1, "tid": 1, "ts": 20, "dur": 2, "args": {}},
+        {"ph": "X", "cat": "cuda_driver", "name": "cuLaunchKernel", "pid": 1, "tid": 2, "ts": 3, "dur": 3, "args": {"correlation": 9}},
+        {**LAUNCH, "tid": 3, "args": {"correlation": 10}},
+        KERNEL,
+    ]
+    calls = load_profile(_trace_file(tmp_path, events)).calls
+    assert calls[["name", "thread", "start_us", "end_us", "key"]].values.tolist() == [
+        ["cudaLaunchKernel", 1, 0.0, 5.0, 8], ["cudaLaunchKernel", 3, 0.0, 5.0, 10], ["cuLaunchKernel", 2, 1.0, 4.0, 9],
+        ["cuMemAlloc", 1, 18.0, 20.0, -1],
+    ]
+
+
+def test_a_rank_not_in_the_trace_is_refused_with_what_it_holds(tmp_path):
+    with pytest.raises(ProfileError, match=r"rank 3 is not there \(the trace holds no rank, devices 0\)"):
+        load_profile(_trace_file(tmp_path, [LAUNCH, KERNEL]), rank=3)
+    with pytest.raises(ProfileError, match=r"rank 3 is not there \(the trace holds rank 0, devices 0\)"):
+        load_profile(_trace_file(tmp_path, [LAUNCH, KERNEL], distributedInfo={"rank": 0}), rank=3)
+
+
+def test_a_trace_without_host_calls_is_one_window(tmp_path):
+    """Device tasks only (the kernel of 5 µs): no host call to split steps by."""
+    assert find_windows(load_profile(_trace_file(tmp_path, [KERNEL]))) == ("whole", [Window("whole trace", 0.0, 5.0)])
+
+
+def test_collectives_go_to_the_comm_stream(tmp_path):
+    """A step of two kernels on stream 7 and an NCCL all-reduce on stream 9: harness streams 0 and 1."""
+    trace = kineto_trace(Layout(steps=1, ops=2))
+    trace["traceEvents"] += [
+        {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": PID, "tid": TID, "ts": 1050, "dur": 3, "args": {"correlation": 500}},
+        {"ph": "X", "cat": "kernel", "name": "ncclKernel_AllReduce_RING_LL_Sum_float", "pid": GPU, "tid": 9, "ts": 1054, "dur": 10,
+         "args": {"correlation": 500, "stream": 9, "device": GPU}},
+    ]
+    path = tmp_path / "comm.json"
+    path.write_text(json.dumps(trace))
+    ops = ops_table(import_profile(load_profile(path)))
+    device = ops[ops["stream"].notna()]
+    assert device[["kind", "stream"]].values.tolist() == [["vector", 0], ["vector", 0], ["comm", 1]]
