@@ -244,6 +244,43 @@ def test_synthetic_trace_steps_and_linkage_by_hand(tmp_path):
     assert linkage(im) == {"device_tasks": 12, "device_tasks_linked": 12, "launch_calls": 12, "launch_calls_linked": 12}
 
 
+def test_synthetic_trace_measures_by_hand(tmp_path):
+    """Two steps of two ops (framework 10 µs, launch 5 µs, kernel 20 µs; 2 µs of the op's own code after
+    each launch; the sync returns 3 µs after the stream drains). A step: launch [10,15], kernel 0 [15,35];
+    launch [27,32], kernel 1 waits for the stream [35,55]; the sync [34,58]. So 58 µs, 40 µs of them busy;
+    the device waits for the host over [0,15] (10 µs framework, 5 µs launch) and [55,58] (the sync's own
+    3 µs). The host thread is busy 58 − 21 µs (the sync's wait); its framework time is 10 + 12 + 2 µs a
+    step (the 2 µs after the last launch run before the sync); kernel 1 starts 3 µs after its launch."""
+    path = tmp_path / "synthetic.json"
+    path.write_text(json.dumps(kineto_trace(Layout(steps=2, ops=2))))
+    measured = measured_summary(import_profile(load_profile(path)))
+    step = 58.0
+    expected = {
+        "step_ms_mean": step / 1e3, "step_ms_p50": step / 1e3, "step_ms_p99": step / 1e3, "window_ms": 2 * step / 1e3, "steps_measured": 2,
+        "device_busy": 40 / step, "bubble_ratio": 18 / step, "host_busy_max": 37 / step, "host_cpu_load": 37 / step,
+        "ops_per_step": 2.0, "launches_per_step": 2.0, "bound": "device",
+        "breakdown_framework": 10 / step, "breakdown_launch": 5 / step, "breakdown_sync": 3 / step, "breakdown_compute": 40 / step,
+        "idle_host_wait_ms": 0.018, "idle_device_wait_ms": 0.0, "idle_host_wait_share": 1.0,
+        "host_ms_framework": 0.024, "host_ms_launch": 0.010, "host_ms_sync": 0.003, "host_ms_sync_wait": 0.021,
+        "host_ms_alloc": 0.0, "host_ms_tiling": 0.0, "host_ms_copy": 0.0,
+        "launch_to_start_us_mean": 1.5, "launch_to_start_us_p50": 1.5, "launch_to_start_us_p90": 3.0, "launch_to_start_us_p99": 3.0,
+        "launch_to_start_us_max": 3.0,
+    }
+    assert {key: measured[key] for key in expected} == pytest.approx(expected)
+    others = [key for key in measured if key.startswith("breakdown_") and key not in expected]
+    assert others and all(measured[key] == 0.0 for key in others)
+
+
+@pytest.mark.parametrize("name", ["hta_gpu_annot_gp100", "hta_alexnet_a100"])
+def test_measured_step_percentiles_are_those_of_the_step_table(name, imported):
+    im = imported[name]
+    latency = [row["latency_ms"] for row in step_table(im) if row["replayed"]]
+    measured = measured_summary(im)
+    for q in (50, 99):
+        assert measured[f"step_ms_p{q}"] == pytest.approx(np.percentile(latency, q))
+    assert measured["step_ms_mean"] == pytest.approx(np.mean(latency)) and measured["steps_measured"] == len(latency)
+
+
 # Device tasks, those linked to the call that issued them, issuing calls (launches, graph launches,
 # copies, memsets), those linked to a task. The kernels among them are REFERENCE's counts; the rest are
 # copies and memsets (the Ascend trace's two unlinked tasks are its hardware tasks without a launch).
