@@ -5,7 +5,7 @@ the survivors and why the equivalent ones are).
     pip install -e '.[test]'
     python tools/mutation/run.py                          # every target; resumes where it stopped
     python tools/mutation/run.py --target engine --target policies
-    python tools/mutation/run.py --retest                 # the survivors again (after adding tests)
+    python tools/mutation/run.py --retest                 # the survivors again, first (after adding tests)
     python tools/mutation/run.py --minutes 60             # an hour's random sample of the mutants left
     python tools/mutation/run.py --report docs/testing.md # rewrite the results section of the doc
     python tools/mutation/run.py --survivors              # survivors, as entries of equivalent.toml
@@ -192,10 +192,12 @@ def ensure_session(module: str) -> None:
     stamp.write_text(json.dumps({"module": module, "digest": digest}))
 
 
-def forget_survivors(module: str) -> int:
-    """Drop the survivors' results so that they run again."""
+def forget_survivors(module: str) -> set[str]:
+    """Drop the survivors' results so that they run again; their job ids."""
     with sqlite3.connect(session_file(module)) as connection:
-        return connection.execute("delete from work_results where test_outcome = 'SURVIVED'").rowcount
+        jobs = {row[0] for row in connection.execute("select job_id from work_results where test_outcome = 'SURVIVED'")}
+        connection.execute("delete from work_results where test_outcome = 'SURVIVED'")
+    return jobs
 
 
 # ---------------------------------------------------------------- trees and baselines
@@ -413,10 +415,10 @@ def _test_mutant(mutations, command: str, timeout_s: float) -> WorkResult:
     return mutate_and_test(mutations, command, timeout_s)
 
 
-def run_mutants(targets: list[Target], workers: int, minutes: float | None = None) -> None:
+def run_mutants(targets: list[Target], workers: int, minutes: float | None = None, first: set[str] = frozenset()) -> None:
     """Run the pending mutants of the targets, in a shuffled order (fixed seed): a run stopped early,
     by `minutes` or by hand, leaves results that are a random sample of every target's mutants, not the
-    first functions of the first module."""
+    first functions of the first module. The jobs in `first` (survivors run again) go before the rest."""
     jobs = []
     for target in targets:
         reach = Coverage(target)
@@ -435,6 +437,7 @@ def run_mutants(targets: list[Target], workers: int, minutes: float | None = Non
         print("mutation: nothing left to run", file=sys.stderr)
         return
     random.Random(0).shuffle(jobs)
+    jobs.sort(key=lambda job: job[2].job_id not in first)
     deadline = time.perf_counter() + minutes * 60 if minutes else None
     context = multiprocessing.get_context("fork")
     slots = context.Queue()
@@ -637,7 +640,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--targets-file", type=Path, default=TARGETS_FILE, help="targets and their tests (default: %(default)s)")
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--minutes", type=float, help="stop starting mutants after this long (the rest wait for the next run)")
-    parser.add_argument("--retest", action="store_true", help="run the survivors again")
+    parser.add_argument("--retest", action="store_true", help="run the survivors again, before the mutants not run yet")
     parser.add_argument("--report", type=Path, metavar="DOC", help="only write the results section of DOC (docs/testing.md)")
     parser.add_argument("--survivors", action="store_true", help="only print the survivors as equivalent.toml entries")
     args = parser.parse_args(argv)
@@ -646,11 +649,14 @@ def main(argv: list[str] | None = None) -> int:
         print(survivors_toml(collect(targets)))
         return 0
     if args.report is None:
+        again: set[str] = set()
         for target in targets:
             for module in target.modules:
                 ensure_session(module)
                 if args.retest:
-                    print(f"mutation: {module}: {forget_survivors(module)} survivors to run again", file=sys.stderr)
+                    forgotten = forget_survivors(module)
+                    again |= forgotten
+                    print(f"mutation: {module}: {len(forgotten)} survivors to run again (first)", file=sys.stderr)
         workers = max(1, args.workers)
         for k in range(workers):
             copy_tree(tree(k))
@@ -662,7 +668,7 @@ def main(argv: list[str] | None = None) -> int:
             target.test_s = test_seconds(target, workers)
             print(f"mutation: {target.name}: tests take {target.baseline_s:.0f} s unmutated; a mutant's limit at most {target.timeout_s(None):.0f} s",
                   file=sys.stderr)
-        run_mutants(targets, workers, args.minutes)
+        run_mutants(targets, workers, args.minutes, again)
     text = report(collect(targets))
     if args.report is not None:
         write_report(args.report, text)
