@@ -129,9 +129,9 @@ def test_driver_calls_count_only_where_no_runtime_call_holds_them(tmp_path):
         KERNEL,
     ]
     calls = load_profile(_trace_file(tmp_path, events)).calls
-    assert calls[["name", "thread", "start_us", "end_us", "key"]].values.tolist() == [
-        ["cudaLaunchKernel", 1, 0.0, 5.0, 8], ["cudaLaunchKernel", 3, 0.0, 5.0, 10], ["cuLaunchKernel", 2, 1.0, 4.0, 9],
-        ["cuMemAlloc", 1, 18.0, 20.0, -1],
+    assert calls[["name", "thread", "start_us", "end_us", "launch_us", "key"]].values.tolist() == [
+        ["cudaLaunchKernel", 1, 0.0, 5.0, 5.0, 8], ["cudaLaunchKernel", 3, 0.0, 5.0, 5.0, 10], ["cuLaunchKernel", 2, 1.0, 4.0, 3.0, 9],
+        ["cuMemAlloc", 1, 18.0, 20.0, 2.0, -1],
     ]
 
 
@@ -160,3 +160,12 @@ def test_collectives_go_to_the_comm_stream(tmp_path):
     ops = ops_table(import_profile(load_profile(path)))
     device = ops[ops["stream"].notna()]
     assert device[["kind", "stream"]].values.tolist() == [["vector", 0], ["vector", 0], ["comm", 1]]
+
+
+def test_text_timestamps_keep_their_fraction(tmp_path):
+    """Timestamps written as text, 16 digits and a fraction: the launch at …002.1 µs, its kernel at
+    …010.3 µs starts 8.2 µs after it (a float of the whole stamp would keep quarters of a µs only)."""
+    events = [{**LAUNCH, "ts": "1704161511422002.1"}, {**KERNEL, "ts": "1704161511422010.3"}]
+    profile = load_profile(_trace_file(tmp_path, events))
+    assert profile.calls[["start_us", "end_us"]].values.tolist() == [[0.0, 5.0]]
+    assert profile.tasks[["start_us", "end_us"]].values.tolist() == [[pytest.approx(8.2, abs=1e-9), pytest.approx(13.2, abs=1e-9)]]

@@ -7,6 +7,7 @@ and the replay of each op list against what the trace measured.
 """
 from __future__ import annotations
 
+import copy
 import gzip
 import json
 import shlex
@@ -37,7 +38,7 @@ from harness.importers.measure import linkage, measured_summary, peer_breakdown,
 from harness.profile import replay_overrides
 from harness.run import simulate_run
 from harness.workload import build_workload
-from synthetic_trace import Layout, expected_step_us, kineto_trace
+from synthetic_trace import GPU, PID, TID, Layout, expected_step_us, kineto_trace
 
 TRACES = Path(__file__).parent / "data" / "traces"
 
@@ -269,6 +270,34 @@ def test_synthetic_trace_measures_by_hand(tmp_path):
     assert {key: measured[key] for key in expected} == pytest.approx(expected)
     others = [key for key in measured if key.startswith("breakdown_") and key not in expected]
     assert others and all(measured[key] == 0.0 for key in others)
+
+
+def test_where_the_clock_starts_changes_nothing(tmp_path):
+    """The synthetic trace of two steps, plus a kernel launched from a second thread at 1110 µs, before
+    the stream's last kernel ends (1117), that starts at 1140: a 23 µs kernel wait to HTA (launched
+    before the gap began, shorter than 30 µs). The same trace with an earlier event of a category the
+    importer skips (the clock then starts before the first event it keeps), or with its timestamps
+    written as text, reads the same."""
+    late = [
+        {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": PID, "tid": TID + 1, "ts": 1110, "dur": 2, "args": {"correlation": 900}},
+        {"ph": "X", "cat": "kernel", "name": "void late<float>(float*)", "pid": GPU, "tid": 7, "ts": 1140, "dur": 5,
+         "args": {"correlation": 900, "stream": 7, "device": GPU}},
+    ]
+    plain = kineto_trace(Layout(steps=2, ops=2, events=late))
+    early = copy.deepcopy(plain)
+    early["traceEvents"].append({"ph": "X", "cat": "python_function", "name": "<module>", "pid": PID, "tid": TID, "ts": 900, "dur": 1})
+    text = copy.deepcopy(plain)
+    for event in text["traceEvents"]:
+        if "ts" in event:
+            event["ts"] = str(event["ts"])
+    read = []
+    for name, content in (("plain", plain), ("early", early), ("text", text)):
+        path = tmp_path / f"{name}.json"
+        path.write_text(json.dumps(content))
+        im = import_profile(load_profile(path))
+        read.append((peer_breakdown(im), im.profile.calls.to_dict("list"), im.profile.tasks.to_dict("list")))
+    assert read[0][0]["idle_kernel_wait_us"] == 23.0 and read[0][0]["window_ms"] == pytest.approx(0.130)  # 15 µs to 1145 µs
+    assert read[1] == read[0] and read[2] == read[0]
 
 
 @pytest.mark.parametrize("name", ["hta_gpu_annot_gp100", "hta_alexnet_a100"])
