@@ -100,6 +100,8 @@ def test_the_repeated_mark_is_the_most_frequent_that_never_overlaps_itself():
     assert _repeated_mark(marks) == "fwd"
     overlapping = marks.assign(end_us=[12.0, 19.0, 29.0, 5.0, 15.0, 3.0, 4.0])  # fwd's first occurrence overlaps its second
     assert _repeated_mark(overlapping) == "layer"
+    later = marks.assign(end_us=[9.0, 21.0, 29.0, 5.0, 15.0, 3.0, 4.0])  # only the second overlaps the third
+    assert _repeated_mark(later) == "layer"
     # Equally frequent: the one that starts first.
     tie = pd.DataFrame({"thread": [1] * 4, "name": ["b", "a", "b", "a"], "start_us": [1.0, 0.0, 11.0, 10.0], "end_us": [2.0, 1.0, 12.0, 11.0]})
     assert _repeated_mark(tie) == "a"

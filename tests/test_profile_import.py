@@ -22,6 +22,7 @@ from conftest import compose_run
 from harness.importers import ProfileError, load_profile
 from harness.importers.core import find_windows, import_profile, ops_table, write_ops_table
 from harness.importers.events import (
+    CALL_ALLOC,
     CALL_COPY,
     CALL_COPY_SYNC,
     CALL_GRAPH,
@@ -29,6 +30,7 @@ from harness.importers.events import (
     CALL_OTHER,
     CALL_RECORD,
     CALL_SYNC,
+    CALL_TILING,
     CALL_WAIT,
     TASK_COMM,
     TASK_KERNEL,
@@ -125,6 +127,13 @@ def test_ascend_trace_is_the_async_dispatch_of_the_harness(imported, tmp_path):
     assert len(launched) == int((im.profile.calls["kind"] == CALL_LAUNCH).sum()) == 146
     assert (launched["framework_us"] > 0).all()
     assert ops["tiling_us"].sum() > 0  # aclnn*GetWorkspaceSize on the Python thread
+    # Every tiling query and allocation call of the step is host time of some op, whole: the host time
+    # around them always holds them here.
+    calls, window = im.profile.calls, im.found[0].window
+    inside = calls[(calls["start_us"] >= window.start_us) & (calls["end_us"] <= window.end_us)]
+    for kind, column in ((CALL_TILING, "tiling_us"), (CALL_ALLOC, "alloc_us")):
+        mine = inside[inside["kind"] == kind]
+        assert len(mine) > 0 and ops[column].sum() == pytest.approx((mine["end_us"] - mine["start_us"]).sum())
 
 
 @pytest.mark.parametrize("name", sorted(STEPS))
