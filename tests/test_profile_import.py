@@ -281,6 +281,22 @@ def test_synthetic_trace_measures_by_hand(tmp_path):
     assert others and all(measured[key] == 0.0 for key in others)
 
 
+def test_a_sync_with_nothing_launched_is_host_time(tmp_path):
+    """Each step opens with a 3 µs cudaDeviceSynchronize at 1 µs, before any launch: nothing to wait
+    for, so all of it is the sync's own host time; the first op's framework time runs from its end (4 µs)
+    to the launch (10 µs)."""
+    syncs = [{"ph": "X", "cat": "cuda_runtime", "name": "cudaDeviceSynchronize", "pid": PID, "tid": TID, "ts": ts, "dur": 3,
+              "args": {"correlation": 700 + k}} for k, ts in enumerate((1001, 1063))]
+    path = tmp_path / "synthetic.json"
+    path.write_text(json.dumps(kineto_trace(Layout(steps=2, ops=2, events=syncs))))
+    ops = ops_table(import_profile(load_profile(path)))
+    step = ops[ops["step"] == 0]
+    assert step[["name", "framework_us", "launch_us", "host_us"]].values.tolist() == [
+        ["[sync] cudaDeviceSynchronize", 1.0, 0.0, 3.0], ["aten::op0", 6.0, 5.0, 0.0], ["aten::op1", 12.0, 5.0, 0.0],
+        ["[sync] cudaStreamSynchronize", 2.0, 0.0, 3.0],
+    ]
+
+
 def test_where_the_clock_starts_changes_nothing(tmp_path):
     """The synthetic trace of two steps, plus a kernel launched from a second thread at 1110 µs, before
     the stream's last kernel ends (1117), that starts at 1140: a 23 µs kernel wait to HTA (launched
