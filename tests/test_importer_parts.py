@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import types
 
 import numpy as np
 import pandas as pd
@@ -171,3 +172,18 @@ def test_text_timestamps_keep_their_fraction(tmp_path):
     profile = load_profile(_trace_file(tmp_path, events))
     assert profile.calls[["start_us", "end_us"]].values.tolist() == [[0.0, 5.0]]
     assert profile.tasks[["start_us", "end_us"]].values.tolist() == [[pytest.approx(8.2, abs=1e-9), pytest.approx(13.2, abs=1e-9)]]
+
+
+def test_trace_streams_map_to_harness_streams():
+    """The busiest compute stream is 0, streams of collectives 1, the other streams 2, 3, … in order of
+    first use; beyond the last harness stream (15) they share it."""
+    from harness.importers.core import MAX_STREAMS, harness_streams
+
+    def op(stream, kind="vector", device_us=1.0):
+        return {"trace_stream": stream, "kind": kind, "device_us": device_us}
+
+    step = types.SimpleNamespace(ops=[op(-1, "host"), op(3), op(7, device_us=50.0), op(9, "comm"), op(4), op(7), op(5)])
+    assert harness_streams(None, [step]) == {7: 0, 9: 1, 3: 2, 4: 3, 5: 4}
+    many = types.SimpleNamespace(ops=[op(100, device_us=9.0)] + [op(s) for s in range(MAX_STREAMS + 2)])
+    mapping = harness_streams(None, [many])
+    assert mapping[100] == 0 and [mapping[s] for s in range(MAX_STREAMS + 2)] == list(range(2, MAX_STREAMS)) + [MAX_STREAMS - 1] * 4

@@ -322,6 +322,9 @@ def test_where_the_clock_starts_changes_nothing(tmp_path):
         im = import_profile(load_profile(path))
         read.append((peer_breakdown(im), im.profile.calls.to_dict("list"), im.profile.tasks.to_dict("list")))
     assert read[0][0]["idle_kernel_wait_us"] == 23.0 and read[0][0]["window_ms"] == pytest.approx(0.130)  # 15 µs to 1145 µs
+    # The one other gap: from the first step's last kernel (55 µs) to the second step's first (77 µs),
+    # launched at 72 µs, after the gap began.
+    assert read[0][0]["idle_host_wait_us"] == 22.0 and read[0][0]["idle_other_us"] == 0.0
     assert read[1] == read[0] and read[2] == read[0]
 
 
