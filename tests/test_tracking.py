@@ -136,7 +136,11 @@ def test_a_run_is_logged_with_every_number_its_params_and_its_step_series(tmp_pa
     summary = {"throughput_tok_s": 12.5, "tasks_simulated": 2**40, "graph_captures": 2, "bound": "host", "graph_note": "a note",
                "padding_waste": 0.25, "nan_value": float("nan"), "flag": True}
     steps = pd.DataFrame({"step": [0, 1, 2], "latency_ms": [3000.0, 2.0, 2.5], "measured": [False, True, True]})
-    params = {"workload.batch_size": 8, "long": "y" * (MAX_PARAM_CHARS + 10), "exact": "z" * MAX_PARAM_CHARS}
+    # MLflow's own limit, not ours: a value of exactly that length is logged whole, one more is cut.
+    from mlflow.utils.validation import MAX_PARAM_VAL_LENGTH
+
+    assert MAX_PARAM_CHARS == MAX_PARAM_VAL_LENGTH
+    params = {"workload.batch_size": 8, "long": "y" * (MAX_PARAM_VAL_LENGTH + 1), "exact": "z" * MAX_PARAM_VAL_LENGTH}
     run_id = log_run(tracking, folder, summary, steps, params, NAMES, "workload.batch_size=8")
     client = mlflow.MlflowClient(tracking_uri=store)
     run = client.get_run(run_id)
@@ -145,8 +149,8 @@ def test_a_run_is_logged_with_every_number_its_params_and_its_step_series(tmp_pa
                                 "step_ms": 2.5, "warmup_step_ms": 3000.0}
     assert [(m.step, m.value) for m in client.get_metric_history(run_id, "step_ms")] == [(1, 2.0), (2, 2.5)]
     assert [(m.step, m.value) for m in client.get_metric_history(run_id, "warmup_step_ms")] == [(0, 3000.0)]
-    assert run.data.params["workload.batch_size"] == "8" and run.data.params["exact"] == "z" * MAX_PARAM_CHARS
-    assert run.data.params["long"] == "y" * (MAX_PARAM_CHARS - 3) + "..."
+    assert run.data.params["workload.batch_size"] == "8" and run.data.params["exact"] == "z" * MAX_PARAM_VAL_LENGTH
+    assert run.data.params["long"] == "y" * (MAX_PARAM_VAL_LENGTH - 3) + "..."
     tags = run.data.tags
     assert {k: tags[k] for k in ("hardware", "workload", "strategy", "bound", "run_dir", "overrides", "notes", "files_only_in_run_dir")} == {
         **{k: NAMES[k] for k in ("hardware", "workload", "strategy")}, "bound": "host", "run_dir": str(folder),
