@@ -12,7 +12,9 @@ import pytest
 
 from harness.importers import load_profile
 from harness.importers.core import Window, _repeated_mark, _windows_between, find_windows, import_profile, op_kind, ops_table, short_name
-from harness.importers.events import TASK_COMM, TASK_COPY, TASK_KERNEL, TASK_SET, Clock, ProfileError, innermost, nesting_parents, read_json, top_level
+from harness.importers.events import (
+    CALL_COLUMNS, TASK_COMM, TASK_COPY, TASK_KERNEL, TASK_SET, Clock, ProfileError, innermost, nesting_parents, read_json, top_level,
+)
 from synthetic_trace import GPU, PID, TID, Layout, kineto_trace
 
 
@@ -132,6 +134,7 @@ def test_driver_calls_count_only_where_no_runtime_call_holds_them(tmp_path):
         KERNEL,
     ]
     calls = load_profile(_trace_file(tmp_path, events)).calls
+    assert list(calls.columns) == list(CALL_COLUMNS)
     assert calls[["name", "thread", "start_us", "end_us", "launch_us", "key"]].values.tolist() == [
         ["cudaLaunchKernel", 1, 0.0, 5.0, 5.0, 8], ["cudaLaunchKernel", 3, 0.0, 5.0, 5.0, 10], ["cuLaunchKernel", 2, 1.0, 4.0, 3.0, 9],
         ["cuMemAlloc", 1, 18.0, 20.0, 2.0, -1],
@@ -187,3 +190,32 @@ def test_trace_streams_map_to_harness_streams():
     many = types.SimpleNamespace(ops=[op(100, device_us=9.0)] + [op(s) for s in range(MAX_STREAMS + 2)])
     mapping = harness_streams(None, [many])
     assert mapping[100] == 0 and [mapping[s] for s in range(MAX_STREAMS + 2)] == list(range(2, MAX_STREAMS)) + [MAX_STREAMS - 1] * 4
+
+
+def test_ops_of_a_trace_without_framework_ops_by_hand(tmp_path):
+    """Two launches (correlation 0 and 1; no framework op around them, so each op is named after its
+    kernel) and a blocking cudaMemcpy. Times from the first call (2 µs): launch a [0,5], kernel a [8,13];
+    launch b [18,23], kernel b [24,29]; cudaMemcpy [38,53.5] whose copy runs [43,53], so 0.5 µs of the
+    call is the sync's own. Framework time is the host time since the previous call."""
+    def call(name, ts, dur, correlation):
+        return {"ph": "X", "cat": "cuda_runtime", "name": name, "pid": 1, "tid": 1, "ts": ts, "dur": dur, "args": {"correlation": correlation}}
+
+    def task(cat, name, ts, dur, correlation):
+        args = {"correlation": correlation, "stream": 7, "device": 0}
+        return {"ph": "X", "cat": cat, "name": name, "pid": 0, "tid": 7, "ts": ts, "dur": dur, "args": args}
+
+    events = [
+        call("cudaLaunchKernel", 2, 5, 0), task("kernel", "void gemm_a<float>(float*)", 10, 5, 0),
+        call("cudaLaunchKernel", 20, 5, 1), task("kernel", "void gemm_b<float>(float*)", 26, 5, 1),
+        call("cudaMemcpy", 40, 15.5, 2), task("gpu_memcpy", "Memcpy DtoH (Device -> Pageable)", 45, 10, 2),
+    ]
+    imported = import_profile(load_profile(_trace_file(tmp_path, events)))
+    assert imported.rule == "whole" and imported.kept == [0]
+    ops = ops_table(imported)
+    assert ops[["name", "kind", "device_us", "framework_us", "launch_us", "host_us"]].values.tolist() == [
+        ["gemm_a", "cube", 5.0, 0.0, 5.0, 0.0],
+        ["gemm_b", "cube", 5.0, 13.0, 5.0, 0.0],
+        ["Memcpy DtoH  Pageable", "copy", 10.0, 15.0, 0.0, 0.0],
+        ["[sync] cudaMemcpy", "sync", pytest.approx(np.nan, nan_ok=True), 0.0, 0.0, 0.5],
+    ]
+    assert ops["group"].isna().all() and list(ops["after"]) == ["-", "0", "1", "2"]

@@ -465,6 +465,7 @@ def test_bad_traces_fail_in_one_line_and_write_nothing(tmp_path, content, extra,
         ("cudaGraphLaunch", CALL_GRAPH), ("hipGraphLaunch", CALL_GRAPH), ("cudaMemcpyAsync", CALL_COPY),
         ("cudaMemcpy", CALL_COPY_SYNC), ("hipMemcpyWithStream", CALL_COPY_SYNC), ("cudaStreamSynchronize", CALL_SYNC),
         ("hipDeviceSynchronize", CALL_SYNC), ("cudaEventSynchronize", CALL_SYNC), ("cudaEventRecord", CALL_RECORD),
+        ("cudaEventRecordWithFlags", CALL_RECORD),
         ("cudaStreamWaitEvent", CALL_WAIT), ("cudaEventQuery", CALL_OTHER), ("cudaStreamIsCapturing", CALL_OTHER),
     ],
 )
