@@ -166,3 +166,20 @@ def test_a_continue_that_coverage_never_reports_gets_the_tests_of_its_if(tmp_pat
     assert reach.tests_for("m.py", 4) == ["tests/test_a.py::test_one"]
     assert reach.tests_for("m.py", 6) == ["tests/test_a.py::test_two"]
     assert reach.tests_for("m.py", 7) == []  # a plain statement keeps its own lines
+
+
+def test_retesting_forgets_the_survivors_not_judged_equivalent(tmp_path, monkeypatch):
+    from cosmic_ray.work_db import WorkDB, use_db
+    from cosmic_ray.work_item import MutationSpec, TestOutcome, WorkerOutcome, WorkItem, WorkResult
+
+    monkeypatch.setattr(mutation, "session_file", lambda module: tmp_path / "m.sqlite")
+    (tmp_path / "equivalent.toml").write_text("[[mutant]]\nmodule = 'm.py'\nfunction = 'f'\nbefore = 'x = 1'\nafter = 'x = 2'\nwhy = 'never read'\n")
+    diffs = {"job0": ("x = 1", "x = 2"), "job1": ("y = 1", "y = 2"), "job2": ("z = 1", "z = 2")}
+    with use_db(str(tmp_path / "m.sqlite"), WorkDB.Mode.create) as db:
+        for k, (job, (before, after)) in enumerate(diffs.items()):
+            db.add_work_item(WorkItem.single(job, MutationSpec("m.py", "core/NumberReplacer", k, (k + 1, 4), (k + 1, 5), definition_name="f")))
+            outcome = TestOutcome.KILLED if job == "job2" else TestOutcome.SURVIVED
+            db.set_result(job, WorkResult(WorkerOutcome.NORMAL, "", outcome, f"--- a\n+++ b\n-    {before}\n+    {after}\n"))
+    assert mutation.forget_survivors("m.py", mutation.Equivalents(tmp_path / "equivalent.toml")) == {"job1"}
+    with use_db(str(tmp_path / "m.sqlite"), WorkDB.Mode.open) as db:
+        assert sorted(item.job_id for item in db.pending_work_items) == ["job1"]

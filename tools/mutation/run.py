@@ -192,11 +192,17 @@ def ensure_session(module: str) -> None:
     stamp.write_text(json.dumps({"module": module, "digest": digest}))
 
 
-def forget_survivors(module: str) -> set[str]:
-    """Drop the survivors' results so that they run again; their job ids."""
+def forget_survivors(module: str, equivalent: "Equivalents | None" = None) -> set[str]:
+    """Drop the results of the survivors not judged equivalent, so that they run again; their job ids."""
+    equivalent = equivalent or Equivalents()
+    with use_db(str(session_file(module)), WorkDB.Mode.open) as db:
+        survivors = [(item, result) for item, result in db.completed_work_items if result.test_outcome == TestOutcome.SURVIVED]
+    jobs = {
+        item.job_id for item, result in survivors
+        if not equivalent.why(module, item.mutations[0].definition_name or "<module>", *changed_lines(result.diff or ""))
+    }
     with sqlite3.connect(session_file(module)) as connection:
-        jobs = {row[0] for row in connection.execute("select job_id from work_results where test_outcome = 'SURVIVED'")}
-        connection.execute("delete from work_results where test_outcome = 'SURVIVED'")
+        connection.executemany("delete from work_results where job_id = ?", [(job,) for job in jobs])
     return jobs
 
 
