@@ -219,3 +219,15 @@ def test_ops_of_a_trace_without_framework_ops_by_hand(tmp_path):
         ["[sync] cudaMemcpy", "sync", pytest.approx(np.nan, nan_ok=True), 0.0, 0.0, 0.5],
     ]
     assert ops["group"].isna().all() and list(ops["after"]) == ["-", "0", "1", "2"]
+
+
+def test_events_without_a_duration_last_nothing(tmp_path):
+    """A launch, its kernel and a step mark with no `dur` (the mark with no thread either: thread 0);
+    times from the mark at 1 µs."""
+    launch = {k: v for k, v in LAUNCH.items() if k != "dur"}
+    kernel = {k: v for k, v in KERNEL.items() if k != "dur"}
+    mark = {"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#0", "pid": 1, "ts": 1}
+    profile = load_profile(_trace_file(tmp_path, [launch, kernel, mark]))
+    assert profile.calls[["start_us", "end_us"]].values.tolist() == [[1.0, 1.0]]
+    assert profile.tasks[["start_us", "end_us"]].values.tolist() == [[9.0, 9.0]]
+    assert profile.marks.values.tolist() == [[0, 0.0, 0.0, "ProfilerStep#0"]]
