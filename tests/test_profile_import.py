@@ -125,6 +125,9 @@ def test_ascend_trace_is_the_async_dispatch_of_the_harness(imported, tmp_path):
     launched = ops[ops["launch_us"] > 0]
     # The Dequeue on the launch thread is the launch; the Enqueue on the Python thread is framework time.
     assert len(launched) == int((im.profile.calls["kind"] == CALL_LAUNCH).sum()) == 146
+    # Each launch stands where its op was enqueued (two Python threads), not on the launch thread (439084).
+    calls = im.profile.calls
+    assert calls[calls["kind"] == CALL_LAUNCH].groupby("thread").size().to_dict() == {437675: 113, 439228: 33}
     assert (launched["framework_us"] > 0).all()
     assert ops["tiling_us"].sum() > 0  # aclnn*GetWorkspaceSize on the Python thread
     # Every tiling query and allocation call of the step is host time of some op, whole: the host time
