@@ -128,6 +128,9 @@ def test_ascend_trace_is_the_async_dispatch_of_the_harness(imported, tmp_path):
     # Each launch stands where its op was enqueued (two Python threads), not on the launch thread (439084).
     calls = im.profile.calls
     assert calls[calls["kind"] == CALL_LAUNCH].groupby("thread").size().to_dict() == {437675: 113, 439228: 33}
+    # Calls outside any framework op: the launch thread's own 51 (no Python ops there) and one sync.
+    outside = calls[calls["op"] == ""]
+    assert outside.groupby(["kind", "thread"]).size().to_dict() == {(CALL_OTHER, 439085): 51, (CALL_SYNC, 437675): 1}
     assert (launched["framework_us"] > 0).all()
     assert ops["tiling_us"].sum() > 0  # aclnn*GetWorkspaceSize on the Python thread
     # Every tiling query and allocation call of the step is host time of some op, whole: the host time
