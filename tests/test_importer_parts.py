@@ -231,3 +231,15 @@ def test_events_without_a_duration_last_nothing(tmp_path):
     assert profile.calls[["start_us", "end_us"]].values.tolist() == [[1.0, 1.0]]
     assert profile.tasks[["start_us", "end_us"]].values.tolist() == [[9.0, 9.0]]
     assert profile.marks.values.tolist() == [[0, 0.0, 0.0, "ProfilerStep#0"]]
+
+
+@pytest.mark.parametrize("kernel_ts, not_before_us", [(57.0, None), (57.5, 55.5)])
+def test_a_kernel_later_than_50_us_after_its_launch_waited_for_unseen_work(tmp_path, kernel_ts, not_before_us):
+    """The launch returns at 5 µs (times from its start at 2 µs): a kernel starting 50 µs later is
+    explained; 50.5 µs later, it waited for device work the trace does not show, until 55.5 µs."""
+    events = [LAUNCH, {**KERNEL, "ts": kernel_ts}]
+    ops = ops_table(import_profile(load_profile(_trace_file(tmp_path, events))))
+    kernel = ops[ops["name"] == "k"]
+    assert len(kernel) == 1
+    waited = float(kernel["not_before_us"].iloc[0])
+    assert waited == pytest.approx(not_before_us) if not_before_us else np.isnan(waited)
