@@ -98,6 +98,19 @@ def test_the_tests_of_a_mutant_are_those_reaching_its_statement(tmp_path, monkey
     assert reach.tests_for("m.py", 7) is None
 
 
+def test_a_line_run_while_a_test_was_set_up_runs_that_tests_file(tmp_path, monkeypatch):
+    """A module-scoped fixture runs in the setup of the first test using it: coverage credits that test
+    alone, though every test of the file may use what it built."""
+    monkeypatch.setattr(mutation, "REPO", tmp_path)
+    monkeypatch.setattr(mutation, "tree", lambda k: tmp_path)
+    (tmp_path / "m.py").write_text("def f(x):\n    y = x + 1\n    return y\n")
+    reach = mutation.Coverage.__new__(mutation.Coverage)
+    reach.target, reach.parsed = mutation.Target("t", ["m.py"], ["tests/test_a.py", "tests/test_b.py"]), {}
+    contexts = {2: {"tests/test_a.py::test_one|setup", "tests/test_a.py::test_two|run", "tests/test_b.py::test_three|run"}}
+    reach.data = type("Data", (), {"contexts_by_lineno": lambda self, path: contexts})()
+    assert reach.tests_for("m.py", 2) == ["tests/test_a.py", "tests/test_b.py::test_three"]
+
+
 def test_a_mutants_time_limit_follows_its_tests():
     target = mutation.Target("t", ["m.py"], ["tests/test_a.py"], baseline_s=100.0, test_s={"tests/test_a.py::f": 2.0, "tests/test_a.py::g": 3.0})
     assert target.timeout_s(["tests/test_a.py::f", "tests/test_a.py::g"]) == mutation.TIMEOUT_FACTOR * 5 + mutation.TIMEOUT_EXTRA_S

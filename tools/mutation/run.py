@@ -386,7 +386,15 @@ class Coverage:
             # line never reports: take the tests that reach the statement holding it.
             for number in self._jump_holder_lines(parsed, line):
                 contexts.update(by_line.get(number, ()))
-        tests = {re.sub(r"\[.*$", "", c.rsplit("|", 1)[0]) for c in contexts if c}
+        tests: set[str] = set()
+        for context in filter(None, contexts):
+            name, _, phase = context.partition("|")
+            test = re.sub(r"\[.*$", "", name)
+            path = test.split("::")[0]
+            # A line run while a test was set up may belong to a fixture that other tests of the file
+            # share (scope="module"): coverage credits only the first of them. Run the whole file.
+            tests.add(path if phase == "setup" and path in self.target.tests else test)
+        tests = {t for t in tests if "::" not in t or t.split("::")[0] not in tests}
         order = {path: i for i, path in enumerate(self.target.tests)}
         return sorted(tests, key=lambda t: (order.get(t.split("::")[0], len(order)), t))
 
