@@ -161,6 +161,18 @@ def test_carried_in_work_and_a_wait_for_unseen_work_by_hand(tmp_path):
     assert "device.unseen" in outcome.result.graph.lane_names
 
 
+def test_a_wait_for_unseen_work_holds_only_in_the_steps_that_had_it(tmp_path):
+    """k (3 µs, no host cost) waits for unseen work until 10 µs in step 0; in step 1 nothing held its
+    stream: it starts at once."""
+    outcome = measured_run(
+        tmp_path,
+        f"step,name,kind,stream,device_us,after,carried_in,not_before_us,{STAGES}\n"
+        "0,k,vector,0,3,-,0,10,0,0,0,0,0,0\n"
+        "1,k,vector,0,3,-,0,,0,0,0,0,0,0\n",
+    )
+    assert (outcome.steps["latency_ms"] * 1e3).tolist() == pytest.approx([13.0, 3.0])
+
+
 @pytest.mark.parametrize("second_stream,step_us", [(2, 14.0), (0, 22.0)])
 def test_more_streams_run_side_by_side(tmp_path, second_stream, step_us):
     outcome = measured_run(
