@@ -10,6 +10,7 @@ import pytest
 from conftest import compose_run, run_cli
 from harness.device import device_times
 from harness.errors import ConfigError
+from harness.graph import LANE_HOST
 from harness.result import WALL_CLOCK_KEYS
 from harness.run import simulate_run
 from harness.trace_io import write_ops_csv
@@ -171,6 +172,23 @@ def test_a_wait_for_unseen_work_holds_only_in_the_steps_that_had_it(tmp_path):
         "1,k,vector,0,3,-,0,,0,0,0,0,0,0\n",
     )
     assert (outcome.steps["latency_ms"] * 1e3).tolist() == pytest.approx([13.0, 3.0])
+
+
+def test_host_jitter_reaches_the_host_ops_and_syncs_of_a_trace(tmp_path):
+    """A kernel, a front-end op and a sync, each with host time: with host jitter on, every task on a
+    host thread (the sync's framework time and its own time included) draws a multiplier."""
+    body = (
+        f"name,kind,stream,device_us,after,{STAGES},host_us\n"
+        "a,vector,0,20,-,10,0,0,0,5,0,\n"
+        "h,host,,,0,0,0,0,0,0,0,4\n"
+        "s,sync,,,0,6,0,0,0,0,0,2\n"
+    )
+    plain, jittered = (measured_run(tmp_path, body, "workload.steps=3", f"hardware.host.jitter_cv={cv}").result for cv in (0, 0.3))
+    graph = plain.graph
+    d_plain, d_jittered = plain.end_us - plain.start_us, jittered.end_us - jittered.start_us
+    on_host = (graph.lane_kinds[graph.tasks["lane"]] == LANE_HOST) & (d_plain > 0)
+    assert on_host.sum() >= 3 * 5  # a's framework and launch, h, s's framework and its own time, in each step
+    assert np.all(np.abs(d_jittered[on_host] / d_plain[on_host] - 1) > 1e-9)
 
 
 @pytest.mark.parametrize("second_stream,step_us", [(2, 14.0), (0, 22.0)])
