@@ -308,7 +308,7 @@ def test_where_the_clock_starts_changes_nothing(tmp_path):
     the stream's last kernel ends (1117), that starts at 1140: a 23 µs kernel wait to HTA (launched
     before the gap began, shorter than 30 µs). The same trace with an earlier event of a category the
     importer skips (the clock then starts before the first event it keeps), or with its timestamps
-    written as text, reads the same."""
+    written as text with a fraction (which HTA's whole-µs rounding leaves alone), reads the same."""
     late = [
         {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": PID, "tid": TID + 1, "ts": 1110, "dur": 2, "args": {"correlation": 900}},
         {"ph": "X", "cat": "kernel", "name": "void late<float>(float*)", "pid": GPU, "tid": 7, "ts": 1140, "dur": 5,
@@ -317,10 +317,11 @@ def test_where_the_clock_starts_changes_nothing(tmp_path):
     plain = kineto_trace(Layout(steps=2, ops=2, events=late))
     early = copy.deepcopy(plain)
     early["traceEvents"].append({"ph": "X", "cat": "python_function", "name": "<module>", "pid": PID, "tid": TID, "ts": 900, "dur": 1})
-    text = copy.deepcopy(plain)
+    text = copy.deepcopy(plain)  # every stamp half a µs later, as text (never rounded), and one without a stamp
     for event in text["traceEvents"]:
         if "ts" in event:
-            event["ts"] = str(event["ts"])
+            event["ts"] = f"{event['ts'] + 0.5:.1f}"
+    text["traceEvents"].append({"ph": "i", "cat": "cpu_instant_event", "name": "[memory]", "pid": PID, "tid": TID})
     read = []
     for name, content in (("plain", plain), ("early", early), ("text", text)):
         path = tmp_path / f"{name}.json"
