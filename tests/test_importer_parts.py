@@ -243,3 +243,20 @@ def test_a_kernel_later_than_50_us_after_its_launch_waited_for_unseen_work(tmp_p
     assert len(kernel) == 1
     waited = float(kernel["not_before_us"].iloc[0])
     assert waited == pytest.approx(not_before_us) if not_before_us else np.isnan(waited)
+
+
+def test_a_graph_step_is_the_outermost_annotation_around_its_launch(tmp_path):
+    """`decode` [0,100] holds `replay` [45,60], which holds the graph launch at 50 µs: the step is decode's."""
+    events = [
+        {"ph": "X", "cat": "user_annotation", "name": "decode", "pid": 1, "tid": 1, "ts": 0, "dur": 100},
+        {"ph": "X", "cat": "user_annotation", "name": "replay", "pid": 1, "tid": 1, "ts": 45, "dur": 15},
+        {**LAUNCH, "name": "cudaGraphLaunch", "ts": 50, "dur": 3},
+        {**KERNEL, "ts": 55},
+    ]
+    assert find_windows(load_profile(_trace_file(tmp_path, events))) == ("graph", [Window("graph launch 0", 0.0, 100.0)])
+
+
+def test_entries_that_are_not_events_are_skipped(tmp_path):
+    """A number and a string in traceEvents (seen in hand-edited files) are passed over, not the end."""
+    profile = load_profile(_trace_file(tmp_path, [7, "note", LAUNCH, KERNEL]))
+    assert len(profile.calls) == 1 and len(profile.tasks) == 1
