@@ -260,3 +260,25 @@ def test_entries_that_are_not_events_are_skipped(tmp_path):
     """A number and a string in traceEvents (seen in hand-edited files) are passed over, not the end."""
     profile = load_profile(_trace_file(tmp_path, [7, "note", LAUNCH, KERNEL]))
     assert len(profile.calls) == 1 and len(profile.tasks) == 1
+
+
+def test_an_eager_step_is_not_replayed_with_graph_replays_of_the_same_kernels(tmp_path):
+    """Step 0 launches kernels a and b one by one; steps 1 and 2 replay them from one graph launch. The
+    same kernels, but issued otherwise: step 0 is left out of the op list."""
+    def call(name, ts, correlation):
+        return {**LAUNCH, "name": name, "ts": ts, "dur": 3, "args": {"correlation": correlation}}
+
+    def kernel(name, ts, correlation):
+        return {**KERNEL, "name": name, "ts": ts, "args": {**KERNEL["args"], "correlation": correlation}}
+
+    def mark(k, ts):
+        return {"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{k}", "pid": 1, "tid": 1, "ts": ts, "dur": 40}
+
+    events = [
+        mark(0, 0), call("cudaLaunchKernel", 2, 1), kernel("void a<float>()", 6, 1),
+        call("cudaLaunchKernel", 10, 2), kernel("void b<float>()", 14, 2),
+        mark(1, 50), call("cudaGraphLaunch", 52, 3), kernel("void a<float>()", 56, 3), kernel("void b<float>()", 62, 3),
+        mark(2, 100), call("cudaGraphLaunch", 102, 4), kernel("void a<float>()", 106, 4), kernel("void b<float>()", 112, 4),
+    ]
+    imported = import_profile(load_profile(_trace_file(tmp_path, events)))
+    assert (imported.rule, len(imported.found), imported.kept, list(imported.left_out)) == ("profiler", 3, [1, 2], [0])
