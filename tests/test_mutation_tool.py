@@ -193,6 +193,8 @@ def test_retesting_forgets_the_survivors_not_judged_equivalent(tmp_path, monkeyp
             db.add_work_item(WorkItem.single(job, MutationSpec("m.py", "core/NumberReplacer", k, (k + 1, 4), (k + 1, 5), definition_name="f")))
             outcome = TestOutcome.KILLED if job == "job2" else TestOutcome.SURVIVED
             db.set_result(job, WorkResult(WorkerOutcome.NORMAL, "", outcome, f"--- a\n+++ b\n-    {before}\n+    {after}\n"))
-    assert mutation.forget_survivors("m.py", mutation.Equivalents(tmp_path / "equivalent.toml")) == {"job1"}
+    monkeypatch.setattr(mutation, "first_file", lambda module: tmp_path / "m.first.json")
+    (tmp_path / "m.first.json").write_text('["job2", "job9"]')  # forgotten before: job2 has run since, job9 not
+    assert mutation.forget_survivors("m.py", mutation.Equivalents(tmp_path / "equivalent.toml")) == {"job1", "job9"}
     with use_db(str(tmp_path / "m.sqlite"), WorkDB.Mode.open) as db:
         assert sorted(item.job_id for item in db.pending_work_items) == ["job1"]

@@ -170,6 +170,7 @@ def ensure_session(module: str) -> None:
         return
     path.parent.mkdir(parents=True, exist_ok=True)
     path.unlink(missing_ok=True)
+    first_file(module).unlink(missing_ok=True)  # the job ids of another text
     spans = unmutated_spans(module)
     lines = (REPO / module).read_text().splitlines()
     cwd = os.getcwd()
@@ -192,8 +193,15 @@ def ensure_session(module: str) -> None:
     stamp.write_text(json.dumps({"module": module, "digest": digest}))
 
 
+def first_file(module: str) -> Path:
+    """The job ids of a module's survivors forgotten to run again: they stay first until they have run,
+    even when a run stops before reaching them."""
+    return STATE / "sessions" / (module.replace("/", "__") + ".first.json")
+
+
 def forget_survivors(module: str, equivalent: "Equivalents | None" = None) -> set[str]:
-    """Drop the results of the survivors not judged equivalent, so that they run again; their job ids."""
+    """Drop the results of the survivors not judged equivalent, so that they run again; the job ids of
+    every survivor waiting to run again (these and those forgotten before that have not run yet)."""
     equivalent = equivalent or Equivalents()
     with use_db(str(session_file(module)), WorkDB.Mode.open) as db:
         survivors = [(item, result) for item, result in db.completed_work_items if result.test_outcome == TestOutcome.SURVIVED]
@@ -203,6 +211,11 @@ def forget_survivors(module: str, equivalent: "Equivalents | None" = None) -> se
     }
     with sqlite3.connect(session_file(module)) as connection:
         connection.executemany("delete from work_results where job_id = ?", [(job,) for job in jobs])
+        done = {row[0] for row in connection.execute("select job_id from work_results")}
+    path = first_file(module)
+    earlier = set(json.loads(path.read_text())) if path.exists() else set()
+    jobs |= earlier - done
+    path.write_text(json.dumps(sorted(jobs)))
     return jobs
 
 
