@@ -345,7 +345,13 @@ def read_run_dir(run_dir: Path) -> tuple[dict, pd.DataFrame, dict, dict, str]:
     summary_path = run_dir / SUMMARY_FILE
     if not summary_path.is_file() or not (run_dir / STEPS_FILE).is_file():
         raise HarnessError(f"{run_dir}: not a finished run's folder (no {SUMMARY_FILE} or {STEPS_FILE})")
-    summary = json.loads(summary_path.read_text())
+    try:
+        summary = json.loads(summary_path.read_text())
+        steps = pd.read_parquet(run_dir / STEPS_FILE)
+    except (OSError, ValueError) as exc:  # a damaged or half-written file: the user's to fix, not a traceback
+        raise HarnessError(f"{run_dir}: not a finished run's folder ({type(exc).__name__}: {exc})") from exc
+    if not isinstance(summary, dict):
+        raise HarnessError(f"{summary_path}: not a run's summary (a JSON {type(summary).__name__}, not an object)")
     names = {key: summary.get(key, "none" if key == "engine" else "?") for key in ("hardware", "workload", "strategy", "engine")}
     measured = {k: v for k, v in summary.items() if k not in WHAT_RAN_KEYS and k not in names}
     params: dict = {}
@@ -354,7 +360,7 @@ def read_run_dir(run_dir: Path) -> tuple[dict, pd.DataFrame, dict, dict, str]:
         from omegaconf import OmegaConf
 
         params = flatten(OmegaConf.to_container(OmegaConf.load(config), resolve=True, enum_to_str=True))
-    return measured, pd.read_parquet(run_dir / STEPS_FILE), params, names, str(summary.get("overrides", ""))
+    return measured, steps, params, names, str(summary.get("overrides", ""))
 
 
 def log_folder(tracking: TrackingConfig, run_dir: Path, logged_as: Path | None = None) -> str | None:

@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 
 from harness.config import ArtifactPolicy, TrackingConfig
-from harness.errors import TrackingError
+from harness.errors import HarnessError, TrackingError
 from harness.tracking import (
     FAILED_ENV,
     FAILED_FILE,
@@ -174,3 +174,31 @@ def test_a_sweeps_jobs_are_read_back_from_its_folder(tmp_path):
     measured, steps, params, names, overrides = read_run_dir(sweep / "0_a")
     assert measured == {"throughput_tok_s": 5.0} and names == {"hardware": "h100", "workload": "w", "strategy": "eager", "engine": "none"}
     assert overrides == "x=1" and params == {} and steps["latency_ms"].tolist() == [1.0]
+
+
+def test_logging_folders_later_checks_them_all_before_logging_any(tmp_path, capsys):
+    """`python -m harness.tracking log good bad`: the second folder's summary is not JSON (a run killed while
+    writing it), so the command refuses in one line with exit 2 before the first is logged (the store
+    stays empty)."""
+    import mlflow
+
+    from harness.errors import EXIT_BAD_INPUT
+    from harness.tracking import main
+
+    for job, summary in (("good", '{"hardware": "h100", "workload": "w", "strategy": "eager", "throughput_tok_s": 5.0}'), ("bad", "{")):
+        (tmp_path / job).mkdir()
+        (tmp_path / job / "summary.json").write_text(summary)
+        pd.DataFrame({"step": [0], "latency_ms": [1.0], "measured": [True]}).to_parquet(tmp_path / job / "steps.parquet")
+    store = sqlite_uri(tmp_path / "mlflow.db")
+    assert main(["log", str(tmp_path / "good"), str(tmp_path / "bad"), "--uri", store]) == EXIT_BAD_INPUT
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"hostbound tracking: error: {tmp_path / 'bad'}: not a finished run's folder (JSONDecodeError" in err
+    client = mlflow.MlflowClient(tracking_uri=store)
+    assert [run for experiment in client.search_experiments() for run in client.search_runs([experiment.experiment_id])] == []
+
+
+def test_a_damaged_steps_table_is_refused_in_words(tmp_path):
+    (tmp_path / "summary.json").write_text('{"hardware": "h100"}')
+    (tmp_path / "steps.parquet").write_text("not parquet")
+    with pytest.raises(HarnessError, match=r"not a finished run.s folder \(ArrowInvalid"):
+        read_run_dir(tmp_path)
