@@ -91,9 +91,13 @@ def test_the_tests_of_a_mutant_are_those_reaching_its_statement(tmp_path, monkey
     contexts = {7: {"tests/test_a.py::test_one|run", "tests/test_b.py::test_two[1]|run"}, 8: {"tests/test_a.py::test_one|run"}, 9: {""}}
     reach.data = type("Data", (), {"contexts_by_lineno": lambda self, path: contexts})()
     assert reach.tests_for("m.py", 7) == ["tests/test_b.py::test_two", "tests/test_a.py::test_one"]  # targets.toml's file order
-    assert reach.tests_for("m.py", 5) == ["tests/test_a.py::test_one"]  # the kernel, through line 8
+    assert reach.tests_for("m.py", 5) == ["tests/test_a.py::test_one"]  # the kernel, through line 8 (test files not written yet)
     assert reach.tests_for("m.py", 9) == []  # reached only outside any test: no test to run
     assert reach.tests_for("m.py", 2) is None  # module level: every test
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / "test_b.py").write_text("from m import _kernel\n\ndef test_direct():\n    assert _kernel(1) == 2\n")
+    (tmp_path / "tests" / "test_a.py").write_text("def test_one():\n    pass\n")
+    assert reach.tests_for("m.py", 5) == ["tests/test_b.py", "tests/test_a.py::test_one"]  # test_b.py calls the kernel itself
     target.reach_all = True
     assert reach.tests_for("m.py", 7) is None
 

@@ -407,6 +407,10 @@ class Coverage:
             # A line run while a test was set up may belong to a fixture that other tests of the file
             # share (scope="module"): coverage credits only the first of them. Run the whole file.
             tests.add(path if phase == "setup" and path in self.target.tests else test)
+        if kernel is not None:
+            # Tests may call a kernel themselves (coverage sees no call site then): their whole files.
+            calls_it = re.compile(rf"\b{kernel}\b")
+            tests |= {p for p in self.target.tests if "::" not in p and (REPO / p).is_file() and calls_it.search((REPO / p).read_text())}
         tests = {t for t in tests if "::" not in t or t.split("::")[0] not in tests}
         order = {path: i for i, path in enumerate(self.target.tests)}
         return sorted(tests, key=lambda t: (order.get(t.split("::")[0], len(order)), t))
