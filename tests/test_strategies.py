@@ -11,6 +11,7 @@ from harness.config import Dispatch, Fallback, GraphMode, GraphStrategyConfig, O
 from harness.device import copy_time_us, device_times
 from harness.errors import ConfigError
 from harness.graph import CATEGORY
+from harness.metrics import LAUNCH_STAGE
 from harness.policies import BUILD, EAGER, REPLAY, fuse, prepare, trim_buckets
 from harness.result import without_wall_clock
 from harness.run import simulate_run
@@ -43,6 +44,12 @@ def test_capture_once_then_replay_hand_computed():
     assert outcome.summary["step_ms_mean"] * 1e3 == pytest.approx(replay_us)
     assert outcome.summary["capture_ms"] == pytest.approx(steps["latency_ms"][0])
     assert outcome.summary["steps_measured"] == 3
+    # One launch call a replay, the graph's trigger: on the main thread, jittered like any host work,
+    # and for no one op (the trace names it after the step).
+    assert steps["launches"].tolist() == [3, 1, 1, 1]
+    tasks = outcome.result.graph.tasks
+    trigger = tasks[(tasks["step"] == 1) & (tasks["stage"] == LAUNCH_STAGE)]
+    assert trigger[["op", "lane", "pool"]].tolist() == [(-1, 0, 0)]
 
 
 def test_replay_refreshes_dynamic_tasks_in_place():
