@@ -174,6 +174,18 @@ def test_a_wait_for_unseen_work_holds_only_in_the_steps_that_had_it(tmp_path):
     assert (outcome.steps["latency_ms"] * 1e3).tolist() == pytest.approx([13.0, 3.0])
 
 
+def test_a_syncs_host_time_runs_on_the_main_thread_before_it_waits(tmp_path):
+    """a: framework [0,10], launch [10,15], kernel [15,17]. s: its framework time [15,21] on the main
+    thread, then its own 2 µs once the kernel is done (it is): [21,23]."""
+    outcome = measured_run(
+        tmp_path,
+        f"name,kind,stream,device_us,after,{STAGES},host_us\n"
+        "a,vector,0,2,-,10,0,0,0,5,0,\n"
+        "s,sync,,,0,6,0,0,0,0,0,2\n",
+    )
+    assert outcome.summary["step_ms_mean"] * 1e3 == pytest.approx(23.0)
+
+
 def test_host_jitter_reaches_the_host_ops_and_syncs_of_a_trace(tmp_path):
     """A kernel, a front-end op and a sync, each with host time: with host jitter on, every task on a
     host thread (the sync's framework time and its own time included) draws a multiplier."""
