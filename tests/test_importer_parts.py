@@ -15,6 +15,7 @@ from harness.importers.core import Window, _repeated_mark, _windows_between, fin
 from harness.importers.events import (
     CALL_COLUMNS, TASK_COMM, TASK_COPY, TASK_KERNEL, TASK_SET, Clock, ProfileError, innermost, nesting_parents, read_json, top_level,
 )
+from harness.importers.measure import peer_breakdown
 from synthetic_trace import GPU, PID, TID, Layout, kineto_trace
 
 
@@ -257,9 +258,19 @@ def test_a_graph_step_is_the_outermost_annotation_around_its_launch(tmp_path):
 
 
 def test_entries_that_are_not_events_are_skipped(tmp_path):
-    """A number and a string in traceEvents (seen in hand-edited files) are passed over, not the end."""
-    profile = load_profile(_trace_file(tmp_path, [7, "note", LAUNCH, KERNEL]))
+    """A number, a string and a duration event with no category in traceEvents (seen in hand-edited
+    files) are passed over, not the end of the trace."""
+    uncategorised = {"ph": "X", "name": "x", "pid": 1, "tid": 1, "ts": 1, "dur": 1}
+    profile = load_profile(_trace_file(tmp_path, [7, "note", uncategorised, LAUNCH, KERNEL]))
     assert len(profile.calls) == 1 and len(profile.tasks) == 1
+
+
+def test_hta_reads_a_kernel_on_stream_1(tmp_path):
+    """One kernel of 5 µs on stream 1 (a stream number the importer must not take for 'none'): all of
+    HTA's window is compute."""
+    kernel = {**KERNEL, "tid": 1, "args": {**KERNEL["args"], "stream": 1}}
+    peer = peer_breakdown(import_profile(load_profile(_trace_file(tmp_path, [LAUNCH, kernel]))))
+    assert (peer["window_ms"], peer["compute_pct"], peer["idle_pct"]) == (pytest.approx(0.005), 100.0, 0.0)
 
 
 def test_an_eager_step_is_not_replayed_with_graph_replays_of_the_same_kernels(tmp_path):
