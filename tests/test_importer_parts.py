@@ -293,3 +293,12 @@ def test_an_eager_step_is_not_replayed_with_graph_replays_of_the_same_kernels(tm
     ]
     imported = import_profile(load_profile(_trace_file(tmp_path, events)))
     assert (imported.rule, len(imported.found), imported.kept, list(imported.left_out)) == ("profiler", 3, [1, 2], [0])
+
+
+def test_an_allocation_between_launches_is_the_next_ops_host_time(tmp_path):
+    """Launch 1 ends at 5 µs (from 2 µs); a 0.5 µs cudaMalloc at 5.1 µs; launch 2 at 5.8 µs: of the
+    0.8 µs between the launches, 0.5 µs are the second op's allocation and 0.3 µs its framework time."""
+    malloc = {"ph": "X", "cat": "cuda_runtime", "name": "cudaMalloc", "pid": 1, "tid": 1, "ts": 7.1, "dur": 0.5, "args": {}}
+    second = [{**LAUNCH, "ts": 7.8, "args": {"correlation": 9}}, {**KERNEL, "ts": 20, "args": {**KERNEL["args"], "correlation": 9}}]
+    ops = ops_table(import_profile(load_profile(_trace_file(tmp_path, [LAUNCH, KERNEL, malloc, *second]))))
+    assert ops[["framework_us", "alloc_us", "launch_us"]].values.tolist()[:2] == [[0.0, 0.0, 5.0], pytest.approx([0.3, 0.5, 5.0])]

@@ -216,6 +216,16 @@ def test_device_work_the_trace_did_not_launch_is_carried_in(imported):
     assert int(sync["after"]) in set(carried.index)  # the step's first sync waits for that work
 
 
+def test_device_work_no_call_issued_is_carried_in_alone(imported):
+    """The qwen05b trace's step holds 456 device tasks no host call of the trace launched (455 unlinked,
+    one launched before the step): each is an op of its own, carried in (no launch to wait for), in no
+    graph and no group."""
+    ops = ops_table(imported["tl_qwen05b_mi300"])
+    issued_by_none = ops[ops["name"].str.startswith(("[unlinked] ", "[launched before] "))]
+    assert issued_by_none["name"].str.startswith("[unlinked] ").sum() == 455 and len(issued_by_none) == 456
+    assert (issued_by_none["carried_in"] == 1).all() and (issued_by_none["in_graph"] == 0).all() and issued_by_none["group"].isna().all()
+
+
 def test_unseen_device_work_becomes_a_wait(imported):
     sglang = ops_table(imported["tl_sglang_qwen3_decode_mi300"])
     waited = sglang[sglang["not_before_us"].notna()]
