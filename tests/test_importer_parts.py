@@ -15,7 +15,7 @@ from harness.importers.core import Window, _repeated_mark, _windows_between, fin
 from harness.importers.events import (
     CALL_COLUMNS, TASK_COMM, TASK_COPY, TASK_KERNEL, TASK_SET, Clock, ProfileError, innermost, nesting_parents, read_json, top_level,
 )
-from harness.importers.measure import peer_breakdown
+from harness.importers.measure import measured_summary, peer_breakdown
 from synthetic_trace import GPU, PID, TID, Layout, kineto_trace
 
 
@@ -302,3 +302,28 @@ def test_an_allocation_between_launches_is_the_next_ops_host_time(tmp_path):
     second = [{**LAUNCH, "ts": 7.8, "args": {"correlation": 9}}, {**KERNEL, "ts": 20, "args": {**KERNEL["args"], "correlation": 9}}]
     ops = ops_table(import_profile(load_profile(_trace_file(tmp_path, [LAUNCH, KERNEL, malloc, *second]))))
     assert ops[["framework_us", "alloc_us", "launch_us"]].values.tolist()[:2] == [[0.0, 0.0, 5.0], pytest.approx([0.3, 0.5, 5.0])]
+
+
+def test_device_idle_is_split_into_host_and_device_waits_by_hand(tmp_path):
+    """One 40 µs step: kernel a [8,13] (launched [2,7]), kernel b [20,25] (launched [9,12], started late by
+    something the trace does not show, under the 50 µs that would make it an unseen wait). Idle: [0,8] is
+    7 µs of waiting for the host (a was not launched yet) and 1 µs for the device; [13,20], b was ready:
+    7 µs device wait; [25,40] after the last kernel: 15 µs host. On the critical path: framework
+    2 + 15 µs, launch 5 µs, compute 10 µs busy + 8 µs device wait."""
+    events = [
+        {"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#0", "pid": 1, "tid": 1, "ts": 0, "dur": 40},
+        LAUNCH, {**KERNEL, "ts": 8},
+        {**LAUNCH, "ts": 9, "dur": 3, "args": {"correlation": 9}}, {**KERNEL, "ts": 20, "args": {**KERNEL["args"], "correlation": 9}},
+    ]
+    measured = measured_summary(import_profile(load_profile(_trace_file(tmp_path, events))))
+    expected = {"step_ms_mean": 0.040, "device_busy": 10 / 40, "idle_host_wait_ms": 0.022, "idle_device_wait_ms": 0.008,
+                "idle_host_wait_share": 22 / 30, "breakdown_framework": 17 / 40, "breakdown_launch": 5 / 40, "breakdown_compute": 18 / 40}
+    assert {key: measured[key] for key in expected} == pytest.approx(expected)
+
+
+def test_union_of_intervals():
+    """[0,2] and [1,3] overlap, [3,4] touches them (one busy piece), [5,6] stands alone; none: none."""
+    from harness.importers.measure import union
+
+    assert union(np.array([[5.0, 6.0], [1.0, 3.0], [0.0, 2.0], [3.0, 4.0]])).tolist() == [[0.0, 4.0], [5.0, 6.0]]
+    assert union(np.zeros((0, 2))).shape == (0, 2)
