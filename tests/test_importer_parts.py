@@ -140,6 +140,7 @@ def test_driver_calls_count_only_where_no_runtime_call_holds_them(tmp_path):
         ["cudaLaunchKernel", 1, 0.0, 5.0, 5.0, 8], ["cudaLaunchKernel", 3, 0.0, 5.0, 5.0, 10], ["cuLaunchKernel", 2, 1.0, 4.0, 3.0, 9],
         ["cuMemAlloc", 1, 18.0, 20.0, 2.0, -1],
     ]
+    assert (calls["wait_stream"] == -1).all() and (calls["wait_key"] == -1).all()  # none of them waits for a stream
 
 
 def test_a_rank_not_in_the_trace_is_refused_with_what_it_holds(tmp_path):
@@ -181,7 +182,8 @@ def test_text_timestamps_keep_their_fraction(tmp_path):
 def test_trace_streams_map_to_harness_streams():
     """The busiest compute stream is 0, streams of collectives 1, the other streams 2, 3, … in order of
     first use; beyond the last harness stream (15) they share it."""
-    from harness.importers.core import MAX_STREAMS, harness_streams
+    from harness.config import MAX_STREAMS  # the harness's streams, which the trace's must fit
+    from harness.importers.core import harness_streams
 
     def op(stream, kind="vector", device_us=1.0):
         return {"trace_stream": stream, "kind": kind, "device_us": device_us}
