@@ -182,6 +182,7 @@ def test_host_jitter_reaches_every_engine_stage():
     assert graph.tasks["lane"].tolist() == jittered.graph.tasks["lane"].tolist()
     d_plain, d_jittered = plain.end_us - plain.start_us, jittered.end_us - jittered.start_us
     engine = (graph.tasks["category"] == CATEGORY["engine"]) & (d_plain > 0)
+    assert (graph.tasks["op"][graph.tasks["category"] == CATEGORY["engine"]] == -1).all()  # the engine's, no model op's
     assert engine.sum() == 1 + 8 * 4  # step 0 schedules itself; then schedule ahead, sample, output, API in each of the 8 steps
     assert np.all(np.abs(d_jittered[engine] / d_plain[engine] - 1) > 1e-9)
     kernels = graph.lane_kinds[graph.tasks["lane"]] == LANE_DEVICE
