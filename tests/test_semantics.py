@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from conftest import compose_run
-from harness.config import Dispatch, HardwareConfig, HostConfig, LinkConfig, OpSpec, RunConfig, StrategyConfig, WorkloadConfig
+from harness.config import Dispatch, HardwareConfig, HostConfig, LinkConfig, OpKind, OpSpec, RunConfig, StrategyConfig, WorkloadConfig
 from harness.device import copy_time_us
 from harness.graph import CATEGORY, LANE_HOST
 from harness.result import without_wall_clock
@@ -270,3 +270,15 @@ def test_host_jitter_touches_host_work_only():
     on_host = (graph.lane_kinds[graph.tasks["lane"]] == LANE_HOST) & (plain_us > 0)
     assert on_host.sum() > 30 and np.all(np.abs(durations[on_host] / plain_us[on_host] - 1) > 1e-9)
     assert np.all(graph.tasks["pool"][on_host] == 0)  # and each holds a host core while it runs
+
+
+def test_the_next_step_waits_for_a_collective_still_running():
+    """a [6,11] on the compute stream; b, a 50 µs collective after a, runs [12,62] on the comm stream;
+    c [18,23]. The token comes back after c and the sync returns long before b ends: the step still ends
+    with b at 62 µs, and the next step's first host work starts then (steps end in a barrier)."""
+    ops = [OpSpec(name="a", kind=OpKind.cube, device_us=5.0), OpSpec(name="b", kind=OpKind.comm, device_us=50.0, after=[0]),
+           OpSpec(name="c", kind=OpKind.cube, device_us=5.0, after=[0])]
+    outcome = simulate_run(three_op_run("eager", ops=ops, steps=3))
+    assert (outcome.steps["latency_ms"] * 1e3).tolist() == pytest.approx([62.0] * 3)
+    tasks, start = outcome.result.graph.tasks, outcome.result.start_us
+    assert [start[tasks["step"] == s].min() for s in (1, 2)] == pytest.approx([62.0, 124.0])
