@@ -69,11 +69,19 @@ def test_equivalent_mutants_match_by_their_lines_or_a_rule(tmp_path):
     assert known.why("a.py", "g", "n = a.shape[0]", "n = a.shape[1]") is None
 
 
+def coverage_of(tmp_path, monkeypatch, target, contexts: dict) -> "mutation.Coverage":
+    """The tool's Coverage over m.py in tmp_path, with coverage contexts given by line."""
+    monkeypatch.setattr(mutation, "REPO", tmp_path)
+    monkeypatch.setattr(mutation, "tree", lambda k: tmp_path)
+    reach = mutation.Coverage.__new__(mutation.Coverage)
+    reach.target, reach.parsed = target, {}
+    reach.data = type("Data", (), {"contexts_by_lineno": lambda self, path: contexts})()
+    return reach
+
+
 def test_the_tests_of_a_mutant_are_those_reaching_its_statement(tmp_path, monkeypatch):
     """A statement's tests are the coverage contexts of its lines (a compound statement's header only);
     a kernel's are those of the Python lines calling it; code that runs at import gets every test."""
-    monkeypatch.setattr(mutation, "REPO", tmp_path)
-    monkeypatch.setattr(mutation, "tree", lambda k: tmp_path)
     (tmp_path / "m.py").write_text(
         "from numba import njit\n"  # 1
         "LIMIT = 3\n"  # 2
@@ -86,10 +94,8 @@ def test_the_tests_of_a_mutant_are_those_reaching_its_statement(tmp_path, monkey
         "    return 0\n"  # 9
     )
     target = mutation.Target("t", ["m.py"], ["tests/test_b.py", "tests/test_a.py"])
-    reach = mutation.Coverage.__new__(mutation.Coverage)
-    reach.target, reach.parsed = target, {}
     contexts = {7: {"tests/test_a.py::test_one|run", "tests/test_b.py::test_two[1]|run"}, 8: {"tests/test_a.py::test_one|run"}, 9: {""}}
-    reach.data = type("Data", (), {"contexts_by_lineno": lambda self, path: contexts})()
+    reach = coverage_of(tmp_path, monkeypatch, target, contexts)
     assert reach.tests_for("m.py", 7) == ["tests/test_b.py::test_two", "tests/test_a.py::test_one"]  # targets.toml's file order
     assert reach.tests_for("m.py", 5) == ["tests/test_a.py::test_one"]  # the kernel, through line 8 (test files not written yet)
     assert reach.tests_for("m.py", 9) == []  # reached only outside any test: no test to run
@@ -108,10 +114,8 @@ def test_a_line_run_while_a_test_was_set_up_runs_that_tests_file(tmp_path, monke
     monkeypatch.setattr(mutation, "REPO", tmp_path)
     monkeypatch.setattr(mutation, "tree", lambda k: tmp_path)
     (tmp_path / "m.py").write_text("def f(x):\n    y = x + 1\n    return y\n")
-    reach = mutation.Coverage.__new__(mutation.Coverage)
-    reach.target, reach.parsed = mutation.Target("t", ["m.py"], ["tests/test_a.py", "tests/test_b.py"]), {}
     contexts = {2: {"tests/test_a.py::test_one|setup", "tests/test_a.py::test_two|run", "tests/test_b.py::test_three|run"}}
-    reach.data = type("Data", (), {"contexts_by_lineno": lambda self, path: contexts})()
+    reach = coverage_of(tmp_path, monkeypatch, mutation.Target("t", ["m.py"], ["tests/test_a.py", "tests/test_b.py"]), contexts)
     assert reach.tests_for("m.py", 2) == ["tests/test_a.py", "tests/test_b.py::test_three"]
 
 
@@ -165,8 +169,6 @@ def test_results_are_read_from_the_session_with_the_mutants_not_run_yet(tmp_path
 
 def test_a_continue_that_coverage_never_reports_gets_the_tests_of_its_if(tmp_path, monkeypatch):
     """CPython folds `if …: continue` into the condition's jump: the continue's line never reports."""
-    monkeypatch.setattr(mutation, "REPO", tmp_path)
-    monkeypatch.setattr(mutation, "tree", lambda k: tmp_path)
     (tmp_path / "m.py").write_text(
         "def f(xs):\n"  # 1
         "    for x in xs:\n"  # 2
@@ -176,10 +178,8 @@ def test_a_continue_that_coverage_never_reports_gets_the_tests_of_its_if(tmp_pat
         "            break\n"  # 6
         "        print(x)\n"  # 7
     )
-    reach = mutation.Coverage.__new__(mutation.Coverage)
-    reach.target, reach.parsed = mutation.Target("t", ["m.py"], ["tests/test_a.py"]), {}
     contexts = {2: {"tests/test_a.py::test_one|run"}, 3: {"tests/test_a.py::test_one|run"}, 5: {"tests/test_a.py::test_two|run"}}
-    reach.data = type("Data", (), {"contexts_by_lineno": lambda self, path: contexts})()
+    reach = coverage_of(tmp_path, monkeypatch, mutation.Target("t", ["m.py"], ["tests/test_a.py"]), contexts)
     assert reach.tests_for("m.py", 4) == ["tests/test_a.py::test_one"]
     assert reach.tests_for("m.py", 6) == ["tests/test_a.py::test_two"]
     assert reach.tests_for("m.py", 7) == []  # a plain statement keeps its own lines
