@@ -6,7 +6,9 @@ stream sync. `benchmarks/bench_import.py` uses it for a 100k-event trace.
 """
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
+from pathlib import Path
 
 PID, TID, GPU, STREAM = 100, 100, 0, 7
 
@@ -89,3 +91,27 @@ def expected_step_us(layout: Layout) -> float:
         stream_free = max(t, stream_free) + layout.kernel_us
         t += 2
     return max(t, stream_free) + layout.sync_own_us
+
+
+def runtime_call(name: str, ts: float, dur: float, correlation: int | None = None, tid: int = 1, cat: str = "cuda_runtime") -> dict:
+    """A host call of thread `tid` (process 1), linked to device work by `correlation` when given."""
+    return {"ph": "X", "cat": cat, "name": name, "pid": 1, "tid": tid, "ts": ts, "dur": dur,
+            "args": {} if correlation is None else {"correlation": correlation}}
+
+
+def device_task(name: str, ts: float, dur: float, correlation: int, stream: int = 7, cat: str = "kernel") -> dict:
+    """Device work on `stream` of device 0, issued by the call of the same correlation."""
+    return {"ph": "X", "cat": cat, "name": name, "pid": 0, "tid": stream, "ts": ts, "dur": dur,
+            "args": {"correlation": correlation, "stream": stream, "device": 0}}
+
+
+# The smallest trace: a launch [2,7] µs and its 5 µs kernel at 10 µs.
+LAUNCH = runtime_call("cudaLaunchKernel", 2, 5, 8)
+KERNEL = device_task("k", 10, 5, 8)
+
+
+def trace_file(folder: Path, events: list, **top) -> str:
+    """`events` (and any other top-level keys) written as a Kineto trace in `folder`; its path."""
+    path = folder / "trace.json"
+    path.write_text(json.dumps({"traceEvents": events, **top}))
+    return str(path)

@@ -16,7 +16,7 @@ from harness.importers.events import (
     CALL_COLUMNS, TASK_COMM, TASK_COPY, TASK_KERNEL, TASK_SET, Clock, ProfileError, innermost, nesting_parents, read_json, top_level,
 )
 from harness.importers.measure import measured_summary, peer_breakdown
-from synthetic_trace import GPU, PID, TID, Layout, kineto_trace
+from synthetic_trace import GPU, KERNEL, LAUNCH, PID, TID, Layout, device_task, kineto_trace, runtime_call, trace_file
 
 
 def test_the_clock_subtracts_the_whole_part_exactly():
@@ -112,29 +112,19 @@ def test_the_repeated_mark_is_the_most_frequent_that_never_overlaps_itself():
     assert _repeated_mark(marks[marks["name"] == "once"]) is None
 
 
-def _trace_file(tmp_path, events, **top) -> str:
-    path = tmp_path / "trace.json"
-    path.write_text(json.dumps({"traceEvents": events, **top}))
-    return str(path)
-
-
-LAUNCH = {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 1, "ts": 2, "dur": 5, "args": {"correlation": 8}}
-KERNEL = {"ph": "X", "cat": "kernel", "name": "k", "pid": 0, "tid": 7, "ts": 10, "dur": 5, "args": {"correlation": 8, "stream": 7, "device": 0}}
-
-
 def test_driver_calls_count_only_where_no_runtime_call_holds_them(tmp_path):
     """A driver call inside the runtime call that made it is the same host time (dropped); a driver call
     on its own (thread 1 at 20 µs, thread 2 even while thread 3 runs a call) is a host call of its own.
     Times from the first event (2 µs)."""
     events = [
         LAUNCH,
-        {"ph": "X", "cat": "cuda_driver", "name": "cuLaunchKernel", "pid": 1, "tid": 1, "ts": 3, "dur": 3, "args": {"correlation": 8}},
-        {"ph": "X", "cat": "cuda_driver", "name": "cuMemAlloc", "pid": 1, "tid": 1, "ts": 20, "dur": 2, "args": {}},
-        {"ph": "X", "cat": "cuda_driver", "name": "cuLaunchKernel", "pid": 1, "tid": 2, "ts": 3, "dur": 3, "args": {"correlation": 9}},
-        {**LAUNCH, "tid": 3, "args": {"correlation": 10}},
+        runtime_call("cuLaunchKernel", 3, 3, 8, cat="cuda_driver"),
+        runtime_call("cuMemAlloc", 20, 2, cat="cuda_driver"),
+        runtime_call("cuLaunchKernel", 3, 3, 9, tid=2, cat="cuda_driver"),
+        runtime_call("cudaLaunchKernel", 2, 5, 10, tid=3),
         KERNEL,
     ]
-    calls = load_profile(_trace_file(tmp_path, events)).calls
+    calls = load_profile(trace_file(tmp_path, events)).calls
     assert list(calls.columns) == list(CALL_COLUMNS)
     assert calls[["name", "thread", "start_us", "end_us", "launch_us", "key"]].values.tolist() == [
         ["cudaLaunchKernel", 1, 0.0, 5.0, 5.0, 8], ["cudaLaunchKernel", 3, 0.0, 5.0, 5.0, 10], ["cuLaunchKernel", 2, 1.0, 4.0, 3.0, 9],
@@ -145,14 +135,14 @@ def test_driver_calls_count_only_where_no_runtime_call_holds_them(tmp_path):
 
 def test_a_rank_not_in_the_trace_is_refused_with_what_it_holds(tmp_path):
     with pytest.raises(ProfileError, match=r"rank 3 is not there \(the trace holds no rank, devices 0\)"):
-        load_profile(_trace_file(tmp_path, [LAUNCH, KERNEL]), rank=3)
+        load_profile(trace_file(tmp_path, [LAUNCH, KERNEL]), rank=3)
     with pytest.raises(ProfileError, match=r"rank 3 is not there \(the trace holds rank 0, devices 0\)"):
-        load_profile(_trace_file(tmp_path, [LAUNCH, KERNEL], distributedInfo={"rank": 0}), rank=3)
+        load_profile(trace_file(tmp_path, [LAUNCH, KERNEL], distributedInfo={"rank": 0}), rank=3)
 
 
 def test_a_trace_without_host_calls_is_one_window(tmp_path):
     """Device tasks only (the kernel of 5 µs): no host call to split steps by."""
-    assert find_windows(load_profile(_trace_file(tmp_path, [KERNEL]))) == ("whole", [Window("whole trace", 0.0, 5.0)])
+    assert find_windows(load_profile(trace_file(tmp_path, [KERNEL]))) == ("whole", [Window("whole trace", 0.0, 5.0)])
 
 
 def test_collectives_go_to_the_comm_stream(tmp_path):
@@ -174,7 +164,7 @@ def test_text_timestamps_keep_their_fraction(tmp_path):
     """Timestamps written as text, 16 digits and a fraction: the launch at …002.1 µs, its kernel at
     …010.3 µs starts 8.2 µs after it (a float of the whole stamp would keep quarters of a µs only)."""
     events = [{**LAUNCH, "ts": "1704161511422002.1"}, {**KERNEL, "ts": "1704161511422010.3"}]
-    profile = load_profile(_trace_file(tmp_path, events))
+    profile = load_profile(trace_file(tmp_path, events))
     assert profile.calls[["start_us", "end_us"]].values.tolist() == [[0.0, 5.0]]
     assert profile.tasks[["start_us", "end_us"]].values.tolist() == [[pytest.approx(8.2, abs=1e-9), pytest.approx(13.2, abs=1e-9)]]
 
@@ -200,19 +190,12 @@ def test_ops_of_a_trace_without_framework_ops_by_hand(tmp_path):
     kernel) and a blocking cudaMemcpy. Times from the first call (2 µs): launch a [0,5], kernel a [8,13];
     launch b [18,23], kernel b [24,29]; cudaMemcpy [38,53.5] whose copy runs [43,53], so 0.5 µs of the
     call is the sync's own. Framework time is the host time since the previous call."""
-    def call(name, ts, dur, correlation):
-        return {"ph": "X", "cat": "cuda_runtime", "name": name, "pid": 1, "tid": 1, "ts": ts, "dur": dur, "args": {"correlation": correlation}}
-
-    def task(cat, name, ts, dur, correlation):
-        args = {"correlation": correlation, "stream": 7, "device": 0}
-        return {"ph": "X", "cat": cat, "name": name, "pid": 0, "tid": 7, "ts": ts, "dur": dur, "args": args}
-
     events = [
-        call("cudaLaunchKernel", 2, 5, 0), task("kernel", "void gemm_a<float>(float*)", 10, 5, 0),
-        call("cudaLaunchKernel", 20, 5, 1), task("kernel", "void gemm_b<float>(float*)", 26, 5, 1),
-        call("cudaMemcpy", 40, 15.5, 2), task("gpu_memcpy", "Memcpy DtoH (Device -> Pageable)", 45, 10, 2),
+        runtime_call("cudaLaunchKernel", 2, 5, 0), device_task("void gemm_a<float>(float*)", 10, 5, 0),
+        runtime_call("cudaLaunchKernel", 20, 5, 1), device_task("void gemm_b<float>(float*)", 26, 5, 1),
+        runtime_call("cudaMemcpy", 40, 15.5, 2), device_task("Memcpy DtoH (Device -> Pageable)", 45, 10, 2, cat="gpu_memcpy"),
     ]
-    imported = import_profile(load_profile(_trace_file(tmp_path, events)))
+    imported = import_profile(load_profile(trace_file(tmp_path, events)))
     assert imported.rule == "whole" and imported.kept == [0]
     ops = ops_table(imported)
     assert ops[["name", "kind", "device_us", "framework_us", "launch_us", "host_us"]].values.tolist() == [
@@ -230,7 +213,7 @@ def test_events_without_a_duration_last_nothing(tmp_path):
     launch = {k: v for k, v in LAUNCH.items() if k != "dur"}
     kernel = {k: v for k, v in KERNEL.items() if k != "dur"}
     mark = {"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#0", "pid": 1, "ts": 1}
-    profile = load_profile(_trace_file(tmp_path, [launch, kernel, mark]))
+    profile = load_profile(trace_file(tmp_path, [launch, kernel, mark]))
     assert profile.calls[["start_us", "end_us"]].values.tolist() == [[1.0, 1.0]]
     assert profile.tasks[["start_us", "end_us"]].values.tolist() == [[9.0, 9.0]]
     assert profile.marks.values.tolist() == [[0, 0.0, 0.0, "ProfilerStep#0"]]
@@ -241,7 +224,7 @@ def test_a_kernel_later_than_50_us_after_its_launch_waited_for_unseen_work(tmp_p
     """The launch returns at 5 µs (times from its start at 2 µs): a kernel starting 50 µs later is
     explained; 50.5 µs later, it waited for device work the trace does not show, until 55.5 µs."""
     events = [LAUNCH, {**KERNEL, "ts": kernel_ts}]
-    ops = ops_table(import_profile(load_profile(_trace_file(tmp_path, events))))
+    ops = ops_table(import_profile(load_profile(trace_file(tmp_path, events))))
     kernel = ops[ops["name"] == "k"]
     assert len(kernel) == 1
     waited = float(kernel["not_before_us"].iloc[0])
@@ -256,22 +239,22 @@ def test_a_graph_step_is_the_outermost_annotation_around_its_launch(tmp_path):
         {**LAUNCH, "name": "cudaGraphLaunch", "ts": 50, "dur": 3},
         {**KERNEL, "ts": 55},
     ]
-    assert find_windows(load_profile(_trace_file(tmp_path, events))) == ("graph", [Window("graph launch 0", 0.0, 100.0)])
+    assert find_windows(load_profile(trace_file(tmp_path, events))) == ("graph", [Window("graph launch 0", 0.0, 100.0)])
 
 
 def test_entries_that_are_not_events_are_skipped(tmp_path):
     """A number, a string and a duration event with no category in traceEvents (seen in hand-edited
     files) are passed over, not the end of the trace."""
     uncategorised = {"ph": "X", "name": "x", "pid": 1, "tid": 1, "ts": 1, "dur": 1}
-    profile = load_profile(_trace_file(tmp_path, [7, "note", uncategorised, LAUNCH, KERNEL]))
+    profile = load_profile(trace_file(tmp_path, [7, "note", uncategorised, LAUNCH, KERNEL]))
     assert len(profile.calls) == 1 and len(profile.tasks) == 1
 
 
 def test_hta_reads_a_kernel_on_stream_1(tmp_path):
     """One kernel of 5 µs on stream 1 (a stream number the importer must not take for 'none'): all of
     HTA's window is compute."""
-    kernel = {**KERNEL, "tid": 1, "args": {**KERNEL["args"], "stream": 1}}
-    peer = peer_breakdown(import_profile(load_profile(_trace_file(tmp_path, [LAUNCH, kernel]))))
+    kernel = device_task("k", 10, 5, 8, stream=1)
+    peer = peer_breakdown(import_profile(load_profile(trace_file(tmp_path, [LAUNCH, kernel]))))
     assert (peer["window_ms"], peer["compute_pct"], peer["idle_pct"]) == (pytest.approx(0.005), 100.0, 0.0)
 
 
@@ -279,10 +262,10 @@ def test_an_eager_step_is_not_replayed_with_graph_replays_of_the_same_kernels(tm
     """Step 0 launches kernels a and b one by one; steps 1 and 2 replay them from one graph launch. The
     same kernels, but issued otherwise: step 0 is left out of the op list."""
     def call(name, ts, correlation):
-        return {**LAUNCH, "name": name, "ts": ts, "dur": 3, "args": {"correlation": correlation}}
+        return runtime_call(name, ts, 3, correlation)
 
     def kernel(name, ts, correlation):
-        return {**KERNEL, "name": name, "ts": ts, "args": {**KERNEL["args"], "correlation": correlation}}
+        return device_task(name, ts, 5, correlation)
 
     def mark(k, ts):
         return {"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{k}", "pid": 1, "tid": 1, "ts": ts, "dur": 40}
@@ -293,16 +276,16 @@ def test_an_eager_step_is_not_replayed_with_graph_replays_of_the_same_kernels(tm
         mark(1, 50), call("cudaGraphLaunch", 52, 3), kernel("void a<float>()", 56, 3), kernel("void b<float>()", 62, 3),
         mark(2, 100), call("cudaGraphLaunch", 102, 4), kernel("void a<float>()", 106, 4), kernel("void b<float>()", 112, 4),
     ]
-    imported = import_profile(load_profile(_trace_file(tmp_path, events)))
+    imported = import_profile(load_profile(trace_file(tmp_path, events)))
     assert (imported.rule, len(imported.found), imported.kept, list(imported.left_out)) == ("profiler", 3, [1, 2], [0])
 
 
 def test_an_allocation_between_launches_is_the_next_ops_host_time(tmp_path):
     """Launch 1 ends at 5 µs (from 2 µs); a 0.5 µs cudaMalloc at 5.1 µs; launch 2 at 5.8 µs: of the
     0.8 µs between the launches, 0.5 µs are the second op's allocation and 0.3 µs its framework time."""
-    malloc = {"ph": "X", "cat": "cuda_runtime", "name": "cudaMalloc", "pid": 1, "tid": 1, "ts": 7.1, "dur": 0.5, "args": {}}
-    second = [{**LAUNCH, "ts": 7.8, "args": {"correlation": 9}}, {**KERNEL, "ts": 20, "args": {**KERNEL["args"], "correlation": 9}}]
-    ops = ops_table(import_profile(load_profile(_trace_file(tmp_path, [LAUNCH, KERNEL, malloc, *second]))))
+    malloc = runtime_call("cudaMalloc", 7.1, 0.5)
+    second = [runtime_call("cudaLaunchKernel", 7.8, 5, 9), device_task("k", 20, 5, 9)]
+    ops = ops_table(import_profile(load_profile(trace_file(tmp_path, [LAUNCH, KERNEL, malloc, *second]))))
     assert ops[["framework_us", "alloc_us", "launch_us"]].values.tolist()[:2] == [[0.0, 0.0, 5.0], pytest.approx([0.3, 0.5, 5.0])]
 
 
@@ -315,9 +298,9 @@ def test_device_idle_is_split_into_host_and_device_waits_by_hand(tmp_path):
     events = [
         {"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#0", "pid": 1, "tid": 1, "ts": 0, "dur": 40},
         LAUNCH, {**KERNEL, "ts": 8},
-        {**LAUNCH, "ts": 9, "dur": 3, "args": {"correlation": 9}}, {**KERNEL, "ts": 20, "args": {**KERNEL["args"], "correlation": 9}},
+        runtime_call("cudaLaunchKernel", 9, 3, 9), device_task("k", 20, 5, 9),
     ]
-    measured = measured_summary(import_profile(load_profile(_trace_file(tmp_path, events))))
+    measured = measured_summary(import_profile(load_profile(trace_file(tmp_path, events))))
     expected = {"step_ms_mean": 0.040, "device_busy": 10 / 40, "idle_host_wait_ms": 0.022, "idle_device_wait_ms": 0.008,
                 "idle_host_wait_share": 22 / 30, "breakdown_framework": 17 / 40, "breakdown_launch": 5 / 40, "breakdown_compute": 18 / 40}
     assert {key: measured[key] for key in expected} == pytest.approx(expected)

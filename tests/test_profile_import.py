@@ -40,7 +40,7 @@ from harness.importers.measure import linkage, measured_summary, peer_breakdown,
 from harness.profile import replay_overrides
 from harness.run import simulate_run
 from harness.workload import build_workload
-from synthetic_trace import GPU, PID, TID, Layout, expected_step_us, kineto_trace
+from synthetic_trace import GPU, LAUNCH, PID, TID, Layout, device_task, expected_step_us, kineto_trace, runtime_call
 
 TRACES = Path(__file__).parent / "data" / "traces"
 
@@ -378,20 +378,17 @@ def test_linkage_counts_every_device_task_and_launch(name, imported):
 
 def test_event_waits_become_dependencies_across_streams(tmp_path):
     """Kernel B on stream 8 waits (cudaStreamWaitEvent) for an event recorded after kernel A on stream 7."""
-    def call(name, ts, dur, corr):
-        return {"ph": "X", "cat": "cuda_runtime", "name": name, "pid": 1, "tid": 1, "ts": ts, "dur": dur, "args": {"correlation": corr}}
-
     def kernel(name, stream, ts, dur, corr):
-        return {"ph": "X", "cat": "kernel", "name": name, "pid": 0, "tid": stream, "ts": ts, "dur": dur, "args": {"correlation": corr, "stream": stream, "device": 0}}
+        return device_task(name, ts, dur, corr, stream=stream)
 
     events = [
-        call("cudaLaunchKernel", 100, 5, 1), kernel("A_gemm", 7, 105, 300, 1),
-        call("cudaEventRecord", 110, 2, 2),
-        call("cudaStreamWaitEvent", 115, 2, 3),
+        runtime_call("cudaLaunchKernel", 100, 5, 1), kernel("A_gemm", 7, 105, 300, 1),
+        runtime_call("cudaEventRecord", 110, 2, 2),
+        runtime_call("cudaStreamWaitEvent", 115, 2, 3),
         {"ph": "X", "cat": "cuda_sync", "name": "Stream Wait Event", "pid": 0, "tid": 8, "ts": 116, "dur": 1,
          "args": {"correlation": 3, "stream": 8, "wait_on_stream": 7, "wait_on_cuda_event_record_corr_id": 2}},
-        call("cudaLaunchKernel", 120, 5, 4), kernel("B_add", 8, 405, 10, 4),
-        call("cudaDeviceSynchronize", 130, 290, 5),
+        runtime_call("cudaLaunchKernel", 120, 5, 4), kernel("B_add", 8, 405, 10, 4),
+        runtime_call("cudaDeviceSynchronize", 130, 290, 5),
     ]
     path = tmp_path / "streams.json"
     path.write_text(json.dumps({"traceEvents": events}))
@@ -445,8 +442,7 @@ def _write(path: Path, content) -> Path:
     return path
 
 
-KERNEL = {"ph": "X", "cat": "kernel", "name": "k", "pid": 0, "tid": 7, "ts": 10, "dur": 5, "args": {"correlation": 9, "stream": 7, "device": 0}}
-LAUNCH = {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 1, "ts": 2, "dur": 5, "args": {"correlation": 8}}
+KERNEL = device_task("k", 10, 5, 9)  # LAUNCH's correlation is 8: nothing links them
 
 
 @pytest.mark.parametrize(
