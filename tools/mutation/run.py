@@ -681,11 +681,12 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.report is None:
         again: set[str] = set()
+        equivalent = Equivalents()
         for target in targets:
             for module in target.modules:
                 ensure_session(module)
                 if args.retest:
-                    forgotten = forget_survivors(module)
+                    forgotten = forget_survivors(module, equivalent)
                     again |= forgotten
                     print(f"mutation: {module}: {len(forgotten)} survivors to run again (first)", file=sys.stderr)
         workers = max(1, args.workers)
