@@ -17,9 +17,13 @@ from omegaconf import DictConfig  # noqa: E402
 
 from harness.cli import exit_now, normalize_argv, preflight, run_from_hydra  # noqa: E402
 from harness.config import CONF_DIR, register_configs  # noqa: E402
-from harness.sweep import SweepStopped, fail_unfinished_sweep, finish_stopped_sweep  # noqa: E402
+from harness.stopping import SweepStopped  # noqa: E402
+from harness.sweep import fail_unfinished_sweep, finish_stopped_sweep  # noqa: E402
+
+from hydra_plugins import hostbound_launcher  # noqa: E402
 
 register_configs()
+hostbound_launcher.register()
 gc.freeze()
 gc.enable()
 

@@ -700,12 +700,6 @@ def register_configs() -> None:
     # conf/hydra/launcher/ray.yaml replaces hydra-ray-launcher's preset of that name on purpose (it says
     # why); Hydra then checks it against the plugin's schema, as wanted, and warns that it does so.
     warnings.filterwarnings("ignore", message=r"\s*'hydra/launcher/ray' is validated against ConfigStore schema", category=UserWarning)
-    # Hydra finds plugins by scanning the hydra_plugins package, which misses an editable install's
-    # modules (setuptools maps them with an import hook that the scan cannot list): register it by hand.
-    from hydra.core.plugins import Plugins
-    from hydra_plugins.hostbound_launcher import HostboundLauncher
-
-    Plugins.instance().register(HostboundLauncher)
 
 
 def compose_run(overrides: list[str] | tuple[str, ...] = ()) -> RunConfig:

@@ -11,10 +11,9 @@ import argparse
 import sys
 from pathlib import Path
 
-from harness.cli import fail
 from harness.config import compose_run, one_line
 from harness.device import device_times
-from harness.errors import HarnessError
+from harness.errors import HarnessError, fail
 from harness.trace_io import write_ops_csv
 from harness.workload import build_workload
 

@@ -43,7 +43,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 from harness.compose_cache import copy_config
 
 from harness.errors import EXIT_WORKER_DIED, ConfigError, fail
-from harness.stopping import stop_with
+from harness.stopping import SweepStopped, stop_with
 
 log = logging.getLogger(__name__)
 
@@ -209,7 +209,6 @@ def forget_inherited_connections() -> None:
 
 def _stop_worker(signum: int, frame: Any) -> None:
     global _stopping
-    from harness.sweep import SweepStopped
 
     signal.signal(signum, signal.SIG_IGN)
     _stopping = True

@@ -27,8 +27,7 @@ from typing import Optional
 import numpy as np
 import pandas as pd
 
-from harness.cli import fail
-from harness.errors import HarnessError
+from harness.errors import HarnessError, fail
 from harness.importers import load_profile
 from harness.importers.core import Imported, import_profile, ops_table, write_ops_table
 from harness.importers.measure import linkage, measured_summary, peer_breakdown, step_table

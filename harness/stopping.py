@@ -38,3 +38,12 @@ def store_call() -> Iterator[None]:
         if _depth == 0 and _pending is not None:
             exc, _pending = _pending, None
             raise exc
+
+
+class SweepStopped(BaseException):
+    """SIGTERM reached a sweep: unwinds the stack (an open MLflow run ends, a transaction rolls back)
+    up to `python -m harness`, which then marks the parent run KILLED (`finish_stopped_sweep`)."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum

@@ -25,7 +25,7 @@ from harness import compose_cache
 from harness.errors import EXIT_BAD_INPUT, EXIT_TRACKING_FAILED
 from harness.files import atomic_write, write_text
 from harness.progress import Progress
-from harness.stopping import stop_with, store_call
+from harness.stopping import SweepStopped, stop_with, store_call
 from harness.tracking import PARENT_FILE
 
 log = logging.getLogger(__name__)
@@ -169,15 +169,6 @@ def _descendants(pid: int) -> list[int]:
         frontier = [child for parent in frontier for child in children.get(parent, [])]
         found += frontier
     return found
-
-
-class SweepStopped(BaseException):
-    """SIGTERM reached a sweep: unwinds the stack (an open MLflow run ends, a transaction rolls back)
-    up to `python -m harness`, which then marks the parent run KILLED (`finish_stopped_sweep`)."""
-
-    def __init__(self, signum: int):
-        super().__init__(signum)
-        self.signum = signum
 
 
 _STOPPABLE: dict[str, Any] = {}  # the running sweep's folder and tracking settings, for finish_stopped_sweep

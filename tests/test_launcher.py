@@ -19,7 +19,7 @@ from conftest import comparable_results, run_cli
 from harness import sweep
 from harness.launcher import cores_usable
 from harness.stopping import stop_with, store_call
-from harness.sweep import SweepStopped
+from harness.stopping import SweepStopped
 from harness.tracking import PARENT_FILE
 
 ENV = {**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true"}

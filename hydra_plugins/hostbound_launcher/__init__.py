@@ -8,4 +8,13 @@ class HostboundLauncher(WarmWorkerLauncher):
     """harness.launcher.WarmWorkerLauncher: a sweep's jobs in warm worker processes forked from it."""
 
 
-__all__ = ["HostboundLauncher"]
+def register() -> None:
+    """Hydra finds plugins by scanning the hydra_plugins package, which misses an editable install's
+    modules (setuptools maps them with an import hook that the scan cannot list): the entry point
+    registers this one by hand before Hydra starts."""
+    from hydra.core.plugins import Plugins
+
+    Plugins.instance().register(HostboundLauncher)
+
+
+__all__ = ["HostboundLauncher", "register"]
