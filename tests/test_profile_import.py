@@ -20,7 +20,7 @@ import pytest
 
 from conftest import compose_run
 from harness.importers import ProfileError, load_profile
-from harness.importers.core import find_windows, import_profile, ops_table, write_ops_table
+from harness.importers.steps import find_windows, import_profile, ops_table, write_ops_table
 from harness.importers.events import (
     CALL_ALLOC,
     CALL_COPY,
@@ -37,9 +37,9 @@ from harness.importers.events import (
 )
 from harness.importers.kineto import call_kind
 from harness.importers.measure import linkage, measured_summary, peer_breakdown, step_table, union
-from harness.profile import replay_overrides
-from harness.run import simulate_run
-from harness.workload import build_workload
+from harness.cli.profile import replay_overrides
+from harness.sim.simulate import simulate_run
+from harness.model.workload import build_workload
 from synthetic_trace import GPU, LAUNCH, PID, TID, Layout, device_task, expected_step_us, kineto_trace, runtime_call
 
 TRACES = Path(__file__).parent / "data" / "traces"
@@ -449,7 +449,7 @@ KERNEL = device_task("k", 10, 5, 9)  # LAUNCH's correlation is 8: nothing links 
     "content,extra,fragment",
     [
         ("this is not json", [], "not JSON"),
-        (gzip.compress(b"{broken"), [], "not JSON"),
+        (gzip.compress(b"{broken", mtime=0), [], "not JSON"),
         ({"hello": "world"}, [], "not a profiler trace"),
         ([1, 2, 3], [], "not a profiler trace"),
         ({"traceEvents": [LAUNCH]}, [], "no device events"),
