@@ -24,11 +24,11 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 from hydra import compose, initialize_config_dir  # noqa: E402
 
-from harness.config import CONF_DIR, register_configs, to_run_config  # noqa: E402
-from harness.core import _simulate, links, simulate  # noqa: E402
-from harness.lowering import lower  # noqa: E402
-from harness.run import simulate_run  # noqa: E402
-from harness.workload import build_workload  # noqa: E402
+from harness.config.schema import CONF_DIR, register_configs, to_run_config  # noqa: E402
+from harness.sim.kernel import _simulate, links, simulate  # noqa: E402
+from harness.sim.lowering import lower  # noqa: E402
+from harness.sim.simulate import simulate_run  # noqa: E402
+from harness.model.workload import build_workload  # noqa: E402
 
 
 def best_of(repeat: int, fn) -> float:

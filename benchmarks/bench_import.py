@@ -26,7 +26,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
-from harness.profile import main as profile_main  # noqa: E402
+from harness.cli.profile import main as profile_main  # noqa: E402
 from synthetic_trace import Layout, kineto_trace  # noqa: E402
 
 OPS_PER_STEP = 500

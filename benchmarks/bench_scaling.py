@@ -37,11 +37,12 @@ from bench_engine import best_of  # noqa: E402
 
 from hydra import compose, initialize_config_dir  # noqa: E402
 
-from harness.config import CONF_DIR, register_configs, to_run_config  # noqa: E402
-from harness.core import _simulate, links, simulate  # noqa: E402
-from harness.lowering import lower  # noqa: E402
-from harness.run import execute, simulate_run  # noqa: E402
-from harness.workload import build_workload  # noqa: E402
+from harness.config.schema import CONF_DIR, register_configs, to_run_config  # noqa: E402
+from harness.sim.kernel import _simulate, links, simulate  # noqa: E402
+from harness.sim.lowering import lower  # noqa: E402
+from harness.cli.job import execute  # noqa: E402
+from harness.sim.simulate import simulate_run  # noqa: E402
+from harness.model.workload import build_workload  # noqa: E402
 
 
 def compose_run(*overrides: str):
@@ -160,7 +161,7 @@ def main() -> None:
     except ImportError:
         print("simpy not installed: skipping the SimPy row (pip install simpy)", file=sys.stderr)
 
-    probe = [sys.executable, "-c", "from harness.sweep import warm_numba_cache; warm_numba_cache()"]
+    probe = [sys.executable, "-c", "from harness.sweep.callbacks import warm_numba_cache; warm_numba_cache()"]
     with tempfile.TemporaryDirectory() as cache:
         cold, cold_peak = run_process(probe, {"NUMBA_CACHE_DIR": cache})
         warm, warm_peak = run_process(probe, {"NUMBA_CACHE_DIR": cache})

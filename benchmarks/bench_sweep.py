@@ -11,7 +11,7 @@ run made (`existing`, as in a project that has run before). Each launcher runs t
 would; the time is the whole command's (start-up, checking the combinations, making the store,
 compilation-cache load, jobs, results.csv, exit), the median of `--repeat` runs (taken round by round
 over the launchers), min and max beside it.
-`default` is conf/config.yaml's launcher (harness.launcher: warm workers forked from the sweep, one per
+`default` is conf/config.yaml's launcher (harness.sweep.launcher: warm workers forked from the sweep, one per
 core); `basic` is Hydra's, one job after the other in the launching process. A simulation alone takes
 ~0.02 s of a job (issue 15 item 1 wants >= 8 configurations/s on 2 cores, and parallel launchers no
 slower than the serial one from 50 jobs up). `ray` needs the `cluster` extra.
@@ -39,7 +39,7 @@ AXES = {
     "seed": ["0", "1"],
 }
 LAUNCHERS = {
-    "default": [],  # conf/config.yaml's: harness.launcher, warm forked workers, one per core
+    "default": [],  # conf/config.yaml's: harness.sweep.launcher, warm forked workers, one per core
     "basic": ["hydra/launcher=basic"],
     "joblib": ["hydra/launcher=joblib", "hydra.launcher.n_jobs=2"],
     "ray": ["hydra/launcher=ray"],

@@ -1,7 +1,7 @@
 """`python -m harness [overrides]` — the thin Hydra entry point.
 
 The @hydra.main function must live in this file; its config_path is the absolute conf/ directory of
-a source checkout or of an installed wheel (harness.config.CONF_DIR), found from any working directory.
+a source checkout or of an installed wheel (harness.config.schema.CONF_DIR), found from any working directory.
 """
 import gc
 
@@ -15,10 +15,10 @@ import sys  # noqa: E402
 import hydra  # noqa: E402
 from omegaconf import DictConfig  # noqa: E402
 
-from harness.cli import exit_now, normalize_argv, preflight, run_from_hydra  # noqa: E402
-from harness.config import CONF_DIR, register_configs  # noqa: E402
-from harness.stopping import SweepStopped  # noqa: E402
-from harness.sweep import fail_unfinished_sweep, finish_stopped_sweep  # noqa: E402
+from harness.cli.command import exit_now, normalize_argv, preflight, run_from_hydra  # noqa: E402
+from harness.config.schema import CONF_DIR, register_configs  # noqa: E402
+from harness.base.stopping import SweepStopped  # noqa: E402
+from harness.sweep.callbacks import fail_unfinished_sweep, finish_stopped_sweep  # noqa: E402
 
 from hydra_plugins import hostbound_launcher  # noqa: E402
 

@@ -1,40 +1,7 @@
-"""`python -m harness.export_ops [overrides] --out ops.csv` — write a preset's op list as a trace CSV.
-
-Composes the configuration like `python -m harness` (same overrides), builds the workload and writes
-one row per (step, op) with FLOPs, bytes, the device time the cost model gives on the chosen hardware,
-shape keys, flags, dependencies and collectives (columns: harness/trace_io.py). Reading the file back
-with `workload=trace workload.path=ops.csv` on the same hardware and strategy reproduces the run.
-"""
-from __future__ import annotations
-
-import argparse
+"""`python -m harness.export_ops [overrides] --out ops.csv` (the command lives in harness.cli.export_ops)."""
 import sys
-from pathlib import Path
 
-from harness.config import compose_run, one_line
-from harness.device import device_times
-from harness.errors import HarnessError, fail
-from harness.trace_io import write_ops_csv
-from harness.workload import build_workload
-
-
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m harness.export_ops", description=__doc__.splitlines()[0])
-    parser.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. workload=qwen3_30b_decode workload.steps=8")
-    parser.add_argument("--out", type=Path, required=True, help="CSV file to write")
-    parser.add_argument("--no-device-us", action="store_true", help="leave device_us empty: the cost model prices the ops when read")
-    args = parser.parse_args(argv)
-    try:
-        run = compose_run(args.overrides)
-        workload = build_workload(run.workload, devices_per_node=run.hardware.link.devices_per_node)
-        device_us = None if args.no_device_us else device_times(workload, run.hardware)[0]
-        write_ops_csv(workload, args.out, device_us)
-    except HarnessError as exc:
-        fail(str(exc))
-    except Exception as exc:  # composition errors: unknown key, wrong type
-        fail(one_line(exc))
-    print(f"wrote {workload.steps} steps × {workload.n_ops} ops of {run.workload.name} to {args.out}", file=sys.stderr)
-
+from harness.cli.export_ops import main
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

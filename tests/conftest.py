@@ -12,8 +12,8 @@ import pytest
 
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 
-from harness.config import REPO_ROOT, RunConfig, register_configs  # noqa: E402
-from harness.config import compose_run as compose_overrides  # noqa: E402
+from harness.config.schema import REPO_ROOT, RunConfig, register_configs  # noqa: E402
+from harness.config.schema import compose_run as compose_overrides  # noqa: E402
 
 register_configs()
 
@@ -39,7 +39,7 @@ def run_cli(*args: str, cwd: Path, timeout: float = 120) -> subprocess.Completed
 def comparable_results(results: pd.DataFrame) -> pd.DataFrame:
     """A sweep's results.csv without what differs between runs of the same configurations (wall-clock
     keys, folders, the overrides' order), in a fixed row order: two sweeps of one grid compare equal."""
-    from harness.result import WALL_CLOCK_KEYS
+    from harness.sim.outcome import WALL_CLOCK_KEYS
 
     dropped = [c for c in results.columns if c in WALL_CLOCK_KEYS or c in ("run_dir", "overrides")]
     kept = results.drop(columns=dropped)

@@ -1,4 +1,4 @@
-"""Plain-Python reference implementation of the engine's semantics (see harness/core.py).
+"""Plain-Python reference implementation of the engine's semantics (see harness/sim/kernel.py).
 
 Written for clarity, not speed: the differential tests require the Numba kernel to agree with it
 exactly on start, end and decider of every task.

@@ -15,14 +15,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from conftest import compose_run
-from harness.config import Dispatch, OpKind, OpSpec, StrategyConfig
-from harness.core import lru_hits
-from harness.errors import ConfigError
-from harness.graph import CATEGORY
-from harness.ops import MemoryPlan, check_memory
-from harness.policies import BUILD, EAGER, REPLAY, bucket_batch, fuse, pad_up, prepare, trim_buckets
-from harness.run import simulate_run
-from harness.workload import build_workload
+from harness.config.schema import Dispatch, OpKind, OpSpec, StrategyConfig
+from harness.sim.kernel import lru_hits
+from harness.base.errors import ConfigError
+from harness.sim.task_graph import CATEGORY
+from harness.model.ops import MemoryPlan, check_memory
+from harness.sim.policies import BUILD, EAGER, REPLAY, bucket_batch, fuse, pad_up, prepare, trim_buckets
+from harness.sim.simulate import simulate_run
+from harness.model.workload import build_workload
 from test_semantics import TOKEN_BACK_US, three_op_run
 
 B, E, R = BUILD, EAGER, REPLAY

@@ -6,8 +6,8 @@ import pandas as pd
 import pytest
 
 from conftest import compose_run
-from harness.result import without_wall_clock
-from harness.run import simulate_run
+from harness.sim.outcome import without_wall_clock
+from harness.sim.simulate import simulate_run
 
 
 @pytest.mark.parametrize(

@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 
 from conftest import compose_run, run_cli
-from harness.graph import CATEGORIES
+from harness.sim.task_graph import CATEGORIES
 
 CONTRACT_KEYS = {
     "throughput_tok_s", "step_ms_mean", "step_ms_p50", "step_ms_p99", "bubble_ratio", "device_busy", "host_busy_max",
@@ -129,8 +129,8 @@ def test_runs_started_together_get_their_own_folders_and_say_what_ran(tmp_path):
 
 @pytest.mark.parametrize("strategy", ["acl_graph", "eager"])
 def test_trace_events_on_one_lane_never_overlap(strategy):
-    from harness.outputs import chrome_trace
-    from harness.run import simulate_run
+    from harness.results.outputs import chrome_trace
+    from harness.sim.simulate import simulate_run
 
     outcome = simulate_run(compose_run("workload=deepseek_v3", f"strategy={strategy}", "workload.steps=4"))
     events = [e for e in chrome_trace(outcome, trace_steps=2)["traceEvents"] if e["ph"] == "X"]

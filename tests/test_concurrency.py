@@ -18,10 +18,10 @@ import pandas as pd
 import pytest
 
 from conftest import run_cli
-from harness.cli import preflight, sweep_combinations
-from harness.errors import EXIT_BAD_INPUT
-from harness.result import WALL_CLOCK_KEYS
-from harness.sweep import JOB_FAILED_FILE, _descendants
+from harness.cli.command import preflight, sweep_combinations
+from harness.base.errors import EXIT_BAD_INPUT
+from harness.sim.outcome import WALL_CLOCK_KEYS
+from harness.sweep.callbacks import JOB_FAILED_FILE, _descendants
 
 ENV = {**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true"}
 

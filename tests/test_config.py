@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from conftest import compose_run
-from harness.cli import override_variants, preflight
-from harness.config import CONF_DIR, Dispatch, Phase, flatten
-from harness.errors import ConfigError
+from harness.cli.command import override_variants, preflight
+from harness.config.schema import CONF_DIR, Dispatch, Phase, flatten
+from harness.base.errors import ConfigError
 
 TINY_TRACE = Path(__file__).parent / "data" / "tiny_ops.csv"
 GROUPS = {group: sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml")) for group in ("hardware", "workload", "strategy")}
@@ -46,7 +46,7 @@ def test_every_engine_composes_with_serving(engine):
 
 
 def test_unfused_kernels_need_a_card_that_lists_them():
-    from harness.workload import build_workload
+    from harness.model.workload import build_workload
 
     with pytest.raises(ConfigError, match="workload.kernels=unfused: card 'deepseek_v3'"):
         build_workload(compose_run("workload=deepseek_v3", "workload.kernels=unfused").workload)
@@ -134,7 +134,7 @@ def test_errors_say_what_was_written_and_what_was_meant(override, line, capsys):
 
 
 def test_experiment_may_be_named_without_the_plus(capsys):
-    from harness.cli import normalize_argv
+    from harness.cli.command import normalize_argv
 
     # Already prefixed and other keys stay as written.
     assert normalize_argv(["+experiment=x", "seed=1"]) == ["+experiment=x", "seed=1"]
@@ -145,7 +145,7 @@ def test_experiment_may_be_named_without_the_plus(capsys):
 
 
 def test_cuda_graph_is_acl_graph_by_its_gpu_name():
-    from harness.run import simulate_run
+    from harness.sim.simulate import simulate_run
 
     cuda = simulate_run(compose_run("hardware=h100", "strategy=cuda_graph", "workload.steps=8")).summary
     acl = simulate_run(compose_run("hardware=h100", "strategy=acl_graph", "workload.steps=8")).summary
@@ -194,7 +194,7 @@ def test_a_run_too_large_for_memory_is_refused_before_anything_is_built(capsys):
 
 
 def test_the_memory_limit_is_the_machines(monkeypatch):
-    import harness.run as run_module
+    import harness.sim.simulate as run_module
 
     monkeypatch.setattr(run_module, "available_memory_bytes", lambda: 2e9)
     small = compose_run("workload=deepseek_v3", "workload.steps=32")
@@ -211,8 +211,8 @@ def test_the_memory_limit_is_the_machines(monkeypatch):
 def test_the_memory_estimate_covers_the_arrays_a_run_builds():
     import numpy as np
 
-    from harness.run import BYTES_PER_OP_STEP, estimate_size
-    from harness.workload import build_workload
+    from harness.sim.simulate import BYTES_PER_OP_STEP, estimate_size
+    from harness.model.workload import build_workload
 
     for preset in ("llama2_7b_decode", "deepseek_v3", "qwen3_30b_prefill"):
         run = compose_run(f"workload={preset}", "workload.steps=64")
@@ -231,7 +231,7 @@ def test_the_typed_fast_path_builds_the_same_run_as_merging_into_the_schema(grou
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
 
-    from harness.config import RunConfig, to_run_config
+    from harness.config.schema import RunConfig, to_run_config
 
     def both(overrides):
         with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
@@ -254,7 +254,7 @@ def test_the_typed_fast_path_builds_the_same_run_as_merging_into_the_schema(grou
     assert fast == general == "workload.warmup_steps=9: must be < workload.steps=4"
 
 
-# Ranges written down here, not read from harness.config.LIMITS: a wrong limit there (a fraction allowed
+# Ranges written down here, not read from harness.config.schema.LIMITS: a wrong limit there (a fraction allowed
 # above 1, a capacity allowed at 0) would otherwise pass the tests that derive their cases from it.
 PHYSICAL_EDGES = [
     # (key, the last value that makes sense, the first that does not)

@@ -12,13 +12,13 @@ import numpy as np
 import pytest
 
 from conftest import compose_run
-from harness.config import DeviceConfig, LinkConfig, OpSpec
-from harness.device import KIND_COMM, KIND_CUBE, block_dim, collective_us, copy_time_us, core_peak_flop_per_us, device_times
-from harness.errors import ConfigError
-from harness.ops import COMM_ALL_GATHER, COMM_ALL_REDUCE, COMM_ALL_TO_ALL, COMM_NONE, check_memory
-from harness.run import simulate_run
-from harness.serving import Requests, ServingPlan, plan_serving, serving_summary
-from harness.workload import build_workload
+from harness.config.schema import DeviceConfig, LinkConfig, OpSpec
+from harness.model.device import KIND_COMM, KIND_CUBE, block_dim, collective_us, copy_time_us, core_peak_flop_per_us, device_times
+from harness.base.errors import ConfigError
+from harness.model.ops import COMM_ALL_GATHER, COMM_ALL_REDUCE, COMM_ALL_TO_ALL, COMM_NONE, check_memory
+from harness.sim.simulate import simulate_run
+from harness.sim.serving import Requests, ServingPlan, plan_serving, serving_summary
+from harness.model.workload import build_workload
 from test_semantics import TOKEN_BACK_US, three_op_run
 
 # The default link: 196 GB/s and 0.5 µs a hop inside a node of 8 devices, 25 GB/s and 1.5 µs between nodes.

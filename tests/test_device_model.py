@@ -5,9 +5,9 @@ import numpy as np
 import pytest
 
 from conftest import compose_run
-from harness.device import device_times
-from harness.ops import FLAG_INT8
-from harness.workload import build_workload
+from harness.model.device import device_times
+from harness.model.ops import FLAG_INT8
+from harness.model.workload import build_workload
 
 TFLOP = 1e12
 

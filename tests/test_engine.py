@@ -6,9 +6,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from harness.core import simulate
-from harness.errors import HarnessError
-from harness.graph import TASK_DTYPE, TaskGraph, csr_from_edges
+from harness.sim.kernel import simulate
+from harness.base.errors import HarnessError
+from harness.sim.task_graph import TASK_DTYPE, TaskGraph, csr_from_edges
 from oracle import simulate_reference
 
 
@@ -174,9 +174,9 @@ def test_the_path_of_each_step_covers_its_latency():
     """Each step's critical path, followed from its last task back to its first, adds up to its latency:
     the per-step breakdown rows sum to the step times (a chunk that starts at a later step included)."""
     from conftest import compose_run
-    from harness.lowering import Lowering
-    from harness.metrics import step_bounds
-    from harness.policies import prepare
+    from harness.sim.lowering import Lowering
+    from harness.sim.metrics import step_bounds
+    from harness.sim.policies import prepare
 
     run = compose_run("workload=qwen3_30b_decode", "strategy=acl_graph", "workload.steps=5")
     workload, plan = prepare(run, np.full(5, run.workload.batch_size), None)

@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 
 from conftest import compose_run
-from harness.graph import CATEGORY, LANE_DEVICE
-from harness.lowering import ENGINE_SLOT, engine_cost_table
-from harness.run import simulate_run
-from harness.workload import build_workload
+from harness.sim.task_graph import CATEGORY, LANE_DEVICE
+from harness.sim.lowering import ENGINE_SLOT, engine_cost_table
+from harness.sim.simulate import simulate_run
+from harness.model.workload import build_workload
 
 B = 4
 KERNEL, FRAMEWORK, LAUNCH = 100.0, 10.0, 5.0
@@ -156,7 +156,7 @@ def test_serving_reports_vllm_benchmark_names():
 )
 def test_engine_cost_table_by_hand(switches, expected):
     """Multi-step 4 over 8 steps of 4 sequences; sampling (5 µs + 1 µs a sequence = 9) every step."""
-    from harness.lowering import ENGINE_SLOTS
+    from harness.sim.lowering import ENGINE_SLOTS
 
     run = compose_run(*BASE, *stage("schedule", 30), *stage("prepare", 20), *stage("sample", 5, 1), *stage("output", 10, 1),
                       *stage("api", 40), "engine.multi_step=4", *switches)

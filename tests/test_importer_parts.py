@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 
 from harness.importers import load_profile
-from harness.importers.core import Window, _repeated_mark, _windows_between, find_windows, import_profile, op_kind, ops_table, short_name
+from harness.importers.steps import Window, _repeated_mark, _windows_between, find_windows, import_profile, op_kind, ops_table, short_name
 from harness.importers.events import (
     CALL_COLUMNS, TASK_COMM, TASK_COPY, TASK_KERNEL, TASK_SET, Clock, ProfileError, innermost, nesting_parents, read_json, top_level,
 )
@@ -172,8 +172,8 @@ def test_text_timestamps_keep_their_fraction(tmp_path):
 def test_trace_streams_map_to_harness_streams():
     """The busiest compute stream is 0, streams of collectives 1, the other streams 2, 3, … in order of
     first use; beyond the last harness stream (15) they share it."""
-    from harness.config import MAX_STREAMS  # the harness's streams, which the trace's must fit
-    from harness.importers.core import harness_streams
+    from harness.config.schema import MAX_STREAMS  # the harness's streams, which the trace's must fit
+    from harness.importers.steps import harness_streams
 
     def op(stream, kind="vector", device_us=1.0):
         return {"trace_stream": stream, "kind": kind, "device_us": device_us}

@@ -1,4 +1,4 @@
-"""The default sweep launcher (harness/launcher.py, issue 15 items 1 and 2): jobs in warm worker processes
+"""The default sweep launcher (harness/sweep/launcher.py, issue 15 items 1 and 2): jobs in warm worker processes
 forked from the sweep give what Hydra's basic launcher gives, and a sweep whose worker is killed, or
 that is stopped by Ctrl-C, leaves no run RUNNING, says so in one line, and resumes to the same results."""
 from __future__ import annotations
@@ -16,11 +16,11 @@ import pandas as pd
 import pytest
 
 from conftest import comparable_results, run_cli
-from harness import sweep
-from harness.launcher import cores_usable
-from harness.stopping import stop_with, store_call
-from harness.stopping import SweepStopped
-from harness.tracking import PARENT_FILE
+from harness.sweep import callbacks as sweep
+from harness.sweep.launcher import cores_usable
+from harness.base.stopping import stop_with, store_call
+from harness.base.stopping import SweepStopped
+from harness.tracking.store import PARENT_FILE
 
 ENV = {**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true"}
 # Slow enough jobs (~1 s each) that a worker can be caught in the middle of one.
@@ -161,7 +161,7 @@ def test_a_stop_inside_a_store_call_is_raised_when_the_call_ends():
 
 
 def test_a_failed_sweep_ends_its_parent_run_and_marks_job_runs_left_open_killed(tmp_path, monkeypatch):
-    from harness.config import TrackingConfig
+    from harness.config.schema import TrackingConfig
 
     uri = f"sqlite:///{tmp_path / 'store.db'}"
     client = mlflow.MlflowClient(uri)
@@ -186,7 +186,7 @@ def test_n_jobs_below_one_is_refused_before_anything_is_made(tmp_path):
 
 
 def test_the_launchers_job_runner_does_what_hydras_run_job_does(tmp_path, monkeypatch):
-    """harness.launcher.run_sweep_job is Hydra's run_job with cheaper copies: same .hydra files, same
+    """harness.sweep.launcher.run_sweep_job is Hydra's run_job with cheaper copies: same .hydra files, same
     JobReturn, the Hydra config of the job while it runs and the previous one after."""
     from hydra import initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
@@ -196,8 +196,8 @@ def test_the_launchers_job_runner_does_what_hydras_run_job_does(tmp_path, monkey
     from hydra._internal.callbacks import Callbacks
     from omegaconf import open_dict
 
-    from harness.config import CONF_DIR
-    from harness.launcher import run_sweep_job
+    from harness.config.schema import CONF_DIR
+    from harness.sweep.launcher import run_sweep_job
 
     monkeypatch.chdir(tmp_path)
     setup_globals()

@@ -7,9 +7,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from conftest import compose_run
-from harness.graph import CATEGORIES, LANE_DEVICE
-from harness.metrics import BusyTime
-from harness.run import simulate_run
+from harness.sim.task_graph import CATEGORIES, LANE_DEVICE
+from harness.sim.metrics import BusyTime
+from harness.sim.simulate import simulate_run
 
 
 @settings(max_examples=200, deadline=None)
@@ -84,7 +84,7 @@ def test_throughput_counts_tokens_per_phase():
 def test_lane_merges_agree_with_sorting(overrides):
     """BusyTime.of_lanes and the peak-activation merge rely on FIFO lanes instead of sorting: they must
     give what sorting every interval/event gives."""
-    from harness.metrics import ALLOC_STAGE, FREE_STAGE, peak_activation_bytes
+    from harness.sim.metrics import ALLOC_STAGE, FREE_STAGE, peak_activation_bytes
 
     outcome = simulate_run(compose_run(*overrides, "workload.steps=4"))
     result, graph = outcome.result, outcome.result.graph
@@ -108,7 +108,7 @@ def test_lane_merges_agree_with_sorting(overrides):
 
 
 def shares(**parts) -> np.ndarray:
-    from harness.graph import CATEGORY
+    from harness.sim.task_graph import CATEGORY
 
     out = np.zeros(len(CATEGORIES))
     for name, value in parts.items():
@@ -118,7 +118,7 @@ def shares(**parts) -> np.ndarray:
 
 @pytest.mark.parametrize("host, bound", [(0.4999999, "device"), (0.5, "device"), (0.5000001, "host")])
 def test_a_run_is_host_bound_above_half_the_critical_path_on_the_host(host, bound):
-    from harness.metrics import occupancy
+    from harness.sim.metrics import occupancy
 
     out = occupancy(shares(launch=host, compute=1 - host), 30.0, {"host.main": 80.0, "host.launch": 20.0}, 100.0)
     assert out["bound"] == bound
@@ -127,7 +127,7 @@ def test_a_run_is_host_bound_above_half_the_critical_path_on_the_host(host, boun
 
 
 def test_an_empty_window_has_no_bubble_and_no_load():
-    from harness.metrics import occupancy
+    from harness.sim.metrics import occupancy
 
     out = occupancy(shares(compute=1.0), 0.0, {"host.main": 0.0}, 0.0)
     assert (out["bubble_ratio"], out["device_busy"], out["host_busy_max"], out["host_cpu_load"]) == (0.0, 1.0, 0.0, 0.0)
@@ -147,7 +147,7 @@ def test_an_empty_window_has_no_bubble_and_no_load():
     ],
 )
 def test_the_bound_reason_names_the_three_largest_shares_of_its_side(parts, bubble, reason):
-    from harness.metrics import HOST_CATEGORIES, bound_reason
+    from harness.sim.metrics import HOST_CATEGORIES, bound_reason
 
     breakdown = shares(**parts)
     host_share = sum(v for k, v in parts.items() if k in HOST_CATEGORIES)
@@ -155,8 +155,8 @@ def test_the_bound_reason_names_the_three_largest_shares_of_its_side(parts, bubb
 
 
 def test_measured_steps_leave_out_warm_up_and_graph_builds_unless_every_step_builds():
-    from harness.metrics import measured_steps
-    from harness.policies import BUILD, EAGER, REPLAY, StepPlan
+    from harness.sim.metrics import measured_steps
+    from harness.sim.policies import BUILD, EAGER, REPLAY, StepPlan
 
     workload = type("W", (), {"steps": 4, "warmup_steps": 1})()
 
@@ -219,9 +219,9 @@ def test_work_per_step_of_a_single_measured_step():
 
 
 def test_no_allocations_no_activation_memory():
-    from harness.core import simulate
-    from harness.graph import TASK_DTYPE, TaskGraph, csr_from_edges
-    from harness.metrics import peak_activation_bytes
+    from harness.sim.kernel import simulate
+    from harness.sim.task_graph import TASK_DTYPE, TaskGraph, csr_from_edges
+    from harness.sim.metrics import peak_activation_bytes
 
     tasks = np.zeros(2, dtype=TASK_DTYPE)
     tasks["duration_us"] = [1.0, 2.0]
@@ -232,7 +232,7 @@ def test_no_allocations_no_activation_memory():
 
 
 def test_the_bound_reason_at_exactly_half_on_the_host_takes_the_device_side():
-    from harness.metrics import bound_reason
+    from harness.sim.metrics import bound_reason
 
     breakdown = shares(launch=0.5, compute=0.5)
     assert bound_reason(0.5, breakdown, 0.4) == "device work is 50% of the critical path (compute 50%); device idle 40% of the window"
@@ -240,7 +240,7 @@ def test_the_bound_reason_at_exactly_half_on_the_host_takes_the_device_side():
 
 def test_lanes_merge_in_key_order_whichever_lane_holds_them():
     """The merge of FIFO lanes by key, with tasks on the last lane too (n_lanes = 3) and one lane not taken."""
-    from harness.metrics import _merge_lanes
+    from harness.sim.metrics import _merge_lanes
 
     lane = np.array([2, 0, 2, 1, 0, 1])
     key = np.array([1.0, 2.0, 5.0, 3.0, 4.0, 9.0])

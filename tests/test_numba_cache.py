@@ -6,20 +6,20 @@ import os
 import subprocess
 import sys
 
-from harness.config import REPO_ROOT
+from harness.config.schema import REPO_ROOT
 
 JOBS = r"""
 import json, sys
 from numba.core.registry import CPUDispatcher
-import harness.core, harness.lowering, harness.metrics
+import harness.sim.kernel, harness.sim.lowering, harness.sim.metrics
 sys.path.insert(0, "tests")
 from conftest import compose_run
-from harness.run import simulate_run
+from harness.sim.simulate import simulate_run
 for overrides in (["strategy=pipeline"], ["workload=qwen3_30b_decode", "strategy=acl_graph"],
                   ["strategy=async", "workload.serving.enabled=true", "workload.steps=6"], ["strategy=mindspore"],
                   ["strategy=tiling_cache", "strategy.shape_buckets=true"]):
     simulate_run(compose_run(*overrides, "workload.steps=3" if "workload.steps=6" not in overrides else "seed=1"), chunk_tasks=2000)
-kernels = {f"{m.__name__}.{name}": f for m in (harness.core, harness.lowering, harness.metrics)
+kernels = {f"{m.__name__}.{name}": f for m in (harness.sim.kernel, harness.sim.lowering, harness.sim.metrics)
            for name, f in vars(m).items() if isinstance(f, CPUDispatcher)}
 print(json.dumps({name: [sum(f.stats.cache_hits.values()), sum(f.stats.cache_misses.values())] for name, f in kernels.items()}))
 """
@@ -27,7 +27,7 @@ print(json.dumps({name: [sum(f.stats.cache_hits.values()), sum(f.stats.cache_mis
 
 def test_warm_up_leaves_nothing_for_jobs_to_compile(tmp_path):
     env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path)}
-    warm = subprocess.run([sys.executable, "-c", "from harness.sweep import warm_numba_cache; warm_numba_cache()"],
+    warm = subprocess.run([sys.executable, "-c", "from harness.sweep.callbacks import warm_numba_cache; warm_numba_cache()"],
                           env=env, cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
     assert warm.returncode == 0, warm.stderr[-2000:]
     # A job: several strategies, serving, chunked runs; every kernel it calls must come from the cache.
@@ -38,7 +38,7 @@ def test_warm_up_leaves_nothing_for_jobs_to_compile(tmp_path):
     compiled = {name: misses for name, (hits, misses) in stats.items() if misses}
     assert compiled == {}
     loaded = [name for name, (hits, _) in stats.items() if hits]
-    assert "harness.core._simulate" in loaded and "harness.lowering._fill_records" in loaded
+    assert "harness.sim.kernel._simulate" in loaded and "harness.sim.lowering._fill_records" in loaded
 
 
 def test_the_first_run_says_it_compiles_and_later_runs_do_not(tmp_path):

@@ -13,7 +13,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from harness.config import REPO_ROOT
+from harness.config.schema import REPO_ROOT
 
 
 def _declared_packages() -> set[str]:
@@ -81,7 +81,7 @@ def test_wheel_installs_and_runs_outside_the_checkout(tmp_path):
     # quietly serve a subpackage the wheel lacks.
     where = subprocess.run(
         [sys.executable, "-c",
-         "import harness.config as c, harness.profile, harness.importers.kineto as k, harness.run as r, hydra_plugins.hostbound_launcher as h;"
+         "import harness.config.schema as c, harness.profile, harness.importers.kineto as k, harness.sim.simulate as r, hydra_plugins.hostbound_launcher as h;"
          "print(c.CONF_DIR); print(c.WORKLOADS_DIR); print(k.__file__); print(r.__file__); print(h.__file__)"],
         cwd=elsewhere, env=env, capture_output=True, text=True,
     )

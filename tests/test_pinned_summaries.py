@@ -37,8 +37,8 @@ def summary_text(overrides: list[str], run_dir: Path) -> str:
     """summary.json of `python -m harness OVERRIDES tracking.enabled=false`, wall-clock keys dropped."""
     from omegaconf import OmegaConf
 
-    from harness.config import CONF_DIR, flatten, register_configs, to_run_config
-    from harness.run import execute
+    from harness.config.schema import CONF_DIR, flatten, register_configs, to_run_config
+    from harness.cli.job import execute
     from hydra import compose, initialize_config_dir
 
     overrides = [*overrides, "tracking.enabled=false"]

@@ -1,4 +1,4 @@
-"""Strategy policies decided before the event loop (harness/policies.py), case by case against plans
+"""Strategy policies decided before the event loop (harness/sim/policies.py), case by case against plans
 worked out by hand: what fusion, heterogeneous execution and the tiling cache may touch, how graph plans
 fall back, and padding waste."""
 from __future__ import annotations
@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 
 from conftest import compose_run
-from harness.config import OpKind, OpSpec, StrategyConfig
-from harness.errors import ConfigError
-from harness.policies import BUILD, EAGER, REPLAY, _padding_waste, fuse, pad_up, prepare
-from harness.run import simulate_run
-from harness.workload import build_workload
+from harness.config.schema import OpKind, OpSpec, StrategyConfig
+from harness.base.errors import ConfigError
+from harness.sim.policies import BUILD, EAGER, REPLAY, _padding_waste, fuse, pad_up, prepare
+from harness.sim.simulate import simulate_run
+from harness.model.workload import build_workload
 from test_semantics import TOKEN_BACK_US, three_op_run
 
 B, E, R = BUILD, EAGER, REPLAY

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from conftest import compose_run
-from harness.run import simulate_run
+from harness.sim.simulate import simulate_run
 
 
 def summary(*overrides: str) -> dict:

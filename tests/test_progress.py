@@ -1,7 +1,7 @@
 """Progress lines appear on a terminal and nowhere else."""
 import io
 
-from harness.progress import Progress
+from harness.base.progress import Progress
 
 
 class Terminal(io.StringIO):

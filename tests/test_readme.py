@@ -14,8 +14,8 @@ import shlex
 
 import pytest
 
-from harness.cli import check_run, preflight
-from harness.config import REPO_ROOT, compose_run
+from harness.cli.command import check_run, preflight
+from harness.config.schema import REPO_ROOT, compose_run
 
 # Lines that name something this machine cannot have; each is covered elsewhere as noted.
 ILLUSTRATIVE = {
@@ -88,7 +88,7 @@ def _run_harness(args: list[str], capsys) -> str:
         finally:
             sys.argv = old_argv
         return capsys.readouterr().out
-    from harness.run import simulate_run
+    from harness.sim.simulate import simulate_run
 
     multirun = "-m" in args or "--multirun" in args
     overrides = [a for a in args if not a.startswith("-")]
@@ -115,7 +115,7 @@ def test_readme_command_runs_as_shown(command, shown, tmp_path, monkeypatch, cap
     words = command.split()
     module, args = words[2], words[3:]
     if module == "harness.export_ops":
-        from harness.export_ops import main
+        from harness.cli.export_ops import main
 
         main(args)
         assert (tmp_path / args[args.index("--out") + 1]).stat().st_size > 0
@@ -123,7 +123,7 @@ def test_readme_command_runs_as_shown(command, shown, tmp_path, monkeypatch, cap
         _run_harness(["workload=trace", f"workload.path={args[args.index('--out') + 1]}"], capsys)
         return
     if module == "harness.profile":
-        from harness.profile import main
+        from harness.cli.profile import main
 
         for path_arg in [a for a in args if a.startswith("tests/")]:
             args[args.index(path_arg)] = str(REPO_ROOT / path_arg)
@@ -160,8 +160,8 @@ TABLE_HEADER = "| workload | strategy | step ms | tok/s | speed-up | bubble | bo
 
 
 def strategy_table() -> str:
-    from harness.outputs import run_notes
-    from harness.run import simulate_run
+    from harness.results.outputs import run_notes
+    from harness.sim.simulate import simulate_run
 
     lines, eager_tok_s = [], {}
     for workload, strategy in TABLE_ROWS:

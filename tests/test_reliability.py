@@ -28,14 +28,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from conftest import compose_run, free_port, run_cli
-from harness.cli import check_run, preflight
-from harness.config import LIMITS, Limit
-from harness.errors import EXIT_BAD_INPUT, EXIT_WRITE_FAILED, ConfigError
-from harness.files import atomic_write
-from harness.run import execute
-from harness.trace_io import COLUMN_LIMITS, INT_COLUMNS
-from harness.tracking import EXIT_TRACKING_FAILED, FAILED_FILE
-from harness.workload import load_card
+from harness.cli.command import check_run, preflight
+from harness.config.schema import LIMITS, Limit
+from harness.base.errors import EXIT_BAD_INPUT, EXIT_WRITE_FAILED, ConfigError
+from harness.base.files import atomic_write
+from harness.cli.job import execute
+from harness.model.ops_csv import COLUMN_LIMITS, INT_COLUMNS
+from harness.tracking.store import EXIT_TRACKING_FAILED, FAILED_FILE
+from harness.model.workload import load_card
 
 FUZZ_EXAMPLES = int(os.environ.get("HOSTBOUND_FUZZ_EXAMPLES", "30"))
 # HOSTBOUND_FUZZ_REPORT=FILE appends one line per example (test, outcome, input): the counts in docs/reliability.md.
@@ -159,7 +159,7 @@ def _text_keys() -> list[str]:
     import enum
     import typing
 
-    from harness.config import RunConfig
+    from harness.config.schema import RunConfig
 
     keys = []
 
@@ -238,7 +238,7 @@ def test_issue_cases_are_refused_up_front_naming_the_key(override, named, tmp_pa
 
 def test_every_number_of_the_schema_has_a_limit_and_no_limit_is_stale():
     """A new numeric key without a range would pass unchecked: check_limits looks each one up."""
-    from harness.config import RunConfig, _numeric_fields
+    from harness.config.schema import RunConfig, _numeric_fields
     import dataclasses
     import typing
 
@@ -261,8 +261,8 @@ def test_every_number_of_the_schema_has_a_limit_and_no_limit_is_stale():
 
 
 def test_a_card_file_is_checked_like_the_config(tmp_path, monkeypatch):
-    import harness.config as config_module
-    import harness.workload as workload_module
+    import harness.config.schema as config_module
+    import harness.model.workload as workload_module
 
     cards = tmp_path / "workloads"
     cards.mkdir()
@@ -323,7 +323,7 @@ def test_fuzzed_trace_csvs_are_refused_naming_the_file_or_run_sanely(frame, tmp_
 
 
 def test_trace_files_over_the_limits_are_refused_before_they_are_simulated(tmp_path, monkeypatch):
-    import harness.trace_io as trace_io
+    import harness.model.ops_csv as trace_io
 
     path = tmp_path / "ops.csv"
     path.write_text("name,kind,device_us\n" + "".join(f"op{i},vector,2\n" for i in range(50)))
@@ -337,7 +337,7 @@ def test_trace_files_over_the_limits_are_refused_before_they_are_simulated(tmp_p
 
 
 def test_a_trace_too_large_for_memory_is_refused_naming_the_file(tmp_path, monkeypatch):
-    import harness.run as run_module
+    import harness.sim.simulate as run_module
 
     path = tmp_path / "ops.csv"
     path.write_text("name,kind,device_us\n" + "".join(f"op{i},vector,2\n" for i in range(100)))
@@ -348,8 +348,8 @@ def test_a_trace_too_large_for_memory_is_refused_naming_the_file(tmp_path, monke
 
 
 def test_trace_json_is_capped(monkeypatch):
-    import harness.outputs as outputs
-    from harness.run import simulate_run
+    import harness.results.outputs as outputs
+    from harness.sim.simulate import simulate_run
 
     outcome = simulate_run(compose_run("workload.steps=3"))
     full = outputs.chrome_trace(outcome, 2)["traceEvents"]
@@ -507,7 +507,7 @@ def test_a_write_killed_midway_leaves_the_previous_file(tmp_path):
     script = (
         "import os, signal, sys\n"
         "from pathlib import Path\n"
-        "from harness.files import atomic_write\n"
+        "from harness.base.files import atomic_write\n"
         "def half(tmp):\n"
         "    with open(tmp, 'w') as f:\n"
         "        f.write('{\"new\": ')\n"
@@ -538,7 +538,7 @@ BEGIN, END = "<!-- limits: begin (python tests/test_reliability.py rewrites) -->
 
 def limits_table() -> str:
     """Every range the harness checks, from the one table it checks them with."""
-    from harness.config import _number_text
+    from harness.config.schema import _number_text
 
     def row(key: str, limit: Limit) -> str:
         return f"| `{key}` | {_number_text(limit.low)} | {_number_text(limit.high)} | {limit.unit} |"

@@ -9,12 +9,12 @@ import pandas as pd
 import pytest
 from omegaconf import OmegaConf
 
-import harness.config
-import harness.workload
+import harness.config.schema
+import harness.model.workload
 from conftest import compose_run
-from harness.config import REPO_ROOT, WORKLOADS_DIR
-from harness.errors import HarnessError
-from harness.repro import TOLERANCE, load_claims, main, reproduce
+from harness.config.schema import REPO_ROOT, WORKLOADS_DIR
+from harness.base.errors import HarnessError
+from harness.cli.repro import TOLERANCE, load_claims, main, reproduce
 
 
 @pytest.fixture(scope="module")
@@ -59,13 +59,13 @@ def test_changing_a_fitted_value_in_the_preset_changes_the_table(tmp_path, monke
     text = (cards / "deepseek_v3.yaml").read_text()
     assert "layer_overhead_us: 1821.0" in text
     (cards / "deepseek_v3.yaml").write_text(text.replace("layer_overhead_us: 1821.0", "layer_overhead_us: 2500.0"))
-    monkeypatch.setattr(harness.config, "WORKLOADS_DIR", cards)
-    monkeypatch.setattr(harness.workload, "WORKLOADS_DIR", cards)
-    harness.workload.load_card.cache_clear()
+    monkeypatch.setattr(harness.config.schema, "WORKLOADS_DIR", cards)
+    monkeypatch.setattr(harness.model.workload, "WORKLOADS_DIR", cards)
+    harness.model.workload.load_card.cache_clear()
     try:
         after, _ = reproduce(claims)
     finally:
-        harness.workload.load_card.cache_clear()
+        harness.model.workload.load_card.cache_clear()
     eager = before["claim"] == "DeepSeek-V3.1 eager decode step, Atlas A2"
     # 61 decoder layers each pay 679 us more in eager; graph replay skips the front end.
     assert after.loc[eager, "simulated"].item() - before.loc[eager, "simulated"].item() == pytest.approx(61 * 0.679, rel=1e-6)
@@ -82,7 +82,7 @@ def test_card_overrides_sweep_the_fitted_value_without_editing_cards():
     run = compose_run("+experiment=a2_deepseek_eager", "+workload.card_overrides.layer_overhead_us=2000")
     assert run.workload.card_overrides == {"layer_overhead_us": 2000}
     with pytest.raises(HarnessError, match=r"workload.card_overrides.not_a_field=1: card 'deepseek_v3' has no such field"):
-        harness.workload.build_workload(compose_run("+experiment=a2_deepseek_eager", "+workload.card_overrides.not_a_field=1").workload)
+        harness.model.workload.build_workload(compose_run("+experiment=a2_deepseek_eager", "+workload.card_overrides.not_a_field=1").workload)
 
 
 @pytest.mark.parametrize(

@@ -15,8 +15,8 @@ import pandas as pd
 import pytest
 
 from conftest import comparable_results, compose_run
-from harness.resume import RESUMED_FILE, config_hash, find_finished
-from harness.run import execute
+from harness.results.resume import RESUMED_FILE, config_hash, find_finished
+from harness.cli.job import execute
 
 SWEEP = ["-m", "strategy=eager,async,pipeline,acl_graph", "workload.steps=300", "output.timeline_steps=0", "output.print_summary=false"]
 ENV = {**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true"}
@@ -82,7 +82,7 @@ def test_resume_reuses_a_finished_run_from_another_folder(tmp_path):
 def test_resuming_many_jobs_reads_each_earlier_summary_once(tmp_path, monkeypatch):
     """Each job of a resumed sweep used to read every summary.json under outputs/ again: N jobs over M
     earlier runs read N × M files. Now the folder is read once per process, and a match is checked again."""
-    import harness.resume as resume
+    import harness.results.resume as resume
 
     digests = [f"{i:016x}" for i in range(40)]
     for i, digest in enumerate(digests):

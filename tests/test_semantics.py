@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 
 from conftest import compose_run
-from harness.config import Dispatch, HardwareConfig, HostConfig, LinkConfig, OpKind, OpSpec, RunConfig, StrategyConfig, WorkloadConfig
-from harness.device import copy_time_us
-from harness.graph import CATEGORY, LANE_HOST
-from harness.result import without_wall_clock
-from harness.run import simulate_run
+from harness.config.schema import Dispatch, HardwareConfig, HostConfig, LinkConfig, OpKind, OpSpec, RunConfig, StrategyConfig, WorkloadConfig
+from harness.model.device import copy_time_us
+from harness.sim.task_graph import CATEGORY, LANE_HOST
+from harness.sim.outcome import without_wall_clock
+from harness.sim.simulate import simulate_run
 
 # Three ops with known device times; every host stage costs 1 µs, a sync 2 µs.
 UNIT_HOST = HostConfig(threads=4, framework_us=1, infer_shape_us=1, tiling_us=1, alloc_us=1, launch_us=1, free_us=1, sync_us=2, kernel_params=0)
@@ -174,7 +174,7 @@ def test_frees_handed_to_the_main_thread_keep_outputs_alive_longer(free_on_main,
 
 
 def test_host_jitter_has_mean_one_and_the_configured_spread():
-    from harness.lowering import _jitter
+    from harness.sim.lowering import _jitter
 
     draws = _jitter(3, np.arange(200), 0.2, 500)
     assert draws.shape == (200, 500)
@@ -218,8 +218,8 @@ def test_an_op_run_on_the_cpu_hand_computed():
     ],
 )
 def test_host_stage_costs_by_hand(switches, n_kernels, expected):
-    from harness.lowering import host_stage_costs
-    from harness.workload import build_workload
+    from harness.sim.lowering import host_stage_costs
+    from harness.model.workload import build_workload
 
     run = compose_run("workload.steps=1")
     workload = build_workload(run.workload)

@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 
 from conftest import compose_run
-from harness.run import simulate_run
-from harness.serving import draw_requests, plan_serving
+from harness.sim.simulate import simulate_run
+from harness.sim.serving import draw_requests, plan_serving
 
 SERVING = ("workload.serving.enabled=true", "workload.steps=60", "workload.serving.output_len_mean=24")
 
@@ -55,7 +55,7 @@ def test_more_load_means_bigger_batches_and_more_throughput():
 
 
 def test_serving_needs_decode():
-    from harness.errors import ConfigError
+    from harness.base.errors import ConfigError
 
     with pytest.raises(ConfigError, match="workload.phase"):
         compose_run("workload=llama2_7b_prefill", "workload.serving.enabled=true")
@@ -88,7 +88,7 @@ def test_thin_percentiles_are_flagged():
 @pytest.mark.parametrize("cv", [0.5, 1.0])
 def test_lengths_have_the_mean_and_the_spread_asked_for(cv):
     """Lognormal lengths with the configured mean and coefficient of variation (std / mean)."""
-    from harness.config import ServingConfig
+    from harness.config.schema import ServingConfig
 
     drawn = draw_requests(ServingConfig(prompt_len_mean=1024, output_len_mean=2048, len_cv=cv), 0, 50_000)
     for lengths, mean in ((drawn.prompt_len, 1024), (drawn.output_len, 2048)):
@@ -97,7 +97,7 @@ def test_lengths_have_the_mean_and_the_spread_asked_for(cv):
 
 
 def test_every_request_makes_at_least_one_token():
-    from harness.config import ServingConfig
+    from harness.config.schema import ServingConfig
 
     fixed = draw_requests(ServingConfig(output_len_mean=1, len_cv=0), 0, 100)
     assert fixed.output_len.tolist() == [1] * 100

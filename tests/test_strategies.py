@@ -7,15 +7,15 @@ import numpy as np
 import pytest
 
 from conftest import compose_run
-from harness.config import Dispatch, Fallback, GraphMode, GraphStrategyConfig, OpKind, OpSpec, Phase, StrategyConfig
-from harness.device import copy_time_us, device_times
-from harness.errors import ConfigError
-from harness.graph import CATEGORY
-from harness.metrics import LAUNCH_STAGE
-from harness.policies import BUILD, EAGER, REPLAY, fuse, prepare, trim_buckets
-from harness.result import without_wall_clock
-from harness.run import simulate_run
-from harness.workload import build_workload
+from harness.config.schema import Dispatch, Fallback, GraphMode, GraphStrategyConfig, OpKind, OpSpec, Phase, StrategyConfig
+from harness.model.device import copy_time_us, device_times
+from harness.base.errors import ConfigError
+from harness.sim.task_graph import CATEGORY
+from harness.sim.metrics import LAUNCH_STAGE
+from harness.sim.policies import BUILD, EAGER, REPLAY, fuse, prepare, trim_buckets
+from harness.sim.outcome import without_wall_clock
+from harness.sim.simulate import simulate_run
+from harness.model.workload import build_workload
 from test_semantics import LINK, THREE_OPS, TOKEN_BACK_US, three_op_run
 
 GRAPH_COSTS = dict(capture_ms=1.0, replay_launch_us=10.0, task_dispatch_us=0.5, param_update_us=7.0, sink_load_ms=2.0,

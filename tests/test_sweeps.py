@@ -167,7 +167,7 @@ def test_the_slurm_preset_submits_one_array_job_of_the_sweep(tmp_path):
 
 
 def test_swept_values_show_what_differs_between_jobs():
-    from harness.report import swept_values
+    from harness.results.comparison import swept_values
 
     overrides = pd.Series(["strategy=eager +workload.card_overrides.x=1 workload.steps=4", "strategy=acl_graph +workload.card_overrides.x=2 workload.steps=4"])
     assert swept_values(overrides).tolist() == ["+workload.card_overrides.x=1", "+workload.card_overrides.x=2"]
@@ -180,7 +180,7 @@ def test_results_record_each_jobs_overrides(sweep):
 
 
 def test_speedup_compares_with_the_eager_run_of_the_same_swept_values():
-    from harness.report import comparison
+    from harness.results.comparison import comparison
 
     runs = pd.DataFrame(
         {
@@ -198,7 +198,7 @@ def test_speedup_compares_with_the_eager_run_of_the_same_swept_values():
 
 
 def test_report_orders_rows_eager_first_in_numeric_order_and_names_missing_eager_runs():
-    from harness.report import comparison, missing_eager
+    from harness.results.comparison import comparison, missing_eager
 
     runs = pd.DataFrame(
         {
@@ -224,8 +224,8 @@ def test_timeline_draws_host_ops_not_stripes_and_leaves_idle_lanes_out(tmp_path,
     import matplotlib.pyplot as plt
 
     from conftest import compose_run
-    from harness import timeline
-    from harness.run import simulate_run
+    from harness.results import timeline
+    from harness.sim.simulate import simulate_run
 
     outcome = simulate_run(compose_run("strategy=eager", "workload.steps=2"))
     graph = outcome.result.graph
@@ -252,15 +252,15 @@ def test_timeline_draws_host_ops_not_stripes_and_leaves_idle_lanes_out(tmp_path,
 
 
 def test_a_sweeps_jobs_compose_exactly_as_hydra_would():
-    """The compose cache (harness.compose_cache) gives every job the config Hydra's own load_sweep_config
+    """The compose cache (harness.sweep.compose_cache) gives every job the config Hydra's own load_sweep_config
     gives it, the hydra node included: preset choices, values, `+`/`~`, hydra and experiment overrides,
     in any order, and the same errors."""
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
     from omegaconf import OmegaConf
 
-    from harness import compose_cache
-    from harness.config import CONF_DIR
+    from harness.sweep import compose_cache
+    from harness.config.schema import CONF_DIR
 
     cases = [
         ["strategy=async", "workload.batch_size=4"],

@@ -8,13 +8,13 @@ import numpy as np
 import pytest
 
 from conftest import compose_run, run_cli
-from harness.device import device_times
-from harness.errors import ConfigError
-from harness.graph import LANE_HOST
-from harness.result import WALL_CLOCK_KEYS
-from harness.run import simulate_run
-from harness.trace_io import write_ops_csv
-from harness.workload import build_workload
+from harness.model.device import device_times
+from harness.base.errors import ConfigError
+from harness.sim.task_graph import LANE_HOST
+from harness.sim.outcome import WALL_CLOCK_KEYS
+from harness.sim.simulate import simulate_run
+from harness.model.ops_csv import write_ops_csv
+from harness.model.workload import build_workload
 
 DIFFERENT_BY_NATURE = WALL_CLOCK_KEYS | {"peak_mem_gb", "devices"}  # a trace knows no memory plan or layout
 

@@ -9,9 +9,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from harness.config import ArtifactPolicy, TrackingConfig
-from harness.errors import HarnessError, TrackingError
-from harness.tracking import (
+from harness.config.schema import ArtifactPolicy, TrackingConfig
+from harness.base.errors import HarnessError, TrackingError
+from harness.tracking.store import (
     FAILED_ENV,
     FAILED_FILE,
     MAX_PARAM_CHARS,
@@ -182,8 +182,8 @@ def test_logging_folders_later_checks_them_all_before_logging_any(tmp_path, caps
     stays empty)."""
     import mlflow
 
-    from harness.errors import EXIT_BAD_INPUT
-    from harness.tracking import main
+    from harness.base.errors import EXIT_BAD_INPUT
+    from harness.tracking.store import main
 
     for job, summary in (("good", '{"hardware": "h100", "workload": "w", "strategy": "eager", "throughput_tok_s": 5.0}'), ("bad", "{")):
         (tmp_path / job).mkdir()

@@ -13,8 +13,8 @@ import pandas as pd
 import pytest
 
 from conftest import compose_run, run_cli
-from harness.config import flatten
-from harness.result import WHAT_RAN_KEYS, WHAT_RAN_PARAMS
+from harness.config.schema import flatten
+from harness.sim.outcome import WHAT_RAN_KEYS, WHAT_RAN_PARAMS
 
 # Eager and graph replay, alone and serving a request stream: graph captures, padding, request counts.
 SWEEP = ["-m", "workload=llama31_8b_decode", "strategy=eager,acl_graph", "workload.serving.enabled=false,true", "workload.steps=6",
@@ -84,7 +84,7 @@ def test_what_ran_is_the_configs_own_value():
     """summary.json's what-ran keys are the config's values under the names MLflow keeps them by."""
     from omegaconf import OmegaConf
 
-    from harness.run import identity
+    from harness.cli.job import identity
 
     run = compose_run("workload=qwen3_30b_decode", "workload.batch_size=3", "seed=7", "workload.serving.enabled=true")
     params = flatten(OmegaConf.to_container(OmegaConf.structured(run), resolve=True, enum_to_str=True))

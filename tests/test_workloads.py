@@ -7,12 +7,12 @@ import numpy as np
 import pytest
 
 from conftest import compose_run
-from harness.errors import ConfigError
-from harness.graph import CATEGORY
-from harness.run import simulate_run
-from harness.config import OpKind
-from harness.ops import FLAG_DYNAMIC, FLAG_VALUE_DEPENDENT, KIND_CODE
-from harness.workload import build_workload, parameter_count_b
+from harness.base.errors import ConfigError
+from harness.sim.task_graph import CATEGORY
+from harness.sim.simulate import simulate_run
+from harness.config.schema import OpKind
+from harness.model.ops import FLAG_DYNAMIC, FLAG_VALUE_DEPENDENT, KIND_CODE
+from harness.model.workload import build_workload, parameter_count_b
 
 # Published totals (billions): model cards / release notes of each model.
 PUBLISHED_B = {"deepseek_v3": 671.0, "qwen3_30b_a3b": 30.5, "qwen25_7b": 7.61, "llama2_7b": 6.74, "llama31_8b": 8.03}
@@ -53,7 +53,7 @@ def test_prefill_variants_are_device_bound(preset):
 
 def test_memory_check_fails_with_the_sizes_and_passes_on_presets():
     run, wl = workload("workload=deepseek_v3", "hardware.device.hbm_gb=8")
-    from harness.ops import check_memory
+    from harness.model.ops import check_memory
 
     with pytest.raises(ConfigError) as err:
         check_memory(wl, run.hardware.device.hbm_gb)
@@ -173,11 +173,11 @@ def test_card_overrides_take_list_values():
     assert again.n_ops > wl.n_ops  # the cache keyed the override: the plain card is unchanged
 
 
-# ---------------------------------------------------------------- explicit op lists (harness.ops)
+# ---------------------------------------------------------------- explicit op lists (harness.model.ops)
 
 
 def op_list_config(**fields):
-    from harness.config import OpSpec, WorkloadConfig
+    from harness.config.schema import OpSpec, WorkloadConfig
 
     return WorkloadConfig(card=None, ops=[OpSpec()], **{"steps": 3, **fields})
 
@@ -185,7 +185,7 @@ def op_list_config(**fields):
 def test_an_op_row_needs_only_a_name_and_a_kind():
     """Unset fields of a row: no flags, no FLOPs or bytes, a device time from the cost model (NaN), the
     stream of its kind, no host time, and the previous op to wait for."""
-    from harness.ops import COMM_NONE, STREAM_COMM, STREAM_COMPUTE, from_static_ops
+    from harness.model.ops import COMM_NONE, STREAM_COMM, STREAM_COMPUTE, from_static_ops
 
     rows = [{"name": "v", "kind": OpKind.vector}, {"name": "h", "kind": OpKind.host, "host_us": None}, {"name": "c", "kind": OpKind.comm}]
     wl = from_static_ops(op_list_config(), rows)
@@ -196,7 +196,7 @@ def test_an_op_row_needs_only_a_name_and_a_kind():
 
 
 def test_an_op_rows_flags_host_time_and_stream_are_its_own():
-    from harness.ops import FLAG_COMPUTE_DEPENDENT, FLAG_CPU_ELIGIBLE, FLAG_ROUTED, from_static_ops
+    from harness.model.ops import FLAG_COMPUTE_DEPENDENT, FLAG_CPU_ELIGIBLE, FLAG_ROUTED, from_static_ops
 
     rows = [
         {"name": "d", "kind": OpKind.vector, "dynamic": True},
@@ -218,7 +218,7 @@ def test_an_op_rows_flags_host_time_and_stream_are_its_own():
 
 @pytest.mark.parametrize("after", [[1], [-1], [5]])
 def test_an_op_waits_only_for_earlier_ops(after):
-    from harness.ops import from_static_ops
+    from harness.model.ops import from_static_ops
 
     with pytest.raises(ConfigError, match=re.escape(f"workload.ops[1].after={after}: must name earlier ops (indices 0..0)")):
         from_static_ops(op_list_config(), [{"name": "a", "kind": OpKind.vector}, {"name": "b", "kind": OpKind.vector, "after": after}])
@@ -226,15 +226,15 @@ def test_an_op_waits_only_for_earlier_ops(after):
 
 @pytest.mark.parametrize("phase, tokens, kv_len", [("decode", [2, 2, 2], [513, 514, 515]), ("prefill", [1024, 1024, 1024], [512, 512, 512])])
 def test_an_op_lists_tokens_and_kv_length_follow_the_phase(phase, tokens, kv_len):
-    from harness.config import Phase
-    from harness.ops import from_static_ops
+    from harness.config.schema import Phase
+    from harness.model.ops import from_static_ops
 
     wl = from_static_ops(op_list_config(phase=Phase(phase), batch_size=2, context_len=512), [{"name": "a", "kind": OpKind.vector}])
     assert wl.tokens.tolist() == tokens and wl.kv_len.tolist() == kv_len and wl.batch.tolist() == [2, 2, 2]
 
 
 def test_a_workload_starts_with_its_real_sizes_and_no_groups_or_memory():
-    from harness.ops import MemoryPlan
+    from harness.model.ops import MemoryPlan
 
     wl = build_workload(compose_run("workload.steps=3", "workload.batch_size=4").workload)
     assert wl.real_batch is wl.batch and wl.real_kv_len is wl.kv_len and wl.tokens_out.tolist() == [4, 4, 4]
@@ -264,7 +264,7 @@ def test_activations_are_half_the_traffic_beyond_the_weights():
 
 
 def test_an_op_lists_collectives_survive_an_export(tmp_path):
-    from harness.trace_io import read_ops_csv, write_ops_csv
+    from harness.model.ops_csv import read_ops_csv, write_ops_csv
 
     run = compose_run("workload.card=null", "workload.ops=[{name:a,device_us:1},{name:ar,kind:comm,device_us:2}]", "workload.steps=2")
     wl = build_workload(run.workload)

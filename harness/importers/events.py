@@ -28,7 +28,7 @@ from typing import Any, Optional
 import numpy as np
 import pandas as pd
 
-from harness.errors import HarnessError
+from harness.base.errors import HarnessError
 
 # Call kinds.
 CALL_OTHER = 0  # host time, nothing issued (queries, attribute calls, event records...)

@@ -2,7 +2,7 @@
 
 `measured_summary` reduces the steps the op list replays to the numbers a replay's summary.json
 holds (step_ms_*, device_busy, bubble_ratio, host_busy_max, bound, launches_per_step, breakdown_*),
-with the same definitions (harness/metrics.py), plus what only a trace shows: the launch-to-start
+with the same definitions (harness/sim/metrics.py), plus what only a trace shows: the launch-to-start
 delay of each issue and the device's idle time split into *host wait* (nothing had been launched
 yet: the device waited for the host) and *device wait* (launched, but not started: launch latency,
 an event, or unseen work on the stream).
@@ -22,10 +22,10 @@ import re
 
 import numpy as np
 
-from harness.graph import CATEGORIES
-from harness.importers.core import Imported, StepOps
+from harness.sim.task_graph import CATEGORIES
+from harness.importers.steps import Imported, StepOps
 from harness.importers.events import ISSUING
-from harness.metrics import occupancy
+from harness.sim.metrics import occupancy
 
 US_PER_MS = 1e3
 DEVICE_CATEGORY = {"copy": "copy", "comm": "comm"}  # other device ops are compute

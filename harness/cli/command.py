@@ -1,0 +1,353 @@
+"""Command-line glue: check the overrides before Hydra starts, run the job, print the summary.
+
+Hydra reports a bad override with a multi-line message and exit status 1; the harness promises one
+line naming the key and the value, and exit status 2. So `preflight` composes the configuration
+itself first (each value of a sweep in turn) and validates it; only then does Hydra take over.
+"""
+from __future__ import annotations
+
+import atexit
+import importlib.util
+import itertools
+import logging
+import math
+import os
+import signal
+import sys
+import threading
+from pathlib import Path
+from typing import NoReturn
+
+import numpy as np
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+from hydra.core.hydra_config import HydraConfig
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+from harness.sweep.compose_cache import compose_job
+from harness.config.schema import CONF_DIR, RunConfig, flatten, one_line, to_run_config
+from harness.base.errors import EXIT_TRACKING_FAILED, EXIT_WRITE_FAILED, ConfigError, HarnessError, fail, one_line_text
+from harness.model.ops import check_memory
+from harness.base.stopping import stop_with
+from harness.model.workload import build_workload
+
+log = logging.getLogger(__name__)
+
+# Hydra flags that take a value, and flags after which there is nothing to check.
+_FLAGS_WITH_VALUE = {"--config-path", "-cp", "--config-name", "-cn", "--config-dir", "-cd", "--experimental-rerun"}
+_INFO_FLAGS = {"--help", "-h", "--hydra-help", "--info", "-i", "--shell-completion", "-sc", "--version", "--cfg", "-c", "--resolve", "-p", "--package"}
+
+
+def exit_now(code: object) -> NoReturn:
+    """End the process as `sys.exit(code)` would, without the interpreter's teardown: freeing every object
+    of numba, pandas, MLflow and Hydra one by one took ~1 s after each command. What teardown is for still
+    happens: other threads are waited for, exit handlers run, the streams are flushed."""
+    if code is None or isinstance(code, int):
+        status = code or 0
+    else:  # SystemExit("text"), as sys.exit prints it
+        print(code, file=sys.stderr)
+        status = 1
+    threading._shutdown()  # as the interpreter does first: executors' exit hooks, then other threads waited for
+    atexit._run_exitfuncs()
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a closed pipe (`| head`): nothing more can reach it
+            pass
+    os._exit(status)
+
+
+def _is_multirun(argv: list[str]) -> bool:
+    return any(arg in ("-m", "--multirun") or arg.replace(" ", "") == "hydra.mode=MULTIRUN" for arg in argv)
+
+
+def _split_argv(argv: list[str]) -> tuple[list[str], str, bool]:
+    """(overrides, config name, whether to check at all) from a Hydra command line."""
+    overrides: list[str] = []
+    config_name = "config"
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        name = arg.split("=", 1)[0]
+        if name in _INFO_FLAGS:
+            return [], config_name, False
+        if name in _FLAGS_WITH_VALUE:
+            if name in {"--config-name", "-cn"}:
+                config_name = arg.split("=", 1)[1] if "=" in arg else argv[i + 1] if i + 1 < len(argv) else config_name
+            if name in {"--config-path", "-cp", "--config-dir", "-cd", "--experimental-rerun"}:
+                return [], config_name, False  # another config tree: Hydra's own checks apply
+            i += 1 if "=" in arg else 2
+            continue
+        if not arg.startswith("-"):
+            overrides.append(arg)
+        i += 1
+    return overrides, config_name, True
+
+
+# Groups not in conf/config.yaml's defaults list that may be named without Hydra's `+`
+# (lightning-hydra-template's convention: `experiment=name`).
+_OPTIONAL_GROUPS = ("experiment",)
+
+
+def normalize_argv(argv: list[str]) -> list[str]:
+    """`experiment=x` → `+experiment=x`, so the README's and the templates' spelling both work; on Ray, a
+    relative `hydra.sweep.dir` is anchored at the launch folder."""
+    argv = [f"+{arg}" if arg.split("=", 1)[0] in _OPTIONAL_GROUPS and "=" in arg else arg for arg in argv]
+    if "hydra/launcher=ray" in argv:
+        argv = [_anchored_at_launch(arg) for arg in argv]
+    return argv
+
+
+def _anchored_at_launch(arg: str) -> str:
+    """`hydra.sweep.dir=sw` → `hydra.sweep.dir=${hydra.runtime.cwd}/sw`: Hydra makes a job's folder absolute
+    in the process that runs it, and a Ray worker runs in its node's folder (where `ray start` ran), so
+    the jobs' files would land there while the sweep's results.csv looks for them here. conf/config.yaml's
+    default folder is anchored the same way."""
+    key, _, value = arg.partition("=")
+    if key.lstrip("+") != "hydra.sweep.dir" or not value.strip("'\"") or value.lstrip("'\"").startswith(("/", "~", "$")):
+        return arg
+    quote = value[0] if value[0] in "'\"" else ""
+    return f"{key}={quote}${{hydra.runtime.cwd}}/{value[len(quote):]}"
+
+
+def _sweep_axes(overrides: list[str]) -> tuple[list[str], list[tuple[int, str, list[str]]]]:
+    """The command line as single values (each sweep at its first value; hydra.* blanked: Hydra's to
+    check) and the sweeps: (position, key with its +/++/~, values)."""
+    parsed = OverridesParser.create().parse_overrides(overrides)
+    base: list[str] = []
+    sweeps: list[tuple[int, str, list[str]]] = []
+    for position, override in enumerate(parsed):
+        if override.is_sweep_override() and not override.is_hydra_override():
+            key = override.get_key_element()  # with its +, ++ or ~
+            try:
+                values = list(override.sweep_string_iterator())
+            except Exception:  # interval sweeps (for optimisers) have no finite value list
+                values = []
+            base.append(f"{key}={values[0]}" if values else "")
+            sweeps.append((position, key, values))
+        elif override.is_hydra_override():
+            base.append("")
+        else:
+            base.append(override.input_line)
+    return base, sweeps
+
+
+def override_variants(overrides: list[str]) -> list[list[str]]:
+    """Single-valued override lists that together cover every value of every sweep."""
+    base, sweeps = _sweep_axes(overrides)
+    variants = [base]
+    for position, key, values in sweeps:
+        for value in values[1:]:
+            variant = list(base)
+            variant[position] = f"{key}={value}"
+            variants.append(variant)
+    return [[o for o in v if o] for v in variants]
+
+
+# Combinations of a sweep checked one by one before the first job starts (~0.1 s each); beyond this,
+# each value of each axis is checked, and a combination that fails stops only its own job.
+MAX_CHECKED_COMBINATIONS = int(os.environ.get("HOSTBOUND_CHECK_COMBINATIONS", "64"))
+
+
+def sweep_combinations(overrides: list[str]) -> tuple[list[list[str]], int]:
+    """Every job's single-valued override list (as Hydra's basic sweeper makes them), and how many there
+    are; when over MAX_CHECKED_COMBINATIONS, the per-axis variants instead."""
+    base, sweeps = _sweep_axes(overrides)
+    total = math.prod(max(1, len(values)) for _, _, values in sweeps)
+    if total > MAX_CHECKED_COMBINATIONS:
+        return override_variants(overrides), total
+    jobs = []
+    for chosen in itertools.product(*[[f"{key}={value}" for value in values] or [""] for _, key, values in sweeps]):
+        job = list(base)
+        for (position, _, _), override in zip(sweeps, chosen):
+            job[position] = override
+        jobs.append([o for o in job if o])
+    return jobs, total
+
+
+def preflight(argv: list[str]) -> None:
+    """Compose and validate every configuration the command line asks for; exit 2 on the first bad one."""
+    modes = sorted({arg.split("=", 1)[0] for arg in argv} & {"-m", "--multirun", "--cfg", "-c", "--info", "-i", "--shell-completion", "-sc"})
+    if len(modes) > 1:  # Hydra says so with a traceback
+        fail(f"{' and '.join(modes)}: give one of -m/--multirun, --cfg, --info, --shell-completion")
+    overrides, config_name, check = _split_argv(argv)
+    if not check:
+        return
+    try:
+        variants, total = sweep_combinations(overrides)
+    except Exception as exc:
+        fail(f"cannot parse overrides {' '.join(overrides)!r}: {one_line(exc)}")
+    if total > len(variants):
+        print(f"hostbound: note: {total} combinations: each value of each axis is checked before the sweep;"
+              " a combination that fails stops only its own job", file=sys.stderr)
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        loader = GlobalHydra.instance().config_loader()
+        for variant in variants:
+            try:
+                cfg = compose_job(loader, config_name, variant)  # as compose() would, from the cache
+                with open_dict(cfg):
+                    del cfg["hydra"]
+                check_run(to_run_config(cfg))
+            except HarnessError as exc:
+                fail(str(exc))
+            except Exception as exc:
+                fail(one_line(exc, overrides))
+        hydra_overrides = [o for o in overrides if o.lstrip("+~").startswith("hydra.") or o.lstrip("+~").startswith("hydra/")]
+        key = "hydra.sweep.dir" if _is_multirun(argv) else "hydra.run.dir"
+        try:
+            cfg = compose(config_name=config_name, overrides=variants[0] + hydra_overrides, return_hydra_config=True)
+            folder = OmegaConf.select(cfg, key)
+            resuming = bool(OmegaConf.select(cfg, "resume"))
+        except Exception as exc:
+            fail(one_line(exc, overrides))
+        if _is_multirun(argv):
+            check_launcher(cfg)
+    try:
+        check_output_folder(key, folder, resuming)
+    except HarnessError as exc:
+        fail(str(exc))
+
+
+# Launchers whose plugin comes with an extra (pyproject.toml), by the module their config's _target_ names.
+_LAUNCHER_EXTRAS = {"hydra_plugins.hydra_ray_launcher": "cluster", "hydra_plugins.hydra_submitit_launcher": "cluster"}
+
+
+def check_launcher(cfg: DictConfig) -> None:
+    """The chosen launcher's plugin is installed (otherwise Hydra fails with a traceback after the sweep's
+    folder and parent run exist)."""
+    target = str(OmegaConf.select(cfg, "hydra.launcher._target_", default="") or "")
+    if target == "hydra_plugins.hostbound_launcher.HostboundLauncher":
+        from harness.sweep.launcher import check_n_jobs
+
+        try:
+            check_n_jobs(OmegaConf.select(cfg, "hydra.launcher.n_jobs"))
+        except HarnessError as exc:
+            fail(str(exc))
+    module = target.rpartition(".")[0]
+    if not module or module.startswith("hydra._internal"):
+        return
+    try:
+        found = importlib.util.find_spec(module) is not None
+    except ImportError:  # its package is missing, or broken
+        found = False
+    if not found:
+        choice = OmegaConf.select(cfg, "hydra.runtime.choices", default={}).get("hydra/launcher", "?")
+        extra = next((e for prefix, e in _LAUNCHER_EXTRAS.items() if module.startswith(prefix)), None)
+        hint = f": pip install -e '.[{extra}]'" if extra else ""
+        fail(f"hydra/launcher={choice}: its plugin ({module}) is not installed{hint}")
+
+
+def check_output_folder(key: str, folder: object, resuming: bool = False) -> None:
+    """The run's (or sweep's) folder can be made and written, and holds nothing yet, before Hydra makes
+    it (Hydra's own failure there is a traceback, after it may have written part of the folder). With
+    `resume=true` a folder that holds files is the point: an interrupted sweep is finished in it.
+    Tried, not guessed from permission bits: the probe makes the folder and a file, then removes both."""
+    text = "" if folder is None else str(folder)
+    if not text.strip():
+        raise ConfigError(f"{key}={text!r}: must name a folder")
+    path = Path(text).expanduser()
+    if path.exists():
+        if not path.is_dir():
+            raise ConfigError(f"{key}={text}: is a file, not a folder")
+        if any(path.iterdir()) and not resuming:
+            raise ConfigError(
+                f"{key}={text}: already holds files (a run never writes into another's folder: pick a new one,"
+                " empty it, or add resume=true to finish an interrupted sweep there)"
+            )
+    made = [p for p in [path, *path.parents] if not p.exists()]
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / f".hostbound-probe-{os.getpid()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+        # Usable: only the folder itself goes again (Hydra makes it next). Its parents stay: runs started
+        # together share them, and removing one under another's probe made that probe fail.
+        made = made[:1]
+    except OSError as exc:
+        blocker = next((p for p in [path, *path.parents] if p.exists()), path)
+        if not blocker.is_dir():
+            raise ConfigError(f"{key}={text}: cannot be made ({blocker} is a file)") from None
+        raise ConfigError(f"{key}={text}: cannot be made or written in {blocker} ({exc.strerror or exc})") from None
+    finally:
+        for p in made:  # deepest first: a refused folder leaves nothing behind
+            try:
+                p.rmdir()
+            except OSError:
+                pass
+
+
+def check_run(run: RunConfig) -> None:
+    """What can fail before simulating: the model card or trace file, and whether the rank fits in HBM
+    (for serving batches: max_batch sequences of mean prompt + output length), and whether the run's
+    arrays fit in this machine's memory (checked first: it needs only a one-step build)."""
+    from harness.sim.simulate import check_size, is_op_list
+
+    if not is_op_list(run):
+        check_size(run)
+    batch = kv = None
+    serving = run.workload.serving
+    if serving.enabled:
+        batch = np.full(run.workload.steps, serving.max_batch)
+        kv = np.full(run.workload.steps, serving.prompt_len_mean + serving.output_len_mean)
+    workload = build_workload(run.workload, devices_per_node=run.hardware.link.devices_per_node, batch=batch, kv_len=kv)
+    if is_op_list(run):
+        check_size(run, workload)
+    check_memory(workload, run.hardware.device.hbm_gb)
+
+
+def _end_runs_on_sigterm() -> None:
+    """SIGTERM to a job (a sweep's worker, or a single run) unwinds instead of dying on the spot: an open
+    MLflow run ends FAILED, not RUNNING forever (between store calls: harness.base.stopping). A handler
+    already there (the sweep's) stays."""
+    if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        def stop(signum: int, frame: object) -> None:
+            stop_with(SystemExit(128 + signum))
+
+        signal.signal(signal.SIGTERM, stop)
+
+
+def run_from_hydra(cfg: DictConfig) -> float:
+    """The body of the @hydra.main task: validate, run, print; returns throughput (for optimisers)."""
+    from harness.results.outputs import format_summary
+    from harness.cli.job import execute
+
+    from hydra.types import RunMode
+
+    from harness.base.files import WriteError
+
+    _end_runs_on_sigterm()
+    try:
+        run = to_run_config(cfg)
+        run.output.timeline_steps = run.output.steps_drawn(in_sweep=HydraConfig.get().mode == RunMode.MULTIRUN)
+        run_dir = Path(HydraConfig.get().runtime.output_dir)
+        params = flatten(OmegaConf.to_container(cfg, resolve=True, enum_to_str=True))
+        params["output.timeline_steps"] = run.output.timeline_steps  # what was drawn, not null
+        from harness.tracking.store import launch_dir
+
+        outputs_dir = launch_dir() / "outputs"
+        outcome = execute(run, run_dir, params, tuple(HydraConfig.get().overrides.task), outputs_dir=outputs_dir)
+    except HarnessError as exc:
+        if HydraConfig.get().mode == RunMode.MULTIRUN:  # the other jobs go on; the sweep reports it at its end
+            from harness.sweep.callbacks import mark_failed_job
+
+            mark_failed_job(Path(HydraConfig.get().runtime.output_dir), one_line_text(str(exc)))
+            return math.nan
+        fail(str(exc))
+    except WriteError as exc:
+        fail(str(exc.strerror), EXIT_WRITE_FAILED)
+    if run.output.print_summary:
+        names = run.names
+        print(format_summary(outcome.summary, names, run_dir))
+        if outcome.resumed_from is not None:
+            print(f"  resumed      already finished in {outcome.resumed_from} (resume=true): not simulated or logged again")
+    if outcome.tracking_error:
+        from harness.tracking.store import FAILED_ENV
+
+        if HydraConfig.get().mode == RunMode.MULTIRUN:  # the sweep goes on without the store and says so at its end
+            os.environ[FAILED_ENV] = outcome.tracking_error.reason
+            log.warning("%s", outcome.tracking_error)
+        else:
+            fail(str(outcome.tracking_error), EXIT_TRACKING_FAILED)
+    return float(outcome.summary["throughput_tok_s"])

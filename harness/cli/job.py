@@ -1,0 +1,68 @@
+"""One `python -m harness` job: simulate a RunConfig, write its run folder, log it to MLflow.
+
+Callable without Hydra (tests do), given a RunConfig and a run folder; `command.run_from_hydra` is
+the Hydra side. With `resume=true` a finished run of the same configuration is reused instead.
+"""
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pandas as pd
+
+from harness.base.errors import TrackingError
+from harness.config.schema import RunConfig
+from harness.results.outputs import STEPS_FILE, write_outputs
+from harness.results.resume import config_hash, find_finished, reuse
+from harness.sim.outcome import RunResult
+from harness.sim.simulate import simulate_run
+
+log = logging.getLogger(__name__)
+
+
+def identity(run: RunConfig, overrides: tuple[str, ...] = ()) -> dict:
+    """What ran, for summary.json: the deployment's sizes and the overrides on top of the presets."""
+    w = run.workload
+    return {  # the keys of result.WHAT_RAN_KEYS
+        "batch_size": w.batch_size, "context_len": w.context_len, "phase": w.phase.value, "quant": w.quant.value,
+        "kernels": w.kernels.value, "tp": w.tp, "dp": w.dp, "ep": w.ep, "steps": w.steps, "warmup_steps": w.warmup_steps,
+        "serving": w.serving.enabled, "seed": run.seed, "overrides": " ".join(overrides),
+    }
+
+
+def execute(
+    run: RunConfig, run_dir: Path, params: dict, overrides: tuple[str, ...] = (), outputs_dir: Path | None = None
+) -> RunResult:
+    """Simulate, write the run directory, log to MLflow when enabled. `params` = flattened resolved config,
+    `overrides` the command line's (recorded in summary.json, so the file alone says what ran). With
+    `run.resume`, a finished run of the same configuration (in `run_dir`, or under `outputs_dir`) is
+    reused instead: its files, no simulation, no second MLflow run."""
+    digest = config_hash(params)
+    if run.resume:
+        found = find_finished(digest, run_dir, outputs_dir or run_dir.parent)
+        if found is not None:
+            log.info("resumed: %s already finished in %s", digest, found)
+            summary = reuse(found, run_dir)
+            outcome = RunResult(summary=summary, steps=pd.read_parquet(run_dir / STEPS_FILE), result=None, workload=None, resumed_from=found)
+            if run.tracking.enabled:  # a run stopped while logging has its files but maybe no MLflow run yet
+                from harness.tracking.store import log_folder
+
+                try:
+                    log_folder(run.tracking, run_dir, logged_as=found)
+                except Exception as exc:  # the store is down: as for a simulated run, the files are what matters
+                    outcome.tracking_error = TrackingError(f"tracking failed for the resumed run in {run_dir} ({exc})", str(exc)[:300])
+            return outcome
+    outcome = simulate_run(run)
+    what_ran = {**identity(run, overrides), "config_hash": digest}
+    outcome.summary.update(what_ran)
+    names = run.names
+    write_outputs(run_dir, outcome, names, trace_steps=run.output.trace_steps, timeline_steps=run.output.steps_drawn())
+    if run.tracking.enabled:
+        from harness.tracking.store import log_run_or_mark  # mlflow takes ~1 s to import: only when tracking
+
+        measured = {k: v for k, v in outcome.summary.items() if k not in what_ran}  # the config is logged as params
+        try:
+            log_run_or_mark(run.tracking, run_dir, measured, outcome.steps, params, names, what_ran["overrides"])
+        except TrackingError as exc:  # the files are written: the caller says so and exits non-zero
+            outcome.tracking_error = exc
+    return outcome

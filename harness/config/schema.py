@@ -1,0 +1,824 @@
+"""Typed configuration: the dataclass schemas behind conf/, registered in Hydra's ConfigStore.
+
+Composition (Hydra) checks key names and types against these schemas; `to_run_config` then builds
+the dataclasses, whose `__post_init__` checks values and raises `ConfigError` naming the full key and
+the value. Building a config has no side effects.
+"""
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import enum
+import functools
+import math
+import os
+import re
+import time
+import typing
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar, Dict, List, Optional, Sequence
+
+import numpy as np
+from hydra.core.config_store import ConfigStore
+from omegaconf import DictConfig, OmegaConf
+
+from harness.base.errors import ConfigError
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+_PACKAGE = Path(__file__).resolve().parents[1]  # harness/
+# A source checkout (or an editable install) keeps conf/ and workloads/ at the top level; a wheel ships
+# them inside the package (pyproject.toml maps them to harness/conf, harness/workloads).
+CONF_DIR = _PACKAGE / "conf" if (_PACKAGE / "conf").is_dir() else REPO_ROOT / "conf"
+WORKLOADS_DIR = _PACKAGE / "workloads" if (_PACKAGE / "workloads").is_dir() else REPO_ROOT / "workloads"
+
+
+# How the host issues ops: one thread (eager), two (async launch queue), three (pipeline). Built
+# with the functional API because `async` is a keyword and OmegaConf matches enum members by name.
+Dispatch = enum.Enum("Dispatch", {"eager": "eager", "async": "async", "pipeline": "pipeline"})
+
+
+class Phase(enum.Enum):
+    decode = "decode"
+    prefill = "prefill"
+
+
+class Kernels(enum.Enum):
+    """How a card's ops are issued: as a serving engine's fused kernels, or as HF transformers eager
+    issues them (unfused RMSNorm, RoPE and activation: several kernels each)."""
+
+    fused = "fused"
+    unfused = "unfused"
+
+
+class Quant(enum.Enum):
+    """Weight/activation precision of the linear layers: bf16, or int8 weights and activations (W8A8)."""
+
+    bf16 = "bf16"
+    w8a8 = "w8a8"
+
+
+class OpKind(enum.Enum):
+    """Which unit bounds an op's compute: cube (matmul), vector (element-wise), comm (collective), copy
+    (a DMA copy or memset on a stream); host: front-end work on the host thread with no kernel (e.g. a
+    layer's Python code in eager mode); sync: the host blocks until the ops it names have run (a
+    stream or device sync of an imported profile)."""
+
+    cube = "cube"
+    vector = "vector"
+    comm = "comm"
+    host = "host"
+    sync = "sync"
+    copy = "copy"
+
+
+MAX_STREAMS = 16  # device streams: 0 compute, 1 communication, 2.. further compute streams (traces)
+
+
+def _check(obj: Any, condition: bool, field_name: str, requirement: str) -> None:
+    if not condition:
+        value = getattr(obj, field_name)
+        raise ConfigError(f"{obj._key}.{field_name}={value!r}: {requirement}")
+
+
+# ---------------------------------------------------------------- limits
+# Every number a user can set has a finite, physically meaningful range, checked before anything runs:
+# inf, nan, 1e308 or 2**63 would otherwise reach numpy and the kernel (overflow warnings, NaN output,
+# "Python int too large to convert to C long", multi-GB allocations). The bounds are generous (a
+# thousand times beyond any device or host we know of) but finite; docs/reliability.md lists them.
+
+
+@dataclass(frozen=True)
+class Limit:
+    low: float
+    high: float
+    unit: str = ""
+
+    def text(self) -> str:
+        unit = f" {self.unit}" if self.unit else ""
+        return f"{_number_text(self.low)}..{_number_text(self.high)}{unit}"
+
+
+def _number_text(value: float) -> str:
+    """1e7 → '1e7', 1048576 → '1048576', 0.001 → '0.001': bounds as a reader would write them."""
+    if value == int(value):
+        exponent = math.log10(abs(value)) if value else 0
+        if abs(value) >= 1e6 and exponent == int(exponent):
+            return f"1e{int(exponent)}" if value > 0 else f"-1e{int(exponent)}"
+        return str(int(value))
+    return f"{value:g}"
+
+
+US = Limit(0, 1e7, "µs")  # a host stage or fixed device cost: up to 10 s
+MS = Limit(0, 1e6, "ms")
+TFLOPS = Limit(1e-3, 1e5, "TFLOPS")  # 1 GFLOPS .. 100 PFLOPS per device
+GBPS = Limit(1e-3, 1e5, "GB/s")  # 1 MB/s .. 100 TB/s
+COUNT = Limit(1, 1e6)
+FRACTION = Limit(1e-3, 1.0)
+TOKENS = Limit(1, 1 << 24, "tokens")
+DEVICES = Limit(1, 4096, "devices")
+CV = Limit(0, 10)
+
+LIMITS: dict[str, Limit] = {
+    "seed": Limit(0, 2**63 - 1),
+    **{f"hardware.host.{name}": US for name in (
+        "framework_us", "infer_shape_us", "tiling_us", "alloc_us", "launch_us", "free_us", "sync_us", "param_write_us",
+        "packed_params_us", "driver_alloc_us", "tiling_lookup_us")},
+    "hardware.host.threads": Limit(1, 4096, "threads"),
+    "hardware.host.jitter_cv": CV,
+    "hardware.host.kernel_params": Limit(0, 10_000, "parameters"),
+    "hardware.host.stream_pool_speedup": Limit(0, 0.999),
+    "hardware.host.cpu_gflops": Limit(1e-3, 1e6, "GFLOPS"),
+    "hardware.device.ai_cores": Limit(1, 65_536, "cores"),
+    "hardware.device.rated_cores": Limit(0, 65_536, "cores"),
+    "hardware.device.cube_tflops": TFLOPS,
+    "hardware.device.cube_int8_tflops": Limit(0, 1e5, "TOPS"),
+    "hardware.device.vector_tflops": TFLOPS,
+    "hardware.device.matmul_efficiency": FRACTION,
+    "hardware.device.hbm_efficiency": FRACTION,
+    "hardware.device.hbm_gb": Limit(1e-3, 1e5, "GB"),
+    "hardware.device.hbm_gbps": GBPS,
+    "hardware.device.matmul_fixed_us": US,
+    "hardware.device.vector_fixed_us": US,
+    "hardware.device.comm_fixed_us": US,
+    "hardware.device.block_quantum_us": Limit(1e-3, 1e7, "µs"),
+    "hardware.link.pcie_gbps": GBPS,
+    "hardware.link.scaleup_gbps": GBPS,
+    "hardware.link.internode_gbps": GBPS,
+    "hardware.link.pcie_latency_us": US,
+    "hardware.link.scaleup_latency_us": US,
+    "hardware.link.internode_latency_us": US,
+    "hardware.link.devices_per_node": DEVICES,
+    **{f"hardware.graph.{name}": US for name in (
+        "replay_launch_us", "task_dispatch_us", "param_update_us", "sink_trigger_us", "address_update_us")},
+    "hardware.graph.capture_ms": MS,
+    "hardware.graph.sink_load_ms": MS,
+    "hardware.graph.graph_mem_mib": Limit(0, 1e6, "MiB"),
+    "hardware.graph.max_graphs": COUNT,
+    "workload.ops[].flops": Limit(0, 1e18, "FLOP"),
+    "workload.ops[].bytes": Limit(0, 1e15, "bytes"),
+    "workload.ops[].device_us": US,
+    "workload.ops[].host_us": US,
+    "workload.ops[].stream": Limit(-1, MAX_STREAMS - 1, "(-1: by kind, 0 compute, 1 communication)"),
+    "workload.ops[].after": Limit(0, 1e6, "op index"),
+    "workload.serving.arrival_rate_rps": Limit(1e-6, 1e6, "requests/s"),
+    "workload.serving.prompt_len_mean": TOKENS,
+    "workload.serving.output_len_mean": TOKENS,
+    "workload.serving.len_cv": CV,
+    "workload.serving.max_batch": Limit(1, 1 << 20, "sequences"),
+    "workload.serving.initial_requests": Limit(0, 1e7, "requests"),
+    "workload.tp": DEVICES,
+    "workload.dp": DEVICES,
+    "workload.ep": Limit(0, 4096, "devices"),
+    "workload.batch_size": Limit(1, 1 << 20, "sequences"),
+    "workload.context_len": TOKENS,
+    "workload.steps": Limit(1, 1e9, "steps"),
+    "workload.warmup_steps": Limit(0, 1e9, "steps"),
+    "workload.repeat": Limit(1, 1e6),
+    "strategy.queue_capacity": Limit(1, 1e6, "ops"),
+    "strategy.kv_block": TOKENS,
+    "strategy.tiling_cache_entries": Limit(1, 1e9, "entries"),
+    "strategy.fusion_max_ops": Limit(1, 10_000, "ops"),
+    "strategy.graph.buckets": Limit(1, 1 << 20, "sequences"),
+    "engine.layer_overhead_us": US,
+    **{f"engine.{stage}.{cost}": US for stage in ("schedule", "prepare", "sample", "output", "api")
+       for cost in ("per_step_us", "per_request_us", "per_token_us")},
+    "engine.multi_step": Limit(1, 1024, "steps"),
+    "tracking.timeout_s": Limit(0.1, 3600, "s"),
+    # Model card fields (workloads/*.yaml and workload.card_overrides.*); all integers but layer_overhead_us.
+    **{f"card.{name}": Limit(1, 1 << 20) for name in (
+        "hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim", "v_head_dim", "vocab_size")},
+    **{f"card.{name}": Limit(1, 1 << 24) for name in ("intermediate_size", "moe_intermediate_size")},
+    **{f"card.{name}": Limit(0, 1 << 20) for name in ("q_lora_rank", "kv_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim")},
+    "card.num_hidden_layers": Limit(1, 10_000, "layers"),
+    "card.first_k_dense_replace": Limit(0, 10_000, "layers"),
+    "card.n_routed_experts": Limit(0, 65_536, "experts"),
+    "card.n_shared_experts": Limit(0, 1024, "experts"),
+    "card.num_experts_per_tok": Limit(1, 65_536, "experts"),
+    "card.dtype_bytes": Limit(1, 8, "bytes"),
+    "card.layer_overhead_us": US,
+    "output.trace_steps": Limit(0, 10_000, "steps"),
+    "output.timeline_steps": Limit(0, 1_000, "steps"),
+}
+
+
+def check_number(key: str, value: Any, limit: Limit, integer: bool = False) -> None:
+    """Raise ConfigError naming `key` unless `value` is a finite number (an integer if asked) within `limit`."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or (integer and not isinstance(value, int)):
+        raise ConfigError(f"{key}={value!r}: must be {'an integer' if integer else 'a number'} in {limit.text()}")
+    if not math.isfinite(value):
+        raise ConfigError(f"{key}={value!r}: must be a finite number in {limit.text()}")
+    if not limit.low <= value <= limit.high:
+        raise ConfigError(f"{key}={value!r}: must be in {limit.text()}")
+
+
+@functools.lru_cache(maxsize=None)  # per class: every config object built runs check_limits
+def _numeric_fields(cls: type) -> list[tuple[str, bool]]:
+    """(name, integer) of a dataclass's int/float fields, Optional and List ones included."""
+    hints = typing.get_type_hints(cls)
+    out = []
+    for f in dataclasses.fields(cls):
+        kinds = {t for t in _leaf_types(hints[f.name]) if t in (int, float)}
+        if kinds:
+            out.append((f.name, kinds == {int}))
+    return out
+
+
+@functools.lru_cache(maxsize=None)
+def _text_fields(cls: type) -> list[str]:
+    hints = typing.get_type_hints(cls)
+    return [f.name for f in dataclasses.fields(cls) if str in _leaf_types(hints[f.name]) and typing.get_origin(hints[f.name]) is not dict]
+
+
+# Text values: names land in folder names, MLflow tags (8000 characters at most) and one-line messages.
+MAX_NAME_CHARS = 200
+MAX_PATH_CHARS = 4096
+_PATH_FIELDS = {"path", "uri", "card"}
+
+
+def check_text(key: str, value: Any, max_chars: int) -> None:
+    if not isinstance(value, str):
+        raise ConfigError(f"{key}={value!r}: must be text")
+    if len(value) > max_chars:
+        raise ConfigError(f"{key}={value[:40]!r}…: must be at most {max_chars} characters ({len(value)})")
+    if any(not ch.isprintable() for ch in value):
+        raise ConfigError(f"{key}={value!r}: must not hold control characters (newlines, tabs, NUL)")
+
+
+def _leaf_types(hint: Any) -> list[Any]:
+    args = typing.get_args(hint)
+    return [t for arg in args for t in _leaf_types(arg)] if args else [hint]
+
+
+def check_limits(obj: Any, key: Optional[str] = None) -> None:
+    """Check every number field of a config dataclass against LIMITS, and every text field for length
+    and control characters (lists item by item, None skipped)."""
+    section = key or obj._key
+    for name, integer in _numeric_fields(type(obj)):
+        full = f"{section}.{name}"
+        limit = LIMITS[full]
+        value = getattr(obj, name)
+        if isinstance(value, list):
+            for i, item in enumerate(value):
+                check_number(f"{full}[{i}]", item, limit, integer)
+        elif value is not None:
+            check_number(full, value, limit, integer)
+    for name in _text_fields(type(obj)):
+        value, chars = getattr(obj, name), MAX_PATH_CHARS if name in _PATH_FIELDS else MAX_NAME_CHARS
+        for i, item in enumerate(value) if isinstance(value, list) else [(None, value)]:
+            if item is not None:
+                check_text(f"{section}.{name}" + (f"[{i}]" if i is not None else ""), item, chars)
+
+
+class Platform(enum.Enum):
+    """The software stack a hardware preset runs, or a strategy needs."""
+
+    any = "any"
+    ascend = "ascend"  # CANN / torch_npu / MindSpore
+    cuda = "cuda"  # CUDA / PyTorch
+
+
+# The graph capture/replay preset of each platform: where a strategy of the other platform points to.
+GRAPH_STRATEGY_OF = {Platform.ascend: "acl_graph", Platform.cuda: "cuda_graph"}
+
+
+@dataclass
+class HostConfig:
+    """The host CPU as the runtime sees it, and what each host stage of one op costs (µs)."""
+
+    _key: ClassVar[str] = "hardware.host"
+    threads: int = 8  # CPU cores available to the dispatching process (a pool shared by host lanes)
+    framework_us: float = 10.0  # framework dispatch of one op (Python/C++ front end)
+    infer_shape_us: float = 5.0  # InferShape: output shapes and attributes
+    tiling_us: float = 10.0  # Tiling / Resize: tiling data, workspace and output sizes
+    alloc_us: float = 4.0  # device memory allocation (pool hit) for outputs and workspace
+    launch_us: float = 12.0  # kernel launch call (one AscendCL / CUDA runtime call)
+    free_us: float = 4.0  # returning inputs/workspace to the pool
+    sync_us: float = 12.0  # a blocking synchronisation call (stream/event sync) once its wait is over
+    jitter_cv: float = 0.0  # coefficient of variation of host stage durations (lognormal, seeded)
+    kernel_params: int = 10  # parameters of a typical kernel; launch_us includes writing them
+    param_write_us: float = 1.0  # writing one kernel parameter (unpacked)
+    packed_params_us: float = 5.0  # writing all of a kernel's parameters at once (parameter packing)
+    driver_alloc_us: float = 50.0  # allocation from the driver when the memory pool cannot serve it
+    stream_pool_speedup: float = 0.2  # a stream-local pool's alloc/free is this much cheaper than the global pool's
+    tiling_lookup_us: float = 1.0  # a tiling-cache hit: hash the run-time parameters and look up
+    cpu_gflops: float = 50.0  # host compute rate for ops run on the CPU (heterogeneous execution)
+
+    def __post_init__(self) -> None:
+        check_limits(self)
+        # launch_us covers a kernel's own parameters written one by one: the call itself cannot be negative.
+        _check(
+            self,
+            self.launch_us >= self.kernel_params * self.param_write_us,
+            "launch_us",
+            f"must be >= kernel_params × param_write_us = {self.kernel_params * self.param_write_us:g}",
+        )
+
+
+@dataclass
+class DeviceConfig:
+    """The accelerator: AI cores, peaks, HBM, and the fixed cost every kernel pays.
+
+    The peaks are the datasheet's for `rated_cores` cores: one core's peak is a hardware number, and a
+    device with `ai_cores` cores has `ai_cores` of them (fewer cores, slower). Kernels reach
+    `matmul_efficiency` of the matmul peak and `hbm_efficiency` of the HBM bandwidth at best."""
+
+    _key: ClassVar[str] = "hardware.device"
+    ai_cores: int = 24
+    cube_tflops: float = 353.9  # BF16/FP16 dense matmul peak of `rated_cores` cores
+    cube_int8_tflops: float = 0.0  # INT8 (W8A8) dense matmul peak, TOPS; 0: as cube_tflops (no faster int8 path)
+    vector_tflops: float = 22.0
+    rated_cores: int = 0  # cores the peaks above are for; 0: ai_cores
+    matmul_efficiency: float = 1.0  # best fraction of the matmul peak a kernel reaches (large GEMMs)
+    hbm_efficiency: float = 1.0  # best fraction of the HBM bandwidth a kernel reaches (streaming)
+    hbm_gb: float = 64.0
+    hbm_gbps: float = 1600.0
+    matmul_fixed_us: float = 5.0
+    vector_fixed_us: float = 2.0
+    comm_fixed_us: float = 10.0
+    block_quantum_us: float = 10.0  # time base of "one core's capacity" in the block-split rule
+
+    def __post_init__(self) -> None:
+        check_limits(self)
+
+    @property
+    def cores_rated(self) -> int:
+        return self.rated_cores or self.ai_cores
+
+
+@dataclass
+class LinkConfig:
+    """Host link (PCIe) and the scale-up link between devices."""
+
+    _key: ClassVar[str] = "hardware.link"
+    pcie_gbps: float = 32.0
+    pcie_latency_us: float = 2.0
+    scaleup_gbps: float = 196.0  # between devices of one node
+    scaleup_latency_us: float = 0.5
+    devices_per_node: int = 8
+    internode_gbps: float = 25.0  # between nodes (collectives spanning nodes run at this speed)
+    internode_latency_us: float = 1.5
+
+    def __post_init__(self) -> None:
+        check_limits(self)
+
+
+@dataclass
+class GraphCostConfig:
+    """What graph execution costs on this platform (capture/replay and graph sink)."""
+
+    _key: ClassVar[str] = "hardware.graph"
+    capture_ms: float = 50.0  # capturing one graph (on top of the eager step that records it)
+    graph_mem_mib: float = 26.0  # device memory one captured graph holds
+    replay_launch_us: float = 10.0  # one launch of a whole captured graph
+    task_dispatch_us: float = 0.6  # device-side scheduling of each task of a graph (replay or sink)
+    param_update_us: float = 50.0  # host refresh of one dynamic task's arguments before a replay
+    sink_load_ms: float = 100.0  # loading a whole graph to the device once (graph sink)
+    sink_trigger_us: float = 10.0  # one execution trigger of a sunk graph
+    address_update_us: float = 5.0  # updating input/output addresses of a sunk graph per execution
+    max_graphs: int = 1800  # graph resources (streams) available; a graph of L layers uses L + 1
+
+    def __post_init__(self) -> None:
+        check_limits(self)
+
+
+@dataclass
+class HardwareConfig:
+    _key: ClassVar[str] = "hardware"
+    name: str = "custom"
+    platform: Platform = Platform.any
+    host: HostConfig = field(default_factory=HostConfig)
+    device: DeviceConfig = field(default_factory=DeviceConfig)
+    link: LinkConfig = field(default_factory=LinkConfig)
+    graph: GraphCostConfig = field(default_factory=GraphCostConfig)
+
+    def __post_init__(self) -> None:
+        check_limits(self)
+
+
+@dataclass
+class OpSpec:
+    """One op of an explicit op list (`workload.ops`), for hand-made or trace-like workloads."""
+
+    _key: ClassVar[str] = "workload.ops[]"
+    name: str = "op"
+    kind: OpKind = OpKind.vector
+    flops: float = 0.0
+    bytes: float = 0.0
+    device_us: Optional[float] = None  # fixed device time; replaces the roofline when given
+    host_us: float = 0.0  # host time of a kind=host op
+    stream: int = -1  # device stream: 0 compute, 1 communication, 2.. more compute streams; -1: by kind
+    after: List[int] = field(default_factory=list)  # earlier ops (indices) it waits for; empty: the previous op
+    dynamic: bool = False  # shape changes between steps
+    cpu_eligible: bool = False  # may run on the host CPU (heterogeneous execution)
+    value_dependent: bool = False  # InferShape needs a value of the previous op's output (D2H + sync)
+    compute_dependent: bool = False  # output shape known only after it ran (drain, D2H + sync)
+
+    def __post_init__(self) -> None:
+        check_limits(self)
+
+
+@dataclass
+class ServingConfig:
+    """A seeded request stream under continuous batching (decode): the batch changes step by step.
+
+    Requests arrive as a Poisson process, already prefilled (prefill runs elsewhere); before each step
+    the scheduler admits arrived requests, oldest first, up to `max_batch`; a request leaves after
+    generating its output length. Prompt and output lengths are lognormal with the given means and cv.
+    """
+
+    _key: ClassVar[str] = "workload.serving"
+    enabled: bool = False
+    arrival_rate_rps: float = 20.0
+    prompt_len_mean: float = 1024.0
+    output_len_mean: float = 128.0
+    len_cv: float = 0.5
+    max_batch: int = 32
+    initial_requests: int = 0  # requests already waiting at t = 0
+
+    def __post_init__(self) -> None:
+        check_limits(self)
+
+
+@dataclass
+class WorkloadConfig:
+    _key: ClassVar[str] = "workload"
+    name: str = "custom"
+    card: Optional[str] = "llama2_7b"  # model card in workloads/ (file name without .yaml); null: use ops/path
+    path: Optional[str] = None  # op-list CSV (a trace workload); used when card is null
+    phase: Phase = Phase.decode
+    quant: Quant = Quant.bf16
+    kernels: Kernels = Kernels.fused  # fused (serving engine) or unfused (HF transformers eager) op sequences
+    tp: int = 1  # tensor-parallel degree (attention heads, MLP columns)
+    dp: int = 1  # data-parallel attention groups; devices = tp × dp
+    ep: int = 0  # expert-parallel degree for MoE layers; 0: all devices
+    batch_size: int = 1
+    context_len: int = 1024  # prompt length (prefill) / tokens already in the KV cache (decode)
+    steps: int = 32  # simulated steps (decode iterations, or prefill batches)
+    warmup_steps: int = 0  # first steps left out of the measured window
+    repeat: int = 1  # trace workloads: play the CSV's steps this many times (a graph what-if needs a step to capture in)
+    ops: List[OpSpec] = field(default_factory=list)  # explicit op list, used when card is not set
+    # Card fields replaced for this run (e.g. +workload.card_overrides.layer_overhead_us=2000): sweeps
+    # and calibration vary a card's numbers without editing workloads/.
+    card_overrides: Dict[str, Any] = field(default_factory=dict)
+    serving: ServingConfig = field(default_factory=ServingConfig)
+
+    def __post_init__(self) -> None:
+        if self.serving.enabled:
+            _check(self, self.phase == Phase.decode, "phase", "serving batches need phase=decode")
+            _check(self, self.card is not None, "card", "serving batches need a model card (sizes follow the batch)")
+        check_limits(self)
+        _check(self, self.warmup_steps < self.steps, "warmup_steps", f"must be < workload.steps={self.steps}")
+        _check(self, self.ep <= self.devices, "ep", f"must be <= the devices (tp × dp = {self.devices})")
+        if self.card is None and self.path is None:
+            _check(self, len(self.ops) > 0, "ops", "empty op list: set workload.card, workload.path or workload.ops")
+        elif self.card is None:
+            _check(self, Path(self.path).is_file(), "path", "no such file")
+        elif not (WORKLOADS_DIR / f"{self.card}.yaml").is_file():
+            known = sorted(p.stem for p in WORKLOADS_DIR.glob("*.yaml"))
+            _check(self, False, "card", f"no such model card in workloads/ (known: {', '.join(known)})")
+
+    @property
+    def devices(self) -> int:
+        return self.tp * self.dp
+
+
+class GraphMode(enum.Enum):
+    none = "none"  # host scheduling of every op
+    sink = "sink"  # graph sink: load once per static shape set, then one trigger per execution
+    capture = "capture"  # capture/replay (ACL graph, CUDA graph) with batch buckets
+
+
+class Fallback(enum.Enum):
+    host = "host"  # run with host scheduling and say why
+    error = "error"  # stop with the reason
+
+
+def vllm_capture_sizes(max_size: int = 512) -> list[int]:
+    """vLLM's default capture sizes: [1, 2, 4] + range(8, 256, 8) + range(256, max_size + 1, 16)."""
+    return [1, 2, 4] + list(range(8, 256, 8)) + list(range(256, max_size + 1, 16))
+
+
+@dataclass
+class GraphStrategyConfig:
+    _key: ClassVar[str] = "strategy.graph"
+    mode: GraphMode = GraphMode.none
+    buckets: List[int] = field(default_factory=vllm_capture_sizes)  # capture sizes (batch buckets)
+    phases: List[Phase] = field(default_factory=lambda: [Phase.decode])  # prefill stays eager by default
+    dynamic_fallback: Fallback = Fallback.host  # when graph mode cannot apply (dynamic shapes, too many graphs)
+
+    def __post_init__(self) -> None:
+        check_limits(self)
+        _check(self, 0 < len(self.buckets) <= 10_000, "buckets", "must be a list of 1..10000 sizes")
+
+
+@dataclass
+class StrategyConfig:
+    _key: ClassVar[str] = "strategy"
+    name: str = "custom"
+    platform: Platform = Platform.any  # a stack-specific preset (GE graph sink, MindSpore, CUDA graphs)
+    dispatch: Dispatch = Dispatch.eager
+    queue_capacity: int = 64  # bounded queue between host threads (async / pipeline), in ops
+    graph: GraphStrategyConfig = field(default_factory=GraphStrategyConfig)
+    shape_buckets: bool = False  # decode: pad KV to kv_block, per-expert tokens to powers of 2, batch to graph.buckets
+    kv_block: int = 256  # KV-length bucket when shape_buckets is on
+    tiling_cache: bool = False  # cache tiling results under (op, shapes) keys
+    tiling_cache_entries: int = 4096
+    fusion: bool = False  # schedule runs of consecutive fusible vector ops as one kernel
+    fusion_max_ops: int = 4
+    param_packing: bool = False  # write a kernel's parameters at once
+    memory_pool: bool = True  # allocations come from a pool (False: every one from the driver)
+    free_on_main: bool = False  # async/pipeline: frees go back to the main thread (later) instead of the allocating one
+    stream_local_pool: bool = False  # per-stream pools: no lock, cheaper alloc/free
+    heterogeneous: List[str] = field(default_factory=list)  # op types run on host CPU cores (e.g. [sampling]); "flagged": cpu_eligible ops
+
+    def __post_init__(self) -> None:
+        check_limits(self)
+
+
+@dataclass
+class EngineStageConfig:
+    """Host time of one stage of the serving engine's per-step loop: a fixed part, plus per sequence
+    in the batch, plus per token through the model (decode: one per sequence)."""
+
+    per_step_us: float = 0.0
+    per_request_us: float = 0.0
+    per_token_us: float = 0.0
+
+    def cost_us(self, sequences: np.ndarray, tokens: np.ndarray) -> np.ndarray:
+        return self.per_step_us + self.per_request_us * sequences + self.per_token_us * tokens
+
+
+ENGINE_STAGES = ("schedule", "prepare", "sample", "output", "api")
+
+
+@dataclass
+class EngineConfig:
+    """The serving engine's own host work around the model, every step (conf/engine/*.yaml).
+
+    Stages: `schedule` (admit requests, allocate KV blocks), `prepare` (build the model inputs: block
+    tables, positions, attention metadata), `sample` (host side of sampling and logits processing, once
+    the sampled tokens are back), `output` (process outputs, detokenize), `api` (the HTTP server: stream
+    the new tokens). Where they run decides what they cost: on the engine's main thread they
+    serialise with the model's dispatch; `api_process` / `output_process` move them to processes of
+    their own (their own host cores); `async_output` processes a step's outputs on another thread while
+    the next step runs; `async_scheduling` schedules and prepares the next step while this one's device
+    work runs; `multi_step` N schedules and prepares once per N steps and processes their outputs together.
+    `layer_overhead_us` is the engine's own model code per decoder layer in eager mode (attention
+    metadata, custom-op wrappers), which a graph replay skips."""
+
+    _key: ClassVar[str] = "engine"
+    name: str = "none"
+    layer_overhead_us: float = 0.0
+    schedule: EngineStageConfig = field(default_factory=EngineStageConfig)
+    prepare: EngineStageConfig = field(default_factory=EngineStageConfig)
+    sample: EngineStageConfig = field(default_factory=EngineStageConfig)
+    output: EngineStageConfig = field(default_factory=EngineStageConfig)
+    api: EngineStageConfig = field(default_factory=EngineStageConfig)
+    multi_step: int = 1
+    async_output: bool = False
+    async_scheduling: bool = False
+    api_process: bool = False
+    output_process: bool = False
+
+    def __post_init__(self) -> None:
+        check_limits(self)
+        for stage in ENGINE_STAGES:
+            check_limits(getattr(self, stage), f"engine.{stage}")
+
+    @property
+    def active(self) -> bool:
+        return self.layer_overhead_us > 0 or any(
+            getattr(self, stage).per_step_us or getattr(self, stage).per_request_us or getattr(self, stage).per_token_us
+            for stage in ENGINE_STAGES
+        )
+
+
+class ArtifactPolicy(enum.Enum):
+    """Which of a run directory's files MLflow stores as well (the folder keeps them all)."""
+
+    small = "small"  # all but trace.json (megabytes per run); the run_dir tag points to the folder
+    all = "all"  # everything: for a shared server, where the folder is on another machine
+    none = "none"  # nothing: params, metrics and tags only
+
+
+@dataclass
+class TrackingConfig:
+    _key: ClassVar[str] = "tracking"
+    enabled: bool = True
+    uri: Optional[str] = None  # default: sqlite file outputs/mlflow.db under the launch directory
+    experiment: str = "hostbound"
+    artifacts: ArtifactPolicy = ArtifactPolicy.small
+    # How long logging may wait on an unreachable store before the run gives up on it (its files stay):
+    # the HTTP timeout of each request, with no retries (MLflow's MLFLOW_HTTP_REQUEST_* variables win when set).
+    timeout_s: float = 5.0
+
+    def __post_init__(self) -> None:
+        check_limits(self)
+        _check(self, bool(self.experiment.strip()), "experiment", "must name an experiment")
+        if self.uri is not None:
+            scheme = tracking_scheme(self.uri)
+            _check(
+                self, scheme in TRACKING_SCHEMES, "uri",
+                f"unknown scheme {scheme!r} (use sqlite:///PATH, http(s)://HOST:PORT, postgresql://…, mysql://…, file:PATH or a folder)",
+            )
+
+
+# Stores MLflow opens: its SQLAlchemy databases, a tracking server, a local folder (file store).
+TRACKING_SCHEMES = ("sqlite", "postgresql", "mysql", "mssql", "http", "https", "file", "databricks", "")
+
+
+def tracking_scheme(uri: str) -> str:
+    """`postgresql+psycopg2://…` → `postgresql`; a plain path → ''."""
+    match = re.match(r"([A-Za-z][A-Za-z0-9+.-]*):", uri)
+    if not match or len(match[1]) == 1:  # no scheme, or a Windows drive letter
+        return ""
+    return match[1].split("+", 1)[0].lower()
+
+
+@dataclass
+class OutputConfig:
+    _key: ClassVar[str] = "output"
+    trace_steps: int = 2  # steps of the measured window written to trace.json (0: no trace)
+    # Steps drawn in timeline.png (0: no picture). null: 1 in a single run, none in a sweep's jobs, where
+    # drawing one per job cost more than simulating it (the sweep's report compares the runs instead).
+    timeline_steps: Optional[int] = None
+    print_summary: bool = True
+
+    def __post_init__(self) -> None:
+        check_limits(self)
+
+    def steps_drawn(self, in_sweep: bool = False) -> int:
+        """timeline_steps, null resolved for a single run or a sweep's job."""
+        if self.timeline_steps is None:
+            return 0 if in_sweep else 1
+        return self.timeline_steps
+
+
+@dataclass
+class RunConfig:
+    """The whole run: what `python -m harness` composes."""
+
+    hardware: HardwareConfig = field(default_factory=HardwareConfig)
+    workload: WorkloadConfig = field(default_factory=WorkloadConfig)
+    strategy: StrategyConfig = field(default_factory=StrategyConfig)
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    seed: int = 0
+    resume: bool = False  # reuse a finished run of the same configuration instead of simulating it (harness.results.resume)
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
+    output: OutputConfig = field(default_factory=OutputConfig)
+    _key: ClassVar[str] = "run"
+
+    def __post_init__(self) -> None:
+        check_number("seed", self.seed, LIMITS["seed"], integer=True)
+        needs, has = self.strategy.platform, self.hardware.platform
+        if Platform.any not in (needs, has) and needs != has:
+            nearest = GRAPH_STRATEGY_OF[has]
+            raise ConfigError(
+                f"strategy={self.strategy.name}: runs on {needs.value} hardware, hardware={self.hardware.name} is"
+                f" {has.value} (graph capture/replay there: strategy={nearest})"
+            )
+
+    @property
+    def names(self) -> dict[str, str]:
+        """What ran, by preset name: summary.json's first keys, MLflow tags, the terminal header."""
+        return {"hardware": self.hardware.name, "workload": self.workload.name, "strategy": self.strategy.name, "engine": self.engine.name}
+
+
+_PROCESS_ID = f"{os.getpid()}{time.time_ns() // 1000 % 1000:03d}"  # unique among processes started together
+
+
+def register_configs() -> None:
+    """Register the schema so conf/config.yaml's defaults list starts from `run_schema`, and the
+    `hostbound_id` resolver that makes run and sweep folders unique (two runs started in the same second
+    used to share one)."""
+    cs = ConfigStore.instance()
+    cs.store(name="run_schema", node=RunConfig)
+    if not OmegaConf.has_resolver("hostbound_id"):
+        OmegaConf.register_new_resolver("hostbound_id", lambda: _PROCESS_ID)
+    # conf/hydra/launcher/ray.yaml replaces hydra-ray-launcher's preset of that name on purpose (it says
+    # why); Hydra then checks it against the plugin's schema, as wanted, and warns that it does so.
+    warnings.filterwarnings("ignore", message=r"\s*'hydra/launcher/ray' is validated against ConfigStore schema", category=UserWarning)
+
+
+def compose_run(overrides: list[str] | tuple[str, ...] = ()) -> RunConfig:
+    """The RunConfig `python -m harness <overrides>` would run (composed from conf/, values checked)."""
+    from hydra import compose, initialize_config_dir
+
+    register_configs()
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = compose(config_name="config", overrides=list(overrides))
+    return to_run_config(cfg)
+
+
+def to_run_config(cfg: DictConfig) -> RunConfig:
+    """Turn a composed config into dataclasses, running every value check (raises ConfigError)."""
+    if OmegaConf.get_type(cfg) is RunConfig and "hydra" not in cfg:
+        # Composed on run_schema (conf/config.yaml's first default): already typed and key-checked, so
+        # instantiating it runs the same checks ~30× faster than merging into a fresh schema (a sweep's jobs
+        # paid ~70 ms each for that).
+        try:
+            run = OmegaConf.to_object(cfg)
+        except ConfigError:
+            raise
+        except Exception as exc:
+            raise ConfigError(one_line(exc)) from exc
+        assert isinstance(run, RunConfig)
+        return run
+    plain = OmegaConf.to_container(cfg, resolve=True)
+    if isinstance(plain, dict):
+        plain.pop("hydra", None)
+    schema = OmegaConf.structured(RunConfig)
+    try:
+        merged = OmegaConf.merge(schema, plain)
+        run = OmegaConf.to_object(merged)
+    except ConfigError:
+        raise
+    except Exception as exc:  # OmegaConf validation: unknown key or wrong type
+        raise ConfigError(one_line(exc)) from exc
+    assert isinstance(run, RunConfig)
+    return run
+
+
+def one_line(exc: BaseException, overrides: Sequence[str] = ()) -> str:
+    """An OmegaConf/Hydra error as one line naming the key and the value the user wrote, with "did you
+    mean" for a misspelt key or preset; errors it does not know are squeezed (causes included) as they are."""
+    parts: list[str] = []
+    seen = set()
+    current: Optional[BaseException] = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        for line in str(current).splitlines():
+            line = line.strip()
+            if not line or line.startswith(("object_type=", "Set the environment", "reference_type=")):
+                continue
+            if line not in parts:
+                parts.append(line)
+        current = current.__cause__ or current.__context__
+    raw = "; ".join(parts) if parts else type(exc).__name__
+    return _explain(raw, overrides) or raw
+
+
+def _written(key: str, overrides: Sequence[str], fallback: str) -> str:
+    """`key=value` as the command line wrote it (`+`/`++` prefixes dropped), else with `fallback`."""
+    for override in overrides:
+        name, _, value = override.partition("=")
+        if name.lstrip("+~") == key:
+            return f"{key}={value}"
+    return f"{key}={fallback}"
+
+
+def did_you_mean(word: str, choices: Sequence[str]) -> str:
+    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
+    return f" (did you mean {close[0]}?)" if close else ""
+
+
+def group_options(group: str) -> list[str]:
+    return sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
+
+
+def config_keys() -> list[str]:
+    """Every key of the run schema (dotted), and the config groups."""
+    groups = [p.name for p in CONF_DIR.iterdir() if p.is_dir()]
+    return sorted(set(flatten(OmegaConf.to_container(OmegaConf.structured(RunConfig)))) | set(groups))
+
+
+_TYPE_WORDS = {"Integer": "an integer", "Float": "a number", "Boolean": "true or false", "String": "text"}
+
+
+def _explain(raw: str, overrides: Sequence[str]) -> Optional[str]:
+    if m := re.search(r"Could not find '(?P<group>[\w/]+)/(?P<value>[^']+)'", raw):
+        group, value = m["group"], m["value"]
+        options = group_options(group)
+        if not options:
+            return None
+        return f"{group}={value}: no such {group} preset{did_you_mean(value, options)}; choose from {', '.join(options)}"
+    if m := re.search(r"Key '[^']+' not in '\w+'; full_key: (?P<key>\S+)", raw):
+        key = m["key"]
+        return f"{_written(key, overrides, '...')}: no such key{did_you_mean(key, config_keys())}"
+    if m := re.search(r"Value '(?P<value>.*?)' of type '\w+' could not be converted to (?P<to>\w+); full_key: (?P<key>[^;\s]+)", raw):
+        return f"{_written(m['key'], overrides, m['value'])}: must be {_TYPE_WORDS.get(m['to'], m['to'])}"
+    if m := re.search(r"Value '(?P<value>.*?)' is not a valid bool \(type \w+\); full_key: (?P<key>[^;\s]+)", raw):
+        return f"{_written(m['key'], overrides, m['value'])}: must be true or false"
+    if m := re.search(r"Invalid value '(?P<value>.*?)', expected one of \[(?P<options>[^\]]*)\]; full_key: (?P<key>[^;\s]+)", raw):
+        options = [o.strip() for o in m["options"].split(",")]
+        return f"{_written(m['key'], overrides, m['value'])}: must be one of {', '.join(options)}{did_you_mean(m['value'], options)}"
+    if m := re.search(r"Could not override '(?P<key>[^']+)'\. No match in the defaults list", raw):
+        key = m["key"]
+        return f"{_written(key, overrides, '...')}: {key} is not in the defaults list; add it with +{_written(key, overrides, '...')}"
+    return None
+
+
+def flatten(cfg: Any, prefix: str = "") -> dict[str, Any]:
+    """Flatten a nested dict/list config into dotted keys (lists of scalars stay one value)."""
+    out: dict[str, Any] = {}
+    if isinstance(cfg, dict):
+        for key, value in cfg.items():
+            out.update(flatten(value, f"{prefix}{key}."))
+    elif isinstance(cfg, list) and any(isinstance(v, (dict, list)) for v in cfg):
+        for i, value in enumerate(cfg):
+            out.update(flatten(value, f"{prefix}{i}."))
+    else:
+        out[prefix[:-1]] = cfg
+    return out

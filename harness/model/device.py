@@ -1,0 +1,106 @@
+"""Device cost model: how long an op runs on the accelerator and how many AI cores it holds.
+
+Compute ops: time = fixed kernel cost + roofline max(FLOPs / achievable peak of the cores it holds,
+bytes / achievable HBM bandwidth). A core's peak is the datasheet peak over the cores it is rated for
+(so `ai_cores` is capacity: fewer cores, less compute); matmuls reach `matmul_efficiency` of it (INT8
+matmuls of W8A8 use the INT8 peak), memory traffic `hbm_efficiency` of the bandwidth.
+AI cores held = the block-split rule of seed 002, on the op's own unit (cube or vector):
+FLOPs < 10 % of one core's capacity → 1 block; > 50 % → min(cores, FLOPs / (0.3 × capacity));
+otherwise 4 blocks. "Capacity" is what one core computes in `block_quantum_us`.
+
+Copies (an imported profile's memcpy/memset on a stream) hold no AI core; without a measured time
+they cost one PCIe transfer.
+
+Collectives: fixed cost + the textbook cost on the link the group needs: the scale-up link (HCCS,
+NVLink) when the group fits in one node, the inter-node network otherwise. With p ranks and S bytes
+per rank: ring all-reduce 2(p−1) hops of S/p; all-gather (p−1) hops of S; all-to-all sends
+S(p−1)/p over a full mesh in one round.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from harness.config.schema import DeviceConfig, HardwareConfig, LinkConfig
+from harness.config.schema import OpKind
+from harness.model.ops import (
+    COMM_ALL_GATHER,
+    COMM_ALL_REDUCE,
+    COMM_ALL_TO_ALL,
+    FLAG_INT8,
+    HOST_ONLY_KINDS,
+    KIND_CODE,
+    Workload,
+)
+
+KIND_CUBE, KIND_VECTOR, KIND_COMM, KIND_COPY = (KIND_CODE[k] for k in (OpKind.cube, OpKind.vector, OpKind.comm, OpKind.copy))
+
+US_PER_S = 1e6
+
+
+def core_peak_flop_per_us(kind: np.ndarray, device: DeviceConfig, int8: np.ndarray | bool = False) -> np.ndarray:
+    """Peak FLOP/µs of one AI core for each op's unit (comm ops use the vector unit's); INT8 matmuls
+    (W8A8) use the INT8 peak where the device has one."""
+    per_core = 1e12 / US_PER_S / device.cores_rated
+    cube = np.where(int8, device.cube_int8_tflops or device.cube_tflops, device.cube_tflops) * per_core
+    return np.where(kind == KIND_CUBE, cube, device.vector_tflops * per_core)
+
+
+def block_dim(flops: np.ndarray, kind: np.ndarray, device: DeviceConfig, int8: np.ndarray | bool = False) -> np.ndarray:
+    """AI cores an op holds, by the seed-002 block-split rule (vectorised over any shape)."""
+    per_core_capacity = core_peak_flop_per_us(kind, device, int8) * device.block_quantum_us
+    ratio = flops / per_core_capacity
+    large = np.clip(np.ceil(flops / (0.3 * per_core_capacity)), 1, device.ai_cores)
+    medium = min(4, device.ai_cores)
+    return np.where(ratio < 0.1, 1, np.where(ratio > 0.5, large, medium)).astype(np.int32)
+
+
+def fixed_cost_us(kind: np.ndarray, device: DeviceConfig) -> np.ndarray:
+    return np.select(
+        [kind == KIND_CUBE, kind == KIND_VECTOR],
+        [device.matmul_fixed_us, device.vector_fixed_us],
+        default=device.comm_fixed_us,
+    )
+
+
+def collective_us(comm: np.ndarray, ranks: np.ndarray, nbytes: np.ndarray, link: LinkConfig) -> np.ndarray:
+    """Transfer time of collectives (without the fixed kernel cost), broadcasting over steps."""
+    p = ranks.astype(np.float64)
+    in_node = ranks <= link.devices_per_node
+    bytes_per_us = np.where(in_node, link.scaleup_gbps, link.internode_gbps) * 1e9 / US_PER_S
+    hop_us = np.where(in_node, link.scaleup_latency_us, link.internode_latency_us)
+    safe_p = np.maximum(p, 1.0)
+    all_reduce = 2 * (p - 1) * (hop_us + nbytes / safe_p / bytes_per_us)
+    all_gather = (p - 1) * (hop_us + nbytes / bytes_per_us)
+    all_to_all = hop_us + nbytes * (p - 1) / safe_p / bytes_per_us
+    return np.select(
+        [comm == COMM_ALL_REDUCE, comm == COMM_ALL_GATHER, comm == COMM_ALL_TO_ALL],
+        [all_reduce, all_gather, all_to_all],
+        default=0.0,
+    )
+
+
+def device_times(workload: Workload, hardware: HardwareConfig) -> tuple[np.ndarray, np.ndarray]:
+    """(duration_us, ai_cores) per step and op, each of shape (steps, n_ops). Collectives hold no AI cores."""
+    device = hardware.device
+    flops, nbytes = workload.flops, workload.bytes
+    kind = np.broadcast_to(workload.kind[None, :], flops.shape)
+    int8 = ((workload.flags & FLAG_INT8) > 0)[None, :]
+    cores = block_dim(flops, kind, device, int8)
+    efficiency = np.where(kind == KIND_CUBE, device.matmul_efficiency, 1.0)
+    compute_us = flops / (core_peak_flop_per_us(kind, device, int8) * cores * efficiency)
+    memory_us = nbytes / (device.hbm_gbps * device.hbm_efficiency * 1e9 / US_PER_S)
+    transfer_us = collective_us(workload.comm[None, :], workload.comm_ranks[None, :], nbytes, hardware.link)
+    is_comm = kind == KIND_COMM
+    is_copy = kind == KIND_COPY  # a DMA on a stream: the copy engine, not the AI cores
+    model_us = fixed_cost_us(kind, device) + np.where(is_comm, transfer_us, np.maximum(compute_us, memory_us))
+    model_us = np.where(is_copy, hardware.link.pcie_latency_us + nbytes / (hardware.link.pcie_gbps * 1e9 / US_PER_S), model_us)
+    duration = np.where(np.isnan(workload.device_us), model_us, workload.device_us)
+    host_only = np.isin(kind, HOST_ONLY_KINDS)
+    duration = np.where(host_only, 0.0, duration)
+    cores = np.where(is_comm | is_copy | host_only, 0, cores).astype(np.int32)
+    return duration, cores
+
+
+def copy_time_us(nbytes: float, link: LinkConfig) -> float:
+    """One host<->device copy over PCIe: fixed latency + bytes / bandwidth."""
+    return link.pcie_latency_us + nbytes / (link.pcie_gbps * 1e9 / US_PER_S)

@@ -1,0 +1,680 @@
+"""Workload builder: a model card, an explicit op list or a trace CSV → the ops of every step
+(a `harness.model.ops.Workload`).
+
+A card in workloads/ holds the architecture numbers of the official config.json and the sequence of
+ops a serving framework issues per step: `pre_ops`, then `layer_groups` (each `count` layers running
+the same `ops`), then `post_ops`. Each op name maps to a cost formula in `OP_FORMULAS`: FLOPs, bytes
+moved and resident parameters of the simulated rank, from the shapes and the parallel layout. A
+formula returns None for an op that is not issued in this configuration (an all-reduce at TP 1, a
+quantisation op in bf16, a shared expert in a model without one).
+
+The harness simulates one representative rank of `tp × dp` devices: attention heads and MLP columns
+are split `tp` ways, each DP group holds its own `batch_size` sequences, MoE experts are split over
+`ep` ranks with tokens routed evenly, and collectives run on a communication stream.
+
+Everything that changes between steps (KV length, hence attention cost and shape) is an array over
+steps, so every step gets its own cost and its own shape key.
+"""
+from __future__ import annotations
+
+import functools
+import json
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+import numpy as np
+from omegaconf import OmegaConf
+
+from harness.config.schema import LIMITS, WORKLOADS_DIR, OpKind, Phase, Quant, WorkloadConfig, check_number, did_you_mean
+from harness.base.errors import ConfigError
+from harness.model.ops import (
+    BYTES_PER_GB,
+    COMM_ALL_REDUCE,
+    COMM_ALL_TO_ALL,
+    COMM_NONE,
+    FLAG_DYNAMIC,
+    FLAG_INT8,
+    FLAG_ROUTED,
+    FLAG_VALUE_DEPENDENT,
+    KIND_CODE,
+    STREAM_COMM,
+    STREAM_COMPUTE,
+    TOKEN_ID_BYTES,
+    MemoryPlan,
+    Workload,
+    default_kv_len,
+    from_static_ops,
+    shape_keys,
+)
+from harness.model.ops_csv import read_ops_csv
+
+@dataclass
+class Cost:
+    """What one op costs on the simulated rank; arrays are per step."""
+
+    kind: OpKind
+    flops: object = 0.0
+    bytes: object = 0.0
+    params: float = 0.0  # parameters resident on this rank
+    full_params: float = 0.0  # parameters of this op in the unsplit model (for the parameter count)
+    weight_bytes: float = 0.0
+    dynamic: bool = False
+    value_dependent: bool = False
+    comm: int = COMM_NONE
+    ranks: int = 1
+    routed: bool = False  # shapes follow the per-expert token counts: they change every step and layer
+    host_us: float = 0.0  # kind=host: time on the host thread
+    int8: bool = False  # an INT8 matmul (W8A8)
+
+
+@dataclass
+class Shapes:
+    """Sizes of the simulated rank for one workload; `tokens`, `batch`, `kv` are arrays over steps."""
+
+    card: dict
+    tokens: np.ndarray
+    batch: np.ndarray
+    kv: np.ndarray  # KV-cache length per sequence
+    context: int
+    decode: bool
+    tp: int
+    dp: int
+    ep: int
+    quant: bool
+    devices_per_node: int = 8
+    extra: dict = field(default_factory=dict)
+
+    def __getattr__(self, name: str):  # card numbers by name: s.hidden_size, s.vocab_size, ...
+        card = self.__dict__.get("card", {})
+        if name in card:
+            return card[name]
+        raise AttributeError(name)
+
+    @property
+    def act(self) -> int:
+        """Bytes per activation element (int8 into quantised matmuls is counted at the matmul)."""
+        return self.card["dtype_bytes"]
+
+    @property
+    def weight(self) -> int:
+        return 1 if self.quant else self.card["dtype_bytes"]
+
+    @property
+    def heads(self) -> float:
+        return self.num_attention_heads / self.tp
+
+    @property
+    def kv_heads(self) -> float:
+        # KV heads are replicated when there are fewer of them than TP ranks.
+        return max(1.0, self.num_key_value_heads / self.tp)
+
+    @property
+    def head_dim(self) -> int:
+        return self.card.get("head_dim") or self.hidden_size // self.num_attention_heads
+
+    @property
+    def v_head_dim(self) -> int:
+        return self.card.get("v_head_dim") or self.head_dim
+
+    @property
+    def devices(self) -> int:
+        return self.tp * self.dp
+
+
+# ---------------------------------------------------------------- op formulas
+
+
+def _linear(s: Shapes, n_in: float, n_out: float, split: float = 1, tokens=None, quantised: bool = True, bias: bool = False) -> Cost:
+    """A (possibly sharded) linear layer: weights n_in × n_out split `split` ways."""
+    t = s.tokens if tokens is None else tokens
+    full = n_in * n_out + (n_out if bias else 0)
+    params = full / split
+    width = s.weight if quantised else s.act
+    act_width = 1 if (quantised and s.quant) else s.act
+    return Cost(
+        OpKind.cube,
+        flops=2.0 * t * (n_in * n_out / split),
+        bytes=params * width + t * (n_in + n_out) / split * act_width,
+        params=params,
+        full_params=full,
+        weight_bytes=params * width,
+        int8=quantised and s.quant,
+    )
+
+
+def _vector(s: Shapes, elements, flops_per_element: float, passes: float, params: float = 0.0, dynamic: bool = False) -> Cost:
+    """An element-wise op over `elements` per step, reading/writing `passes` tensors of that size."""
+    return Cost(
+        OpKind.vector,
+        flops=flops_per_element * elements,
+        bytes=passes * elements * s.act + params * s.act,
+        params=params,
+        full_params=params,
+        weight_bytes=params * s.act,
+        dynamic=dynamic,
+    )
+
+
+def _elementwise(s: Shapes, elements, read_bytes: float, write_bytes: float, flops_per_element: float = 1.0, params: float = 0.0) -> Cost:
+    """One unfused PyTorch element-wise or reduction kernel over `elements`, reading and writing the
+    given bytes per element (HF transformers eager: RMSNorm in float32, RoPE, SiLU, casts)."""
+    return Cost(
+        OpKind.vector,
+        flops=flops_per_element * elements,
+        bytes=(read_bytes + write_bytes) * elements + params * s.act,
+        params=params,
+        full_params=params,
+        weight_bytes=params * s.act,
+    )
+
+
+FP32 = 4  # bytes: HF's RMSNorm computes in float32
+
+
+def _hf_kv_cat(s: Shapes) -> Cost:
+    """DynamicCache.update: torch.cat of the whole K (or V) cache with the new token's: reads and writes
+    the cache every step (its shape changes every step)."""
+    cached = s.batch * s.kv * s.kv_heads * s.head_dim
+    return Cost(OpKind.vector, flops=0.0, bytes=2.0 * cached * s.act, dynamic=True)
+
+
+def _norm(dim_attr: str, fused_add: bool = False):
+    def formula(s: Shapes) -> Cost:
+        dim = getattr(s, dim_attr)
+        return _vector(s, s.tokens * dim, 5.0 if fused_add else 4.0, 4.0 if fused_add else 2.0, params=dim)
+
+    return formula
+
+
+def _collective(comm: int, ranks: int, nbytes) -> Optional[Cost]:
+    if ranks <= 1:
+        return None
+    return Cost(OpKind.comm, bytes=nbytes, comm=comm, ranks=ranks)
+
+
+def _attention(s: Shapes) -> Cost:
+    """GQA/MHA attention of this rank's heads. Decode reads the whole KV cache of every sequence."""
+    d, dv = s.head_dim, s.v_head_dim
+    if s.decode:
+        kv_tokens = s.batch * s.kv
+        return Cost(
+            OpKind.cube,
+            flops=2.0 * s.heads * (d + dv) * kv_tokens,
+            bytes=kv_tokens * s.kv_heads * (d + dv) * s.act + s.tokens * s.heads * (d + dv) * s.act,
+            dynamic=True,
+        )
+    causal = s.batch * s.context * s.context / 2.0
+    return Cost(
+        OpKind.cube,
+        flops=2.0 * s.heads * (d + dv) * causal,
+        bytes=s.tokens * (s.heads * (d + dv) + s.kv_heads * (d + dv)) * s.act,
+    )
+
+
+def _mla_attention(s: Shapes) -> Cost:
+    """MLA with absorbed weights (decode path of vllm-ascend): every head attends over the shared latent."""
+    latent = s.kv_lora_rank + s.qk_rope_head_dim
+    per_token_flops = 2.0 * s.heads * (latent + s.kv_lora_rank)
+    if s.decode:
+        kv_tokens = s.batch * s.kv
+        return Cost(
+            OpKind.cube,
+            flops=per_token_flops * kv_tokens,
+            bytes=kv_tokens * latent * s.act + s.tokens * s.heads * (latent + s.kv_lora_rank) * s.act,
+            dynamic=True,
+        )
+    causal = s.batch * s.context * s.context / 2.0
+    return Cost(OpKind.cube, flops=per_token_flops * causal, bytes=s.tokens * (s.heads * (latent + s.kv_lora_rank) + latent) * s.act)
+
+
+def _moe(s: Shapes) -> dict:
+    """Routing numbers of the simulated rank: tokens it sends, tokens its experts receive, experts hit."""
+    experts_local = s.n_routed_experts / s.ep
+    tokens_moe = np.ceil(s.tokens / s.tp)  # a DP group's tokens are split among its TP ranks before dispatch
+    received = tokens_moe * s.num_experts_per_tok * s.devices / s.ep
+    if s.extra.get("moe_pad"):  # shape bucketing: per-expert token counts padded up to a power of two
+        received = 2.0 ** np.ceil(np.log2(np.maximum(received, 1.0)))
+    # Expected distinct local experts hit by `received` uniform picks: their weights are read once.
+    active = experts_local * (1.0 - (1.0 - 1.0 / experts_local) ** received)
+    return {"local": experts_local, "sent": tokens_moe, "received": received, "active": active}
+
+
+def _grouped(s: Shapes, n_in: float, n_out: float) -> Cost:
+    m = _moe(s)
+    width = s.weight
+    act_width = 1 if s.quant else s.act
+    params = m["local"] * n_in * n_out
+    return Cost(
+        OpKind.cube,
+        flops=2.0 * m["received"] * n_in * n_out,
+        bytes=m["active"] * n_in * n_out * width + m["received"] * (n_in + n_out) * act_width,
+        params=params,
+        full_params=s.n_routed_experts * n_in * n_out,
+        weight_bytes=params * width,
+        dynamic=True,
+        routed=True,
+        int8=s.quant,
+    )
+
+
+def _dispatch(s: Shapes) -> Optional[Cost]:
+    m = _moe(s)
+    cost = _collective(COMM_ALL_TO_ALL, s.ep, m["sent"] * s.num_experts_per_tok * s.hidden_size * (1 if s.quant else s.act))
+    if cost is not None:
+        cost.value_dependent = True  # the per-expert token counts set the split sizes (host reads them)
+        cost.dynamic = cost.routed = True
+    return cost
+
+
+def _combine(s: Shapes) -> Optional[Cost]:
+    m = _moe(s)
+    cost = _collective(COMM_ALL_TO_ALL, s.ep, m["sent"] * s.num_experts_per_tok * s.hidden_size * s.act)
+    if cost is not None:
+        cost.dynamic = cost.routed = True
+    return cost
+
+
+def _shared(s: Shapes) -> float:
+    return (s.card.get("n_shared_experts") or 0) * s.moe_intermediate_size
+
+
+def _if(condition: Callable[[Shapes], bool], formula: Callable[[Shapes], Optional[Cost]]):
+    return lambda s: formula(s) if condition(s) else None
+
+
+def _mlp_width(s: Shapes) -> int:
+    return s.intermediate_size
+
+
+OP_FORMULAS: dict[str, Callable[[Shapes], Optional[Cost]]] = {
+    # front-end (Python) work of a decoder layer in eager mode, around its kernels; graphs skip it
+    "layer_overhead": lambda s: Cost(OpKind.host, host_us=s.card["layer_overhead_us"]) if s.card.get("layer_overhead_us") else None,
+    # HF transformers eager (workload.kernels=unfused): RMSNorm as float32 element-wise kernels, RoPE
+    # (mul, rotate_half as neg + cat, mul, add) for q and k, the KV cache grown by torch.cat, SiLU and
+    # mul, casts; per element: bytes read and written
+    "rms_cast_up": lambda s: _elementwise(s, s.tokens * s.hidden_size, s.act, FP32),
+    "rms_pow": lambda s: _elementwise(s, s.tokens * s.hidden_size, FP32, FP32),
+    "rms_mean": lambda s: _elementwise(s, s.tokens * s.hidden_size, FP32, 0.0),
+    "rms_add_eps": lambda s: _elementwise(s, s.tokens, FP32, FP32),
+    "rms_rsqrt": lambda s: _elementwise(s, s.tokens, FP32, FP32, 4.0),
+    "rms_mul": lambda s: _elementwise(s, s.tokens * s.hidden_size, FP32, FP32),
+    "rms_cast_down": lambda s: _elementwise(s, s.tokens * s.hidden_size, FP32, s.act),
+    "rms_weight": lambda s: _elementwise(s, s.tokens * s.hidden_size, s.act, s.act, params=s.hidden_size),
+    "rope_q_mul": lambda s: _elementwise(s, s.tokens * s.heads * s.head_dim, 2 * s.act, s.act),
+    "rope_q_neg": lambda s: _elementwise(s, s.tokens * s.heads * s.head_dim / 2, s.act, s.act),
+    "rope_q_cat": lambda s: _elementwise(s, s.tokens * s.heads * s.head_dim, s.act, s.act, 0.0),
+    "rope_q_add": lambda s: _elementwise(s, s.tokens * s.heads * s.head_dim, 2 * s.act, s.act),
+    "rope_k_mul": lambda s: _elementwise(s, s.tokens * s.kv_heads * s.head_dim, 2 * s.act, s.act),
+    "rope_k_neg": lambda s: _elementwise(s, s.tokens * s.kv_heads * s.head_dim / 2, s.act, s.act),
+    "rope_k_cat": lambda s: _elementwise(s, s.tokens * s.kv_heads * s.head_dim, s.act, s.act, 0.0),
+    "rope_k_add": lambda s: _elementwise(s, s.tokens * s.kv_heads * s.head_dim, 2 * s.act, s.act),
+    "kv_cat": _hf_kv_cat,
+    "silu": lambda s: _elementwise(s, s.tokens * _mlp_width(s) / s.tp, s.act, s.act, 4.0),
+    "mul": lambda s: _elementwise(s, s.tokens * _mlp_width(s) / s.tp, 2 * s.act, s.act),
+    "rope_table": lambda s: _elementwise(s, s.tokens * s.head_dim, FP32, FP32),
+    "logits_cast": lambda s: _elementwise(s, s.batch * s.vocab_size / s.tp, s.act, FP32),
+    "argmax": lambda s: _elementwise(s, s.batch * s.vocab_size / s.tp, FP32, 0.0),
+    "generate_bookkeeping": lambda s: _elementwise(s, s.batch, 8.0, 8.0),
+    # the serving engine's own model code per layer in eager mode (engine.layer_overhead_us)
+    "engine_overhead": lambda s: Cost(OpKind.host, host_us=s.extra["engine_layer_us"]) if s.extra.get("engine_layer_us") else None,
+    # embeddings and heads (vocab-parallel over TP)
+    "embedding": lambda s: Cost(
+        OpKind.vector,
+        bytes=2.0 * s.tokens * s.hidden_size * s.act + s.tokens * TOKEN_ID_BYTES,
+        params=s.vocab_size * s.hidden_size / s.tp,
+        full_params=s.vocab_size * s.hidden_size,
+        weight_bytes=s.vocab_size * s.hidden_size / s.tp * s.act,
+    ),
+    "lm_head": lambda s: _linear(
+        s, s.hidden_size, s.vocab_size, split=s.tp, tokens=s.batch, quantised=False
+    ) if not s.card.get("tie_word_embeddings") else _tied_head(s),
+    "sampling": lambda s: _vector(s, s.batch * s.vocab_size, 1.0, 1.0),
+    # norms and residuals
+    "input_norm": _norm("hidden_size"),
+    "post_norm": _norm("hidden_size"),
+    "final_norm": _norm("hidden_size"),
+    "add_rms_norm": _norm("hidden_size", fused_add=True),
+    "residual_add": lambda s: _vector(s, s.tokens * s.hidden_size, 1.0, 3.0),
+    "qk_norm": lambda s: _vector(s, s.tokens * (s.heads + s.kv_heads) * s.head_dim, 4.0, 2.0, params=2 * s.head_dim),
+    "dynamic_quant": _if(lambda s: s.quant, lambda s: _vector(s, s.tokens * s.hidden_size, 3.0, 1.5)),
+    # GQA / MHA attention
+    "q_proj": lambda s: _linear(s, s.hidden_size, s.num_attention_heads * s.head_dim, s.tp, bias=bool(s.card.get("attention_bias"))),
+    "k_proj": lambda s: _linear(s, s.hidden_size, s.num_key_value_heads * s.head_dim, s.tp, bias=bool(s.card.get("attention_bias"))),
+    "v_proj": lambda s: _linear(s, s.hidden_size, s.num_key_value_heads * s.head_dim, s.tp, bias=bool(s.card.get("attention_bias"))),
+    "qkv_proj": lambda s: _linear(
+        s, s.hidden_size, (s.num_attention_heads + 2 * s.num_key_value_heads) * s.head_dim, s.tp, bias=bool(s.card.get("attention_bias"))
+    ),
+    "o_proj": lambda s: _linear(s, s.num_attention_heads * s.v_head_dim, s.hidden_size, s.tp),
+    "rope": lambda s: _vector(s, s.tokens * (s.heads + s.kv_heads) * s.head_dim, 6.0, 2.0),
+    "kv_cache_write": lambda s: _vector(s, s.tokens * s.kv_heads * (s.head_dim + s.v_head_dim), 0.0, 2.0),
+    "attention": _attention,
+    # MLA (DeepSeek-V3), absorbed form as vllm-ascend issues it in decode
+    "qkv_a_proj": lambda s: _linear(s, s.hidden_size, s.q_lora_rank + s.kv_lora_rank + s.qk_rope_head_dim),
+    "q_a_norm": lambda s: _vector(s, s.tokens * s.q_lora_rank, 4.0, 2.0, params=s.q_lora_rank),
+    "q_b_proj": lambda s: _linear(s, s.q_lora_rank, s.num_attention_heads * (s.qk_nope_head_dim + s.qk_rope_head_dim), s.tp),
+    "q_absorb_bmm": lambda s: _linear(s, s.qk_nope_head_dim * s.num_attention_heads, s.kv_lora_rank, s.tp, quantised=False),
+    "mla_rope": lambda s: _vector(s, s.tokens * (s.heads + 1) * s.qk_rope_head_dim, 6.0, 2.0),
+    "kv_norm_rope_cache": lambda s: _vector(
+        s, s.tokens * (s.kv_lora_rank + s.qk_rope_head_dim), 10.0, 3.0, params=s.kv_lora_rank
+    ),
+    "mla_attention": _mla_attention,
+    "v_absorb_bmm": lambda s: _linear(s, s.kv_lora_rank * s.num_attention_heads, s.v_head_dim, s.tp, quantised=False),
+    "tp_all_reduce": lambda s: _collective(COMM_ALL_REDUCE, s.tp, s.tokens * s.hidden_size * s.act),
+    # dense MLP
+    "gate_proj": lambda s: _linear(s, s.hidden_size, _mlp_width(s), s.tp),
+    "up_proj": lambda s: _linear(s, s.hidden_size, _mlp_width(s), s.tp),
+    "gate_up_proj": lambda s: _linear(s, s.hidden_size, 2 * _mlp_width(s), s.tp),
+    "act_mul": lambda s: _vector(s, s.tokens * _mlp_width(s) / s.tp, 5.0, 3.0),
+    "down_proj": lambda s: _linear(s, _mlp_width(s), s.hidden_size, s.tp),
+    # MoE (routed experts split over EP ranks; shared experts split over TP)
+    "moe_gate": lambda s: _linear(s, s.hidden_size, s.n_routed_experts, quantised=False),
+    "moe_topk": lambda s: _vector(s, s.tokens * s.n_routed_experts, 4.0, 1.0),
+    "moe_dispatch": _dispatch,
+    "grouped_gate_up": lambda s: _grouped(s, s.hidden_size, 2 * s.moe_intermediate_size),
+    "moe_act": lambda s: _routed(_vector(s, _moe(s)["received"] * s.moe_intermediate_size, 5.0, 3.0, dynamic=True)),
+    "grouped_down": lambda s: _grouped(s, s.moe_intermediate_size, s.hidden_size),
+    "moe_combine": _combine,
+    "shared_gate_up": _if(lambda s: _shared(s) > 0, lambda s: _linear(s, s.hidden_size, 2 * _shared(s), s.tp)),
+    "shared_act": _if(lambda s: _shared(s) > 0, lambda s: _vector(s, s.tokens * _shared(s) / s.tp, 5.0, 3.0)),
+    "shared_down": _if(lambda s: _shared(s) > 0, lambda s: _linear(s, _shared(s), s.hidden_size, s.tp)),
+}
+
+
+def _routed(cost: Cost) -> Cost:
+    cost.routed = True
+    return cost
+
+
+def _tied_head(s: Shapes) -> Cost:
+    cost = _linear(s, s.hidden_size, s.vocab_size, split=s.tp, tokens=s.batch, quantised=False)
+    cost.params = cost.full_params = 0.0  # the embedding's weights, counted there
+    cost.weight_bytes = 0.0
+    return cost
+
+
+CARD_REQUIRED = ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "intermediate_size", "vocab_size", "dtype_bytes")
+CARD_NUMBERS = {key.removeprefix("card."): limit for key, limit in LIMITS.items() if key.startswith("card.")}
+CARD_FLAGS = ("attention_bias", "tie_word_embeddings")
+CARD_TEXT = ("name", "family")
+CARD_OP_LISTS = ("pre_ops", "layer_ops", "post_ops", "unfused_pre_ops", "unfused_layer_ops", "unfused_post_ops", "layer_groups")
+CARD_FIELDS = (*CARD_NUMBERS, *CARD_FLAGS, *CARD_TEXT, *CARD_OP_LISTS)
+
+
+def _check_card_fields(card: dict, where: str, overridden: set) -> None:
+    """Every field known, of its type and within its range (the same limits as the config's numbers);
+    a field set by workload.card_overrides is named by that key, one from the file by the file."""
+    for key, value in card.items():
+        label = f"workload.card_overrides.{key}" if key in overridden else f"{where} {key}"
+        if key not in CARD_FIELDS:
+            raise ConfigError(f"{label}: not a card field{did_you_mean(key, CARD_FIELDS)}")
+        if value is None and key not in CARD_REQUIRED:
+            continue
+        if key in CARD_NUMBERS:
+            check_number(label, value, CARD_NUMBERS[key], integer=key != "layer_overhead_us")
+        elif key in CARD_FLAGS and not isinstance(value, bool):
+            raise ConfigError(f"{label}={value!r}: must be true or false")
+        elif key in CARD_TEXT and not isinstance(value, str):
+            raise ConfigError(f"{label}={value!r}: must be text")
+        elif key in CARD_OP_LISTS and not isinstance(value, list):
+            raise ConfigError(f"{label}={value!r}: must be a list of ops")
+    for key in CARD_REQUIRED:
+        if card.get(key) is None:
+            raise ConfigError(f"{where} {key}: missing (every card needs {', '.join(CARD_REQUIRED)})")
+    for i, group in enumerate(card.get("layer_groups") or []):
+        if not isinstance(group, dict) or set(group) - {"count", "ops"}:
+            raise ConfigError(f"{where} layer_groups[{i}]={group!r}: must be {{count: N, ops: [...]}}")
+        check_number(f"{where} layer_groups[{i}].count", group.get("count"), LIMITS["card.num_hidden_layers"], integer=True)
+
+
+# ---------------------------------------------------------------- cards
+
+
+def load_card(name: str, overrides: Optional[dict] = None) -> dict:
+    """Read and check a model card, with `overrides` replacing its fields (any YAML values, op lists
+    included); normalise `layer_ops` into one layer group. Cached: treat as read-only."""
+    return _load_card(name, json.dumps(sorted((overrides or {}).items()), default=str))
+
+
+load_card.cache_clear = lambda: _load_card.cache_clear()  # type: ignore[attr-defined]  # cards edited on disk (tests)
+
+
+@functools.lru_cache(maxsize=32)
+def _load_card(name: str, overrides_json: str) -> dict:
+    """load_card's body; overrides as JSON, so that list values can key the cache."""
+    overrides = [tuple(pair) for pair in json.loads(overrides_json)]
+    path = WORKLOADS_DIR / f"{name}.yaml"
+    if not path.is_file():
+        raise ConfigError(f"workload.card={name!r}: no such model card in workloads/")
+    card = OmegaConf.to_container(OmegaConf.load(path), resolve=True)
+    assert isinstance(card, dict)
+    for key, value in overrides:
+        if key not in card:
+            raise ConfigError(f"workload.card_overrides.{key}={value!r}: card {name!r} has no such field (fields: {', '.join(sorted(card))})")
+        card[key] = value
+    where = f"workloads/{name}.yaml" + (" (with workload.card_overrides)" if overrides else "")
+    _check_card_fields(card, where, {key for key, _ in overrides})
+    if "layer_ops" in card:
+        card["layer_groups"] = [{"count": card["num_hidden_layers"], "ops": card.pop("layer_ops")}]
+    groups = card.get("layer_groups") or []
+    if sum(g.get("count", 0) for g in groups) != card["num_hidden_layers"]:
+        raise ConfigError(f"{where} layer_groups: counts add up to {sum(g.get('count', 0) for g in groups)}, not num_hidden_layers={card['num_hidden_layers']}")
+    unfused = [(key, card.get(key) or []) for key in ("unfused_pre_ops", "unfused_layer_ops", "unfused_post_ops")]
+    for key, ops in [("pre_ops", card.get("pre_ops") or []), ("post_ops", card.get("post_ops") or [])] + [
+        (f"layer_groups[{i}].ops", g.get("ops") or []) for i, g in enumerate(groups)
+    ] + unfused:
+        if key.startswith("layer_groups") and not ops:
+            raise ConfigError(f"{where} {key}=[]: empty op list")
+        names = []
+        for entry in ops:
+            op, after = _entry(entry)
+            if not isinstance(op, str) or op not in OP_FORMULAS:
+                raise ConfigError(f"{where} {key} op {op!r}: unknown op (known: {', '.join(sorted(OP_FORMULAS))})")
+            if after is not None and after not in names:
+                raise ConfigError(f"{where} {key} op {op!r} after={after!r}: not an earlier op of the same list")
+            names.append(op)
+    return card
+
+
+def _entry(entry) -> tuple[str, Optional[str]]:
+    """A card op entry: a name, or {op: name, after: earlier op name}."""
+    if isinstance(entry, dict):
+        return entry.get("op"), entry.get("after")
+    return entry, None
+
+
+def card_parameter_count(card: dict) -> float:
+    """Parameters of the unsplit model as the card's ops hold them (checks the cards against published totals)."""
+    shapes = _shapes(card, Phase.decode, context_len=1, batch=np.ones(1), tp=1, dp=1, ep=1, quant=False, devices_per_node=8)
+    total = 0.0
+    for group, count in _op_sequence_groups(card):
+        for entry in group:
+            cost = OP_FORMULAS[_entry(entry)[0]](shapes)
+            if cost is not None:
+                total += cost.full_params * count
+    return total
+
+
+def _op_sequence_groups(card: dict, kernels: str = "fused") -> list[tuple[list, int]]:
+    """(ops, count) of the embedding part, each layer group and the head, as the card issues them:
+    `fused` (a serving engine's kernels) or `unfused` (HF transformers eager: `unfused_*` lists)."""
+    if kernels == "unfused":
+        layer_ops = card["unfused_layer_ops"]
+        return [(card.get("unfused_pre_ops") or [], 1)] + [(layer_ops, g["count"]) for g in card["layer_groups"]] + [
+            (card.get("unfused_post_ops") or [], 1)
+        ]
+    return [(card.get("pre_ops") or [], 1)] + [(g["ops"], g["count"]) for g in card["layer_groups"]] + [(card.get("post_ops") or [], 1)]
+
+
+def _shapes(
+    card: dict, phase: Phase, context_len: int, batch: np.ndarray, tp: int, dp: int, ep: int, quant: bool, devices_per_node: int,
+    kv: Optional[np.ndarray] = None, moe_pad: bool = False,
+) -> Shapes:
+    decode = phase == Phase.decode
+    if kv is None:
+        kv = default_kv_len(phase, context_len, batch.shape[0])
+    tokens = batch if decode else batch * context_len
+    is_moe = bool(card.get("n_routed_experts"))
+    return Shapes(
+        card=card,
+        tokens=tokens.astype(np.float64),
+        batch=batch.astype(np.float64),
+        kv=kv.astype(np.float64),
+        context=context_len,
+        decode=decode,
+        tp=tp,
+        dp=dp,
+        ep=(ep or tp * dp) if is_moe else 1,
+        quant=quant,
+        devices_per_node=devices_per_node,
+        extra={"moe_pad": moe_pad},
+    )
+
+
+# ---------------------------------------------------------------- building
+
+
+def build_workload(
+    cfg: WorkloadConfig,
+    devices_per_node: int = 8,
+    batch: Optional[np.ndarray] = None,
+    kv_len: Optional[np.ndarray] = None,
+    moe_pad: bool = False,
+    engine_layer_us: float = 0.0,
+) -> Workload:
+    """Ops of every step with their costs, for the simulated rank.
+
+    `batch` and `kv_len` (per step; default: `batch_size` sequences whose KV grows by one per step)
+    come from the serving loop when the batch changes step by step. `moe_pad` pads per-expert token
+    counts to powers of two, which makes routed ops' shapes static (shape bucketing).
+    `engine_layer_us` adds the serving engine's own model code per decoder layer (eager mode) as a
+    host op at the start of every layer.
+    """
+    if batch is None:
+        batch = np.full(cfg.steps, cfg.batch_size, dtype=np.int64)
+    if cfg.card is not None:
+        card = load_card(cfg.card, cfg.card_overrides)
+        if cfg.kernels.value == "unfused" and not card.get("unfused_layer_ops"):
+            raise ConfigError(f"workload.kernels=unfused: card {cfg.card!r} lists no unfused (HF transformers eager) op sequence")
+        return _from_card(card, cfg, np.asarray(batch, dtype=np.int64), devices_per_node, kv_len, moe_pad, engine_layer_us)
+    if cfg.path is not None:
+        return read_ops_csv(cfg.path, cfg)
+    return from_static_ops(cfg, [
+        dict(name=op.name, kind=op.kind, flops=op.flops, bytes=op.bytes, device_us=op.device_us, stream=op.stream,
+             after=list(op.after) or None, host_us=op.host_us, dynamic=op.dynamic, value_dependent=op.value_dependent,
+             compute_dependent=op.compute_dependent, cpu_eligible=op.cpu_eligible)
+        for op in cfg.ops
+    ])
+
+
+def _from_card(
+    card: dict, cfg: WorkloadConfig, batch: np.ndarray, devices_per_node: int, kv_len: Optional[np.ndarray], moe_pad: bool,
+    engine_layer_us: float = 0.0,
+) -> Workload:
+    s = _shapes(card, cfg.phase, cfg.context_len, batch, cfg.tp, cfg.dp, cfg.ep, cfg.quant == Quant.w8a8, devices_per_node, kv_len, moe_pad)
+    s.extra["engine_layer_us"] = engine_layer_us
+    steps = batch.shape[0]
+    names: list[str] = []
+    templates: list[int] = []  # index into `costs` per op
+    after: list[list[int]] = []
+    costs: list[Cost] = []
+    template_of: dict[tuple[int, str], int] = {}
+    weights = 0.0
+    layer = 0
+    for group_index, (entries, count) in enumerate(_op_sequence_groups(card, cfg.kernels.value)):
+        in_layers = 0 < group_index <= len(card["layer_groups"])
+        if in_layers and engine_layer_us > 0:
+            entries = ["engine_overhead", *entries]
+        for repeat in range(count):
+            issued: dict[str, int] = {}  # op name → index of its latest issue in this layer
+            previous = len(names) - 1
+            for entry in entries:
+                op, after_name = _entry(entry)
+                key = (group_index, op)
+                if key not in template_of:
+                    template_of[key] = len(costs)
+                    costs.append(OP_FORMULAS[op](s))
+                cost = costs[template_of[key]]
+                if cost is None:
+                    # Not issued here: an op naming it in `after` waits for what it would have waited for.
+                    if after_name is not None and after_name in issued:
+                        issued[op] = issued[after_name]
+                    elif after_name is None:
+                        issued[op] = previous
+                    continue
+                weights += cost.weight_bytes
+                names.append(f"layers.{layer}.{op}" if in_layers else op)
+                templates.append(template_of[key])
+                if after_name is not None:
+                    after.append([issued[after_name]] if issued.get(after_name, -1) >= 0 else [])
+                else:
+                    after.append([previous] if previous >= 0 else [])
+                issued[op] = previous = len(names) - 1
+            if in_layers:
+                layer += 1
+    n = len(names)
+    template_ids = np.array(templates, dtype=np.int64)
+    per_template = [
+        (np.broadcast_to(np.asarray(c.flops, dtype=np.float64), (steps,)), np.broadcast_to(np.asarray(c.bytes, dtype=np.float64), (steps,)))
+        if c is not None else (np.zeros(steps), np.zeros(steps))
+        for c in costs
+    ]
+    flops_t = np.stack([f for f, _ in per_template], axis=1) if costs else np.zeros((steps, 0))
+    bytes_t = np.stack([b for _, b in per_template], axis=1) if costs else np.zeros((steps, 0))
+    used = [c if c is not None else Cost(OpKind.vector) for c in costs]
+    kind_t = np.array([KIND_CODE[c.kind] for c in used], dtype=np.int8)
+    dynamic_t = np.array([c.dynamic for c in used], dtype=bool)
+    flags_t = (
+        dynamic_t * FLAG_DYNAMIC
+        | np.array([c.value_dependent for c in used], dtype=bool) * FLAG_VALUE_DEPENDENT
+        | np.array([c.routed for c in used], dtype=bool) * FLAG_ROUTED
+        | np.array([c.int8 for c in used], dtype=bool) * FLAG_INT8
+    ).astype(np.uint8)
+    # Attention-like ops change with the KV tokens; routed (MoE) ops with the routing, i.e. every step
+    # in decode unless their token counts are padded to buckets.
+    routed_t = np.array([c.routed for c in used], dtype=bool) & s.decode & (not moe_pad)
+    varying = np.where(routed_t[None, :], np.arange(steps)[:, None] + 1, np.rint(s.kv * s.batch)[:, None])
+    shape_key_t = shape_keys(np.arange(len(costs)), s.tokens, varying, s.batch, dynamic_t & ~(np.array([c.routed for c in used]) & moe_pad))
+    kv_per_token = _kv_bytes_per_token(card, s)
+    memory = MemoryPlan(
+        weights_gb=weights / BYTES_PER_GB,
+        kv_cache_gb=kv_per_token * float((s.batch * s.kv).max()) / BYTES_PER_GB,
+        workspace_gb=2.0 * float((bytes_t - np.array([c.weight_bytes for c in used])[None, :]).max(initial=0.0)) / BYTES_PER_GB,
+    )
+    return Workload(
+        name=cfg.name,
+        phase=cfg.phase,
+        op_names=names,
+        kind=kind_t[template_ids],
+        stream=np.where(kind_t[template_ids] == KIND_CODE[OpKind.comm], STREAM_COMM, STREAM_COMPUTE).astype(np.int8),
+        flags=flags_t[template_ids],
+        after=after,
+        comm=np.array([used[t].comm for t in templates], dtype=np.int8),
+        comm_ranks=np.array([used[t].ranks for t in templates], dtype=np.int32),
+        flops=flops_t[:, template_ids],
+        bytes=bytes_t[:, template_ids],
+        device_us=np.full((steps, n), np.nan),
+        shape_key=shape_key_t[:, template_ids],
+        host_us=np.array([used[t].host_us for t in templates], dtype=np.float64),
+        weight_bytes=np.array([used[t].weight_bytes for t in templates], dtype=np.float64),
+        batch=batch,
+        kv_len=s.kv.copy(),
+        tokens=s.tokens.astype(np.int64),
+        warmup_steps=cfg.warmup_steps,
+        memory=memory,
+    )
+
+
+def _kv_bytes_per_token(card: dict, s: Shapes) -> float:
+    """KV-cache bytes one token occupies on the simulated rank, over all layers."""
+    if card.get("kv_lora_rank"):
+        per_layer = (card["kv_lora_rank"] + card["qk_rope_head_dim"]) * s.act  # MLA latent, replicated over TP
+    else:
+        per_layer = s.kv_heads * (s.head_dim + s.v_head_dim) * s.act
+    return per_layer * card["num_hidden_layers"]
+
+
+def parameter_count_b(card_name: str) -> float:
+    """Billions of parameters of a card (unsplit)."""
+    return card_parameter_count(load_card(card_name)) / 1e9
+
+

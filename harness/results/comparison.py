@@ -1,0 +1,127 @@
+"""Comparing runs: speed-up of each strategy over eager, per workload, as a table and plots.
+
+Runs come in as a pandas DataFrame, one row per run: from run or sweep folders (`load_run_dirs`, their
+summary.json files) or from an MLflow store (harness.tracking.read). `python -m harness.report`
+(harness.cli.report) and a sweep's end (harness.sweep.callbacks) both use it.
+"""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from omegaconf import OmegaConf
+
+from harness.base.files import atomic_write
+from harness.results.outputs import run_notes
+
+KEYS = ["hardware", "workload", "strategy"]
+SHOWN = ["throughput_tok_s", "speedup_vs_eager", "step_ms_mean", "bubble_ratio", "bound"]
+
+
+def load_run_dirs(paths: list[Path]) -> pd.DataFrame:
+    """One row per summary.json found under the given directories (a run or a whole sweep)."""
+    rows = []
+    for root in paths:
+        for summary in sorted(Path(root).rglob("summary.json")):
+            row = json.loads(summary.read_text())
+            row["run_dir"] = str(summary.parent.absolute())
+            overrides = summary.parent / ".hydra" / "overrides.yaml"  # Hydra's record of the job's overrides
+            if overrides.is_file():
+                row["overrides"] = " ".join(OmegaConf.load(overrides))
+            rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def comparison(runs: pd.DataFrame) -> pd.DataFrame:
+    """Per (hardware, workload, other swept values): each strategy's throughput, speed-up over the eager
+    run with the same values (NaN, and said by `missing_eager`, when there is none), step time, bubble,
+    bound; eager first, swept values in numeric order."""
+    if runs.empty:
+        return runs
+    table = runs.copy()
+    if "overrides" in table.columns:
+        table["swept"] = swept_values(table["overrides"])
+    group = ["hardware", "workload"] + (["swept"] if "swept" in table.columns else [])
+    eager = table[table["strategy"] == "eager"].groupby(group)["throughput_tok_s"].mean()
+    base = table.set_index(group).index.map(lambda key: eager.get(key, np.nan))
+    table["speedup_vs_eager"] = table["throughput_tok_s"].to_numpy() / np.asarray(base, dtype=float)
+    if "notes" not in table.columns:  # run folders: from the summaries; MLflow runs carry a notes tag
+        table["notes"] = [run_notes(row) for row in table.to_dict("records")]
+    columns = KEYS + [c for c in SHOWN if c in table.columns] + ["notes"]
+    if "swept" in table.columns and table["swept"].ne("").any():
+        columns.insert(len(KEYS), "swept")
+    order = table.assign(
+        _eager_first=table["strategy"].ne("eager"),
+        _swept_key=table["swept"].map(_numeric_key) if "swept" in table.columns else 0,
+    ).sort_values(["hardware", "workload", "_swept_key", "_eager_first", "strategy"], key=None)
+    return order[columns].reset_index(drop=True)
+
+
+def to_markdown(table: pd.DataFrame) -> str:
+    """The comparison as Markdown: fixed decimals (not 1.21e+03), the notes column as text."""
+    return table.fillna({"notes": ""}).to_markdown(index=False, floatfmt=".3f")
+
+
+def missing_eager(table: pd.DataFrame) -> list[str]:
+    """The (hardware, workload, swept values) with no eager run to compare with."""
+    if table.empty or "speedup_vs_eager" not in table:
+        return []
+    lacking = table[table["speedup_vs_eager"].isna()]
+    keys = ["hardware", "workload"] + (["swept"] if "swept" in lacking else [])
+    return [" ".join(str(v) for v in row if v) for row in lacking[keys].drop_duplicates().itertuples(index=False)]
+
+
+def _numeric_key(swept: str) -> tuple:
+    """Sort key of a swept-values string: numbers compare as numbers (batch 1, 8, 32, not 1, 32, 8)."""
+    parts = []
+    for item in str(swept).split():
+        key, _, value = item.partition("=")
+        try:
+            parts.append((key, 0, float(value), ""))
+        except ValueError:
+            parts.append((key, 1, 0.0, value))
+    return tuple(parts)
+
+
+def swept_values(overrides: pd.Series) -> pd.Series:
+    """Per run, its overrides that not every run shares, leaving out the config groups already shown
+    (a sweep over `+workload.card_overrides.x=1,2` shows `…x=1` and `…x=2`)."""
+    per_run = [set(str(o).split()) if isinstance(o, str) else set() for o in overrides]
+    common = set.intersection(*per_run) if per_run else set()
+    shown = tuple(f"{k}=" for k in KEYS)
+    return pd.Series(
+        [" ".join(sorted(o for o in run - common if not o.lstrip("+~").startswith(shown))) for run in per_run], index=overrides.index
+    )
+
+
+def plot(table: pd.DataFrame, out: Path) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    written = []
+    for metric, name, label in [("speedup_vs_eager", "speedup.png", "throughput / eager"), ("bubble_ratio", "bubble.png", "bubble ratio")]:
+        if metric not in table or table[metric].isna().all():
+            print(f"hostbound report: note: no {label} to plot (no eager run to compare with)" if metric == "speedup_vs_eager"
+                  else f"hostbound report: note: no {label} to plot", file=sys.stderr)
+            continue
+        index = ["workload", "hardware"] + (["swept"] if "swept" in table else [])  # one bar per swept value
+        pivot = table.pivot_table(index=index, columns="strategy", values=metric, aggfunc="mean", sort=False)
+        ax = pivot.plot.bar(figsize=(max(6, 1.6 * len(pivot)), 4), rot=0)
+        ax.set_ylabel(label)
+        ax.set_xlabel("")
+        if metric == "speedup_vs_eager":
+            ax.axhline(1.0, color="black", linewidth=0.8)
+        ax.legend(title="strategy", fontsize=8)
+        ax.figure.tight_layout()
+        path = out / name
+        try:
+            atomic_write(path, lambda tmp: ax.figure.savefig(tmp, dpi=110))
+        finally:
+            plt.close(ax.figure)
+        written.append(path)
+    return written

@@ -1,0 +1,168 @@
+"""Files of a run directory: summary.json, steps.parquet, trace.json, and the terminal summary.
+
+Every file is written through harness.base.files.atomic_write: complete or not at all.
+"""
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from harness.base.files import atomic_write, write_json, write_text
+from harness.sim.task_graph import CATEGORIES, LANE_COPY, LANE_DEVICE, LANE_EXTERNAL
+
+if TYPE_CHECKING:
+    from harness.sim.outcome import RunResult
+
+SUMMARY_FILE = "summary.json"
+STEPS_FILE = "steps.parquet"
+TRACE_FILE = "trace.json"
+TIMELINE_FILE = "timeline.png"
+# trace.json's cap: ~100 bytes an event, so ~50 MB (Perfetto's UI loads that; gigabytes it does not).
+MAX_TRACE_EVENTS = 500_000
+
+log = logging.getLogger(__name__)
+
+
+def write_outputs(run_dir: Path, outcome: "RunResult", names: dict, trace_steps: int, timeline_steps: int = 0) -> None:
+    """summary.json last: a folder holding it is a finished run (reports, results.csv and resume=true
+    rely on that); a run stopped while writing leaves the files before, complete, and no summary."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    atomic_write(run_dir / STEPS_FILE, lambda tmp: outcome.steps.to_parquet(tmp, index=False))
+    if trace_steps > 0:
+        write_text(run_dir / TRACE_FILE, chrome_trace_text(outcome, trace_steps))
+    if timeline_steps > 0:
+        from harness.results.timeline import draw_timeline  # matplotlib only when a picture is asked for
+
+        draw_timeline(outcome, run_dir / TIMELINE_FILE, timeline_steps)
+    write_json(run_dir / SUMMARY_FILE, {**names, **outcome.summary})
+
+
+def chrome_trace(outcome: "RunResult", trace_steps: int) -> dict:
+    """Chrome trace-event JSON (opens in Perfetto) of `trace_steps` steps from the first measured one."""
+    return json.loads(chrome_trace_text(outcome, trace_steps))
+
+
+def chrome_trace_text(outcome: "RunResult", trace_steps: int) -> str:
+    """chrome_trace as the text trace.json holds. The task events are formatted straight into JSON: as
+    dicts passed to json.dumps they cost ~45 ms for a 2-step Llama-2 trace, the largest file cost of a
+    sweep's job; names are escaped by json.dumps, numbers are ints and finite floats (repr, as json writes)."""
+    result = outcome.result
+    graph = result.graph
+    tasks = graph.tasks
+    first = int(np.flatnonzero(outcome.steps["measured"].to_numpy())[0])
+    step = result.column("step")
+    chosen = np.flatnonzero((step >= first) & (step < first + trace_steps))
+    if chosen.size > MAX_TRACE_EVENTS:  # a million-op step would write gigabytes no viewer opens
+        log.warning(
+            "trace.json holds the first %d of the %d tasks of steps %d-%d (at most %d events)",
+            MAX_TRACE_EVENTS, chosen.size, first, first + trace_steps - 1, MAX_TRACE_EVENTS,
+        )
+        chosen = chosen[:MAX_TRACE_EVENTS]
+    pid_of_kind = {0: 1, LANE_DEVICE: 2, LANE_COPY: 3, LANE_EXTERNAL: 2}  # external waits show with the device
+    meta: list[dict] = [
+        {"ph": "M", "name": "process_name", "pid": 1, "args": {"name": "host"}},
+        {"ph": "M", "name": "process_name", "pid": 2, "args": {"name": "device"}},
+        {"ph": "M", "name": "process_name", "pid": 3, "args": {"name": "copy engines"}},
+    ]
+    for lane, name in enumerate(graph.lane_names):
+        meta.append({"ph": "M", "name": "thread_name", "pid": pid_of_kind[int(graph.lane_kinds[lane])], "tid": lane, "args": {"name": name}})
+    op_names = graph.op_names
+    # Plain lists: reading numpy records one by one costs more than building the events.
+    ops, categories, lanes, steps = (tasks[field][chosen].tolist() for field in ("op", "category", "lane", "step"))
+    # Times to the nanosecond: the viewer's resolution, and short numbers write several times faster.
+    # Ends are rounded like starts and durations taken between the rounded times: rounding a duration
+    # on its own can push an event 1 ns into the next one on its lane.
+    starts_rounded = np.round(result.start_us[chosen], 3)
+    starts = starts_rounded.tolist()
+    durations = np.round(np.round(result.end_us[chosen], 3) - starts_rounded, 3).tolist()
+    deciders = result.decider[chosen].tolist()
+    pid_of_lane = [pid_of_kind[int(kind)] for kind in graph.lane_kinds]
+    heads: dict[tuple[int, int], str] = {}  # (op, category) → the event's fixed start, escaped once
+    parts = [json.dumps(event) for event in meta]
+    for i, op, code, lane, step_, start, duration, decider in zip(chosen.tolist(), ops, categories, lanes, steps, starts, durations, deciders):
+        head = heads.get((op, code))
+        if head is None:
+            category = CATEGORIES[code]
+            label = op_names[op] if op >= 0 else "step"
+            name = f"{label} {category}" if category != "compute" else label
+            head = heads[(op, code)] = f'{{"ph": "X", "name": {json.dumps(name)}, "cat": {json.dumps(category)}, '
+        parts.append(
+            f'{head}"pid": {pid_of_lane[lane]}, "tid": {lane}, "ts": {start!r}, "dur": {duration!r}, '
+            f'"args": {{"task": {i}, "step": {step_}, "decided_by": {decider}}}}}'
+        )
+    step_end = outcome.steps["end_ms"].to_numpy() * 1e3  # the result may hold only the traced steps
+    for s in range(first, min(first + trace_steps, len(step_end))):
+        parts.append(json.dumps({"ph": "i", "s": "g", "name": f"step {s} end", "pid": 1, "tid": 0, "ts": float(step_end[s])}))
+    return '{"traceEvents": [' + ", ".join(parts) + '], "displayTimeUnit": "ms"}\n'
+
+
+def _present(value: Any) -> bool:
+    """A summary value that is there: not missing, not NaN (a table row holds NaN for keys other runs have)."""
+    return value is not None and not (isinstance(value, float) and value != value)
+
+
+def run_notes(summary: Any) -> str:
+    """What a table row needs said next to its numbers (results.md, reports, MLflow's `notes` tag):
+    graphs built and their padding, a graph that did not apply and why, tiling hit rate, and the
+    notes that qualify a figure (few finished requests, tokens per step of a profile)."""
+    get = summary.get
+    notes = []
+    captures = get("graph_captures")
+    if _present(captures) and captures > 0:
+        notes.append(f"{int(captures)} capture{'s' if captures != 1 else ''}")
+        if _present(get("padding_waste")) and get("padding_waste") >= 0.005:
+            notes.append(f"padding waste {get('padding_waste'):.2f}")
+    for key in ("graph_note", "serving_note", "throughput_note"):
+        if _present(get(key)) and get(key):
+            notes.append(str(get(key)))
+    if _present(get("tiling_cache_hit_rate")):
+        notes.append(f"tiling hit rate {get('tiling_cache_hit_rate'):.2f}")
+    return "; ".join(notes)
+
+
+def format_summary(summary: dict, names: dict, run_dir: Path) -> str:
+    """A few lines for the terminal: what ran, the headline numbers, where the files are."""
+    breakdown = sorted(
+        ((k.removeprefix("breakdown_"), v) for k, v in summary.items() if k.startswith("breakdown_") and v > 0.005),
+        key=lambda kv: -kv[1],
+    )
+    lines = [
+        f"hostbound: {names['workload']} on {names['hardware']} with {names['strategy']}"
+        + (f", engine {names['engine']}" if names.get("engine", "none") != "none" else ""),
+        f"  throughput   {summary['throughput_tok_s']:.1f} tok/s" + (f" ({summary['throughput_note']})" if "throughput_note" in summary else ""),
+        f"  step         mean {summary['step_ms_mean']:.3f} ms, p50 {summary['step_ms_p50']:.3f} ms, p99 {summary['step_ms_p99']:.3f} ms",
+    ]
+    if "ttft_ms" in summary:
+        lines.append(f"  TTFT         {summary['ttft_ms']:.3f} ms")
+    lines += [
+        f"  device busy  {summary['device_busy']:.1%}   bubble {summary['bubble_ratio']:.1%}   host busy (max thread) {summary['host_busy_max']:.1%}",
+        f"  bound        {summary['bound']}: {summary['bound_reason']}",
+        "  critical path " + ", ".join(f"{k} {v:.1%}" for k, v in breakdown),
+    ]
+    if "graph_captures" in summary:
+        graph = f"  graph        {summary['graph_captures']} built"
+        if "capture_ms" in summary:
+            graph += f" in {summary['capture_ms']:.0f} ms (outside the steady state above)"
+        lines.append(graph + f", padding waste {summary.get('padding_waste', 0.0):.1%}")
+    if "graph_note" in summary:
+        lines.append(f"  note         {summary['graph_note']}")
+    if "tiling_cache_hit_rate" in summary:
+        lines.append(f"  tiling cache hit rate {summary['tiling_cache_hit_rate']:.1%}")
+    if "requests_completed" in summary:
+        serving = f"  serving      {summary['requests_completed']} requests done, batch mean {summary['batch_mean']:.1f}"
+        if "tpot_ms_mean" in summary:
+            serving += f", latency p50 {summary['request_latency_ms_p50']:.0f} ms, TPOT {summary['tpot_ms_mean']:.1f} ms"
+        lines.append(serving)
+        if "serving_note" in summary:
+            lines.append(f"  note         {summary['serving_note']}")
+    lines += [
+        f"  {summary['ops_per_step']} ops/step, {summary['launches_per_step']:.0f} launches/step, "
+        f"{summary['tasks_simulated']} tasks in {summary['sim_wall_s']:.2f} s"
+        + (f", of which {summary['compile_s']:.2f} s compiling kernels (first run only)" if summary.get("compile_s", 0) > 0 else ""),
+        f"  outputs      {run_dir}",
+    ]
+    return "\n".join(lines)

@@ -1,0 +1,82 @@
+"""Resuming: a run whose configuration already finished is not simulated again.
+
+`resume=true` (a top-level key) makes every run, alone or in a sweep, first look for a finished run of
+the same configuration: the same resolved config and seed, where files and runs go aside
+(`config_hash`, kept in summary.json). It looks in its own folder (a sweep re-run
+into the same `hydra.sweep.dir`), then in every run and sweep folder under the launch folder's
+`outputs/`. A match found elsewhere is copied into the run's folder with `RESUMED_FROM.txt` naming the
+source; either way the run is not simulated or logged again, so an interrupted sweep re-run with
+`resume=true` ends with the same results.csv as an uninterrupted one and no duplicate MLflow runs.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from pathlib import Path
+
+from harness.base.files import atomic_write, write_text
+from harness.results.outputs import STEPS_FILE, SUMMARY_FILE, TIMELINE_FILE, TRACE_FILE
+
+RESUMED_FILE = "RESUMED_FROM.txt"
+# Keys that say where files and runs go, or how to run: not what is simulated.
+_NOT_THE_CONFIGURATION = ("tracking.", "output.", "resume", "hydra")
+
+
+def config_hash(params: dict) -> str:
+    """16 hex digits identifying what a run simulates (the flattened resolved config, seed included)."""
+    kept = {k: v for k, v in params.items() if not k.startswith(_NOT_THE_CONFIGURATION)}
+    return hashlib.sha256(json.dumps(kept, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def _finished(folder: Path, digest: str) -> bool:
+    summary = folder / SUMMARY_FILE  # written last (outputs.write_outputs): its presence means finished
+    if not summary.is_file() or not (folder / STEPS_FILE).is_file():
+        return False
+    try:
+        return json.loads(summary.read_text()).get("config_hash") == digest
+    except (OSError, ValueError):  # a file from elsewhere that is not ours: not a match
+        return False
+
+
+def find_finished(digest: str, run_dir: Path, outputs_dir: Path) -> Path | None:
+    """The folder of a finished run of this configuration: `run_dir` itself first, then any under `outputs_dir`."""
+    if _finished(run_dir, digest):
+        return run_dir
+    for folder in _finished_by_digest(outputs_dir).get(digest, []):
+        if folder != run_dir and _finished(folder, digest):
+            return folder
+    return None
+
+
+_indexes: dict[Path, dict[str, list[Path]]] = {}  # outputs folder → config_hash → finished run folders
+
+
+def _finished_by_digest(outputs_dir: Path) -> dict[str, list[Path]]:
+    """Every summary.json under `outputs_dir` read once per process: each job of a resumed sweep looked
+    through all of them again, which made resuming N jobs over M earlier runs read N × M files. Runs
+    that finish later in this process are not in it (they are this sweep's own, found in their folders)."""
+    key = outputs_dir.absolute()
+    if key not in _indexes:
+        index: dict[str, list[Path]] = {}
+        if outputs_dir.is_dir():
+            for summary in sorted(outputs_dir.rglob(SUMMARY_FILE)):
+                try:
+                    digest = json.loads(summary.read_text()).get("config_hash")
+                except (OSError, ValueError, AttributeError):  # not ours, or not a summary
+                    continue
+                if isinstance(digest, str):
+                    index.setdefault(digest, []).append(summary.parent)
+        _indexes[key] = index
+    return _indexes[key]
+
+
+def reuse(found: Path, run_dir: Path) -> dict:
+    """Bring a finished run's files into `run_dir` (when elsewhere); returns its summary."""
+    if found != run_dir:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        for name in (SUMMARY_FILE, STEPS_FILE, TRACE_FILE, TIMELINE_FILE):
+            if (found / name).is_file():
+                atomic_write(run_dir / name, lambda tmp, source=found / name: shutil.copyfile(source, tmp))
+        write_text(run_dir / RESUMED_FILE, f"{found}\n")
+    return json.loads((run_dir / SUMMARY_FILE).read_text())

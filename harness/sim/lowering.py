@@ -1,0 +1,682 @@
+"""Strategy lowering: the ops of a step → host tasks, device tasks and copies with their edges.
+
+Host scheduling (a step in EAGER or BUILD mode): every op passes through the host stages
+framework → InferShape → Tiling → alloc → launch → free. The dispatch mode decides which host lane
+(thread) runs each stage:
+
+* eager:    all stages on one thread, op after op (kernel by kernel).
+* async:    the main thread does framework + InferShape + Tiling; alloc + launch + free go through a
+            bounded launch queue to a second thread, so alloc and free stay on one thread (seed 000).
+* pipeline: InferShape | Tiling (Resize) | alloc + launch + free on three threads with bounded queues.
+
+The device task of an op runs on its stream (compute, or communication for collectives) once the op
+is launched and the ops it reads from have finished (an event when they ran on another stream).
+Per step: the host issues an H2D copy of the input tokens before the first op, and the sampled
+tokens come back by D2H and a blocking sync. A value-dependent op's InferShape waits for its
+producer's output (device end + D2H + sync); a compute-dependent op drains the pipeline: nothing
+after it is issued before its output shape is back on the host. An op run on the CPU
+(heterogeneous execution) is dispatched (framework + InferShape), computes on a host CPU lane
+between a D2H of its input and an H2D of its result, and holds a host core like the dispatch threads.
+
+Ops of an imported profile carry measured host costs per step (a (step, op, cost) table replaces the
+preset's), and may be: a `sync` op (its framework time, then a blocking wait for the ops it names,
+then its own time); a follower in a launch group (no host work: its device task waits for the
+group's launch, e.g. the kernels of a graph launch, which also pay the device-side dispatch); carried
+in (device work launched before the step: no host work); or waiting for unseen device work (a task
+on the external lane holds its start until `not_before_us` after the step starts). Such op lists hold
+their own copies and syncs: no token copies are added around the step (`Workload.step_io`).
+
+Policies change host costs: a tiling-cache hit replaces Tiling by a lookup; parameter packing writes
+a kernel's parameters at once; without a memory pool every alloc/free goes to the driver, and
+stream-local pools make them cheaper.
+
+Graph steps (policies.py decides the mode of each step): BUILD = host scheduling plus the one-time
+capture (or sink load) on the main thread; REPLAY = the host refreshes the arguments of dynamic tasks
+(capture) or the graph's addresses (sink), then issues one launch; the device schedules every task
+itself at `task_dispatch_us` each, keeping streams and events (so communication still overlaps).
+
+A bounded queue of capacity C between two threads is a dependency edge: the producer's first task
+for item i waits for the consumer's first task of item i − C to end (the slot is taken by then).
+Steps are separated by a barrier: the first task of step s + 1 waits for every lane's last task of
+step s (and for its release time), so a step's timing depends only on its own sizes and its start.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+from numba import njit
+
+from harness.config.schema import Dispatch, EngineConfig, GraphMode, HardwareConfig, StrategyConfig
+from harness.model.device import copy_time_us, device_times
+from harness.sim.task_graph import CATEGORY, LANE_COPY, LANE_DEVICE, LANE_EXTERNAL, LANE_HOST, NO_POOL, TASK_DTYPE, TaskGraph, csr_from_edges
+from harness.sim.policies import BUILD, REPLAY, StepPlan
+from harness.model.ops import (
+    FLAG_CARRIED_IN,
+    FLAG_COMPUTE_DEPENDENT,
+    FLAG_DYNAMIC,
+    FLAG_IN_GRAPH,
+    FLAG_ROUTED,
+    FLAG_VALUE_DEPENDENT,
+    HOST_COSTS,
+    KIND_COPY,
+    KIND_HOST,
+    KIND_SYNC,
+    STREAM_COMM,
+    TOKEN_ID_BYTES,
+    Workload,
+)
+
+HOST_STAGES = ("framework", "infer_shape", "tiling", "alloc", "launch", "free")
+assert HOST_COSTS[: len(HOST_STAGES)] == HOST_STAGES
+OWN = HOST_COSTS.index("own")  # the host time of a host or sync op, after the stages in a cost table
+# Breakdown category of each stage: freeing is memory management, like allocation.
+STAGE_CATEGORY = {"framework": "framework", "infer_shape": "infer_shape", "tiling": "tiling", "alloc": "alloc", "launch": "launch", "free": "alloc"}
+CPU_OP_STAGES = ("framework", "infer_shape")  # an op run on the CPU is dispatched, not launched
+
+# Host lanes of each dispatch mode, and the lane (index into them) that runs each stage.
+HOST_LAYOUT: dict[Dispatch, tuple[tuple[str, ...], tuple[int, ...]]] = {
+    Dispatch.eager: (("host.main",), (0, 0, 0, 0, 0, 0)),
+    Dispatch["async"]: (("host.main", "host.launch"), (0, 0, 0, 1, 1, 1)),
+    Dispatch.pipeline: (("host.infer", "host.tiling", "host.launch"), (0, 0, 1, 2, 2, 2)),
+}
+
+POOL_HOST, POOL_AI_CORES = 0, 1
+JITTER_STREAM = 0  # generator streams: (seed, 0, step) host jitter; (seed, 1) serving requests
+VALUE_READ_BYTES = 64  # a value-dependent InferShape reads a small tensor (a shape, a count) back
+SHAPE_READ_BYTES = 64  # a compute-dependent op's output shape copied back to the host
+
+# Where a template task's duration comes from: a fixed value; the op's device time (plus the
+# device-side dispatch of a graph task); its tiling (after the cache); a host stage or the own time
+# of a host/sync op from the (step, op) cost table; the token copies; a CPU op's compute or copy; the
+# wait for device work outside the simulation (an imported profile's `not_before_us`).
+_FIXED, _DEVICE, _TILING, _H2D_TOKENS, _D2H_TOKENS, _CPU_COMPUTE, _CPU_COPY = 0, 1, 2, 3, 4, 5, 6
+_STAGE, _OWN, _GATE, _DEVICE_GRAPH, _ENGINE = 7, 8, 9, 10, 11
+
+# The serving engine's work in a step (harness.config.schema.EngineConfig), as slots of a (steps, slots) cost
+# table: schedule + prepare before the model (`pre`) or, with async scheduling, the next step's while
+# this one's device work runs (`ahead`); host-side sampling; output processing and the API server,
+# on the engine's main thread after the step (`*_inline`) or on lanes of their own, processing the
+# previous step's outputs while this one runs (`*_side`).
+ENGINE_SLOTS = ("pre", "ahead", "sample", "output_inline", "output_side", "api_inline", "api_side")
+ENGINE_SLOT = {name: k for k, name in enumerate(ENGINE_SLOTS)}
+
+
+@dataclass
+class StepTemplate:
+    """The tasks and edges of one step, in local ids; lanes are FIFO in id order."""
+
+    lane: list[int] = field(default_factory=list)
+    category: list[int] = field(default_factory=list)
+    op: list[int] = field(default_factory=list)
+    source: list[int] = field(default_factory=list)
+    value: list[float] = field(default_factory=list)  # duration (fixed), op index (device / tiling)
+    host: list[bool] = field(default_factory=list)  # holds a host core (and gets host jitter)
+    src: list[int] = field(default_factory=list)
+    dst: list[int] = field(default_factory=list)
+    # (producer lane, consumer lane) → (producer's first task, consumer's first task) per op
+    queue_items: dict = field(default_factory=dict)
+
+    stage: list[int] = field(default_factory=list)
+
+    def add(self, lane: int, category: str, op: int, source: int, value: float, host: bool = False, stage: int = 0) -> int:
+        self.stage.append(stage)
+        self.lane.append(lane)
+        self.category.append(CATEGORY[category])
+        self.op.append(op)
+        self.source.append(source)
+        self.value.append(value)
+        self.host.append(host)
+        return len(self.lane) - 1
+
+    def edge(self, src: int, dst: int) -> None:
+        self.src.append(src)
+        self.dst.append(dst)
+
+
+@dataclass
+class Lanes:
+    names: list[str]
+    kinds: np.ndarray
+    stage_lane: tuple[int, ...]
+    stream: dict[int, int]
+    cpu: int
+    h2d: int
+    d2h: int
+    external: int = -1  # waits for device work outside the simulation (-1: none in this workload)
+    engine_output: int = -1  # the engine's output processing thread or process (-1: on the main thread)
+    engine_api: int = -1  # the engine's API server process (-1: on the main thread)
+
+
+def lanes_for(strategy: StrategyConfig, workload: Workload | None = None, engine: EngineConfig | None = None) -> Lanes:
+    """Host threads of the dispatch mode, the CPU-op lane, one lane per device stream the workload
+    uses (at least compute and communication), the copy engines, and the external-wait lane when the
+    workload has waits for unseen device work."""
+    host_lanes, stage_lane = HOST_LAYOUT[strategy.dispatch]
+    n = len(host_lanes)
+    n_streams = max(2, int(workload.stream.max()) + 1) if workload is not None and workload.n_ops else 2
+    streams = ["device.stream0", "device.comm", *(f"device.stream{k}" for k in range(2, n_streams))]
+    names = [*host_lanes, "host.cpu_ops", *streams, "copy.h2d", "copy.d2h"]
+    kinds = [LANE_HOST] * (n + 1) + [LANE_DEVICE] * n_streams + [LANE_COPY, LANE_COPY]
+    external = -1
+    if workload is not None and workload.not_before_us is not None and np.any(~np.isnan(workload.not_before_us)):
+        external = len(names)
+        names.append("device.unseen")
+        kinds.append(LANE_EXTERNAL)
+    engine_output = engine_api = -1
+    if engine is not None and engine.active:
+        if engine.async_output or engine.output_process:
+            engine_output = len(names)
+            names.append("engine.output")
+            kinds.append(LANE_HOST)
+        if engine.api_process:
+            engine_api = len(names)
+            names.append("engine.api")
+            kinds.append(LANE_HOST)
+    first_stream = n + 1
+    return Lanes(
+        names, np.array(kinds, dtype=np.int8), stage_lane, {k: first_stream + k for k in range(n_streams)},
+        n, first_stream + n_streams, first_stream + n_streams + 1, external, engine_output, engine_api,
+    )
+
+
+def host_stage_costs(workload: Workload, hardware: HardwareConfig, strategy: StrategyConfig) -> dict[str, np.ndarray]:
+    """Cost (µs) of each host stage for each op, with the launch and memory policies applied."""
+    host = hardware.host
+    n = workload.n_ops
+    costs = {stage: np.full(n, float(getattr(host, f"{stage}_us"))) for stage in HOST_STAGES}
+    # launch_us covers a kernel with `kernel_params` parameters written one by one.
+    base_launch = host.launch_us - host.kernel_params * host.param_write_us
+    if strategy.param_packing:
+        costs["launch"] = np.full(n, base_launch + host.packed_params_us)
+    else:
+        costs["launch"] = base_launch + workload.n_kernels * host.kernel_params * host.param_write_us
+    memory_scale = 1.0 - host.stream_pool_speedup if strategy.stream_local_pool else 1.0
+    for stage in ("alloc", "free"):
+        cost = costs[stage] if strategy.memory_pool else np.full(n, host.driver_alloc_us)
+        costs[stage] = cost * memory_scale
+    return costs
+
+
+def engine_cost_table(workload: Workload, engine: EngineConfig | None) -> np.ndarray:
+    """(steps, ENGINE_SLOTS) µs of the serving engine's work in each step (see ENGINE_SLOTS).
+
+    Costs follow each step's sequences and tokens. With `multi_step` N, scheduling and preparation
+    happen on the first step of every N, and outputs (and their API streaming) are processed together
+    on the last, in one call (its fixed part paid once). Work a step does for its neighbour (the next step's scheduling, the previous step's
+    outputs) is priced at the batch of the step it runs in: a step's cost never depends on later steps."""
+    steps = workload.steps
+    table = np.zeros((steps, len(ENGINE_SLOTS)))
+    if engine is None or not engine.active:
+        return table
+    sequences = np.asarray(workload.real_batch, dtype=np.float64)
+    tokens = np.asarray(workload.tokens, dtype=np.float64)
+    index = np.arange(steps)
+    n = engine.multi_step
+    # Blocks by step number alone (a step's work never depends on how long the run is: serving plans
+    # a run one prefix of steps at a time); a run that ends inside a block leaves its outputs to later.
+    starts_block, ends_block = index % n == 0, index % n == n - 1
+    scheduling = engine.schedule.cost_us(sequences, tokens) + engine.prepare.cost_us(sequences, tokens)
+
+    def per_block(stage) -> np.ndarray:
+        """What the steps of a block produced, handled at its last step in one call: the fixed part
+        once, the per-sequence and per-token parts for every step of the block."""
+        variable = stage.cost_us(sequences, tokens) - stage.per_step_us
+        totals = np.zeros(steps)
+        for end in np.flatnonzero(ends_block):
+            totals[end] = stage.per_step_us + variable[end - end % n : end + 1].sum()
+        return totals
+
+    output = per_block(engine.output)
+    api = per_block(engine.api)
+    previous = lambda x: np.r_[0.0, x[:-1]]  # noqa: E731
+    if engine.async_scheduling:  # step 0 schedules itself; later steps were scheduled during the one before
+        table[0, ENGINE_SLOT["pre"]] = scheduling[0]
+        next_starts = (index + 1) % n == 0
+        table[:, ENGINE_SLOT["ahead"]] = np.where(next_starts, scheduling, 0.0)
+    else:
+        table[:, ENGINE_SLOT["pre"]] = np.where(starts_block, scheduling, 0.0)
+    table[:, ENGINE_SLOT["sample"]] = engine.sample.cost_us(sequences, tokens)
+    if engine.async_output or engine.output_process:
+        table[:, ENGINE_SLOT["output_side"]] = previous(output)
+    else:
+        table[:, ENGINE_SLOT["output_inline"]] = output
+    if engine.api_process:
+        table[:, ENGINE_SLOT["api_side"]] = previous(api)
+    else:
+        table[:, ENGINE_SLOT["api_inline"]] = api
+    return table
+
+
+def host_cost_table(workload: Workload, hardware: HardwareConfig, strategy: StrategyConfig) -> np.ndarray:
+    """(steps or 1, ops, HOST_COSTS) µs: each op's host stages and own time. Measured costs of an
+    imported profile are taken as they are; the preset (with the strategy's launch and memory
+    policies) prices the rest. One row serves every step unless costs were measured per step."""
+    preset = host_stage_costs(workload, hardware, strategy)
+    table = np.stack([preset[stage] for stage in HOST_STAGES] + [np.asarray(workload.host_us, dtype=np.float64)], axis=-1)[None]
+    if workload.host_cost_us is not None:
+        table = np.where(np.isnan(workload.host_cost_us), table, workload.host_cost_us)
+    return np.ascontiguousarray(table, dtype=np.float64)
+
+
+def build_template(
+    workload: Workload, hardware: HardwareConfig, strategy: StrategyConfig, mode: int, cpu_ops: np.ndarray, engine: EngineConfig | None = None
+) -> StepTemplate:
+    """Tasks and edges of one step in the given mode (EAGER, BUILD or REPLAY)."""
+    lanes = lanes_for(strategy, workload, engine)
+    host = hardware.host
+    tpl = StepTemplate()
+    serving = engine is not None and engine.active
+    if serving:  # the engine schedules the step and prepares its inputs before the model runs
+        first = tpl.add(0, "engine", -1, _ENGINE, ENGINE_SLOT["pre"], host=True)
+        for lane, slot in ((lanes.engine_output, "output_side"), (lanes.engine_api, "api_side")):
+            if lane >= 0:  # the previous step's outputs, on their own thread or process, while this step runs
+                tpl.edge(first, tpl.add(lane, "engine", -1, _ENGINE, ENGINE_SLOT[slot], host=True))
+    if workload.step_io:
+        launch_us = host_stage_costs(workload, hardware, strategy)["launch"]
+        issue_h2d = tpl.add(0, "launch", -1, _FIXED, float(np.median(launch_us)) if launch_us.size else host.launch_us, host=True)
+        start = tpl.add(lanes.h2d, "copy", -1, _H2D_TOKENS, 0.0)
+        tpl.edge(issue_h2d, start)
+    else:  # the op list holds its own copies and syncs: the step starts with its first op
+        start = tpl.add(0, "framework", -1, _FIXED, 0.0)
+    gated = np.zeros(workload.n_ops, dtype=bool)
+    if workload.not_before_us is not None:
+        gated = np.any(~np.isnan(workload.not_before_us), axis=0)
+    body = _Body(tpl, workload, hardware, strategy, lanes, start, gated)
+    last_device = body.replay() if mode == REPLAY else body.host_scheduled(cpu_ops)
+    if serving:  # with async scheduling, the next step is scheduled while this one's device work runs
+        tpl.add(0, "engine", -1, _ENGINE, ENGINE_SLOT["ahead"], host=True)
+    if workload.step_io:
+        # The sampled tokens return to the host; the next step's inputs are built from them.
+        _read_back(tpl, [last_device], lanes.d2h, -1, _D2H_TOKENS, 0.0, host.sync_us)
+    if serving:  # then the engine samples, processes outputs and streams them (where they run inline)
+        for slot in ("sample", "output_inline", "api_inline"):
+            tpl.add(0, "engine", -1, _ENGINE, ENGINE_SLOT[slot], host=True)
+    if mode == BUILD:
+        g = hardware.graph
+        build_us = (g.sink_load_ms if strategy.graph.mode == GraphMode.sink else g.capture_ms) * 1e3
+        tpl.add(0, "graph", -1, _FIXED, build_us, host=True)
+    return tpl
+
+
+@dataclass
+class _Body:
+    """Builds the body of a step template: the ops' host and device tasks."""
+
+    tpl: StepTemplate
+    workload: Workload
+    hardware: HardwareConfig
+    strategy: StrategyConfig
+    lanes: Lanes
+    start: int  # the step's first task: ops with nothing else to wait for follow it
+    gated: np.ndarray  # per op: waits for device work outside the simulation in some step
+
+    def device_task(self, j: int, producers: list[int], launch: int, in_graph: bool) -> int:
+        tpl, workload = self.tpl, self.workload
+        stream = int(workload.stream[j])
+        category = "comm" if stream == STREAM_COMM else "copy" if workload.kind[j] == KIND_COPY else "compute"
+        gate = -1
+        if self.gated[j]:  # the stream was busy with work the simulation does not hold
+            gate = tpl.add(self.lanes.external, "external", j, _GATE, j)
+            tpl.edge(self.start, gate)
+        task = tpl.add(self.lanes.stream[stream], category, j, _DEVICE_GRAPH if in_graph else _DEVICE, j)
+        tpl.edge(launch, task)
+        if gate >= 0:
+            tpl.edge(gate, task)
+        for producer in producers:  # events between streams; on the same stream FIFO order suffices
+            if tpl.lane[producer] != tpl.lane[task]:
+                tpl.edge(producer, task)
+        if not producers:
+            tpl.edge(self.start, task)
+        return task
+
+    def host_scheduled(self, cpu_ops: np.ndarray) -> int:
+        tpl, workload, hardware, strategy, lanes = self.tpl, self.workload, self.hardware, self.strategy, self.lanes
+        host = hardware.host
+        launch_stage = HOST_STAGES.index("launch")
+        free_stage = HOST_STAGES.index("free")
+        # Frees handed back to the main thread run there one queue length later (seed 000: frees delayed,
+        # peak memory up) instead of on the allocating thread right after the launch.
+        deferred = strategy.free_on_main and lanes.stage_lane[free_stage] != 0
+        pending: list[tuple[int, int]] = []  # (op, its launch task) whose free waits for the main thread
+        launch_of = np.full(workload.n_ops, -1, dtype=np.int64)
+        device_task = np.full(workload.n_ops, -1, dtype=np.int64)  # where each op's result becomes available
+        flags = workload.flags
+        for j in range(workload.n_ops):
+            while deferred and pending and pending[0][0] <= j - strategy.queue_capacity:
+                _deferred_free(tpl, *pending.pop(0))
+            producers = [int(device_task[d]) for d in workload.after[j]]
+            kind = workload.kind[j]
+            if kind == KIND_HOST:  # front-end work only: no kernel, results pass through
+                tpl.add(0, "framework", j, _OWN, j, host=True)
+                device_task[j] = max(producers) if producers else self.start
+                continue
+            if kind == KIND_SYNC:  # host work, then a blocking wait for the ops it names
+                tpl.add(0, "framework", j, _STAGE, j, host=True, stage=HOST_STAGES.index("framework") + 1)
+                sync = tpl.add(0, "sync", j, _OWN, j, host=True)
+                for producer in producers:
+                    tpl.edge(producer, sync)
+                device_task[j] = max(producers) if producers else self.start
+                continue
+            in_graph = bool(flags[j] & FLAG_IN_GRAPH)
+            if flags[j] & FLAG_CARRIED_IN:  # launched before the step: device work only
+                device_task[j] = self.device_task(j, producers, self.start, in_graph)
+                continue
+            leader = int(workload.group[j])
+            if 0 <= leader < j:  # issued by the host call that launched op `leader`
+                device_task[j] = self.device_task(j, producers, int(launch_of[leader]), in_graph)
+                continue
+            if flags[j] & FLAG_VALUE_DEPENDENT and producers:
+                _read_back(tpl, producers, lanes.d2h, j, _FIXED, copy_time_us(VALUE_READ_BYTES, hardware.link), host.sync_us)
+            stages = CPU_OP_STAGES if cpu_ops[j] else HOST_STAGES
+            first_on_lane: dict[int, int] = {}
+            previous = -1
+            for stage in stages:
+                k = HOST_STAGES.index(stage)
+                if deferred and k == free_stage:
+                    pending.append((j, int(launch_of[j])))
+                    continue
+                lane = lanes.stage_lane[k]
+                source = _TILING if stage == "tiling" else _STAGE
+                task = tpl.add(lane, STAGE_CATEGORY[stage], j, source, j, host=True, stage=k + 1)
+                if lane not in first_on_lane:
+                    first_on_lane[lane] = task
+                    if previous >= 0:
+                        tpl.edge(previous, task)
+                        producer_lane = tpl.lane[previous]
+                        items = tpl.queue_items.setdefault((producer_lane, lane), ([], []))
+                        items[0].append(first_on_lane[producer_lane])
+                        items[1].append(task)
+                if k == launch_stage:
+                    launch_of[j] = task
+                    device_task[j] = self.device_task(j, producers, task, in_graph)
+                previous = task
+            if cpu_ops[j]:
+                device_task[j] = _cpu_op(tpl, workload, hardware, lanes, j, producers, previous)
+            if flags[j] & FLAG_COMPUTE_DEPENDENT:
+                _read_back(tpl, [int(device_task[j])], lanes.d2h, j, _FIXED, copy_time_us(SHAPE_READ_BYTES, hardware.link), host.sync_us)
+        for op, launch in pending:
+            _deferred_free(tpl, op, launch)
+        return int(device_task[-1])
+
+    def replay(self) -> int:
+        tpl, workload, strategy = self.tpl, self.workload, self.strategy
+        g = self.hardware.graph
+        if strategy.graph.mode == GraphMode.capture:
+            # In-place argument refresh of every task whose arguments change (attention's KV length); routed
+            # MoE ops run at padded static shapes inside a graph, with no refresh.
+            for j in np.flatnonzero(((workload.flags & FLAG_DYNAMIC) > 0) & ((workload.flags & FLAG_ROUTED) == 0)):
+                tpl.add(0, "graph", int(j), _FIXED, g.param_update_us, host=True)
+            trigger_us = g.replay_launch_us
+        else:
+            tpl.add(0, "graph", -1, _FIXED, g.address_update_us, host=True)
+            trigger_us = g.sink_trigger_us
+        trigger = tpl.add(0, "launch", -1, _FIXED, trigger_us, host=True, stage=HOST_STAGES.index("launch") + 1)
+        device_task = np.full(workload.n_ops, -1, dtype=np.int64)
+        for j in range(workload.n_ops):
+            producers = [int(device_task[d]) for d in workload.after[j]]
+            if workload.kind[j] in (KIND_HOST, KIND_SYNC):  # the graph skips front-end code and host waits
+                device_task[j] = max(producers) if producers else self.start
+                continue
+            launch = self.start if workload.flags[j] & FLAG_CARRIED_IN else trigger
+            device_task[j] = self.device_task(j, producers, launch, True)
+        return int(device_task[-1])
+
+
+def _deferred_free(tpl: StepTemplate, op: int, launch: int) -> None:
+    free = tpl.add(0, "alloc", op, _STAGE, op, host=True, stage=HOST_STAGES.index("free") + 1)
+    tpl.edge(launch, free)
+
+
+def _cpu_op(tpl, workload, hardware, lanes, j, producers, dispatched) -> int:
+    """Input D2H → compute on a host core → result H2D; returns the H2D (where consumers find it)."""
+    fetch = tpl.add(lanes.d2h, "copy", j, _CPU_COPY, j)  # per-step sizes: half the op's traffic each way
+    for producer in producers:
+        tpl.edge(producer, fetch)
+    compute = tpl.add(lanes.cpu, "cpu", j, _CPU_COMPUTE, j, host=True)
+    tpl.edge(fetch, compute)
+    tpl.edge(dispatched, compute)
+    put = tpl.add(lanes.h2d, "copy", j, _CPU_COPY, j)
+    tpl.edge(compute, put)
+    return put
+
+
+def _read_back(tpl, device_tasks: list[int], d2h_lane: int, op: int, source: int, copy_us: float, sync_us: float) -> int:
+    """D2H copy after `device_tasks`, then a blocking sync on the first host lane; returns the copy."""
+    copy = tpl.add(d2h_lane, "copy", op, source, copy_us)
+    for task in device_tasks:
+        tpl.edge(task, copy)
+    sync = tpl.add(0, "sync", op, _FIXED, sync_us, host=True)
+    tpl.edge(copy, sync)
+    return copy
+
+
+@njit(cache=True)
+def _fill_records(
+    out, steps, lane, category, op, stage, source, value, host_slot,
+    device_us, device_cores, graph_dispatch_us, tiling_us, stage_us, not_before_us, engine_us, h2d_us, d2h_us, cpu_flops_per_us, flops,
+    cpu_copy_latency_us, cpu_copy_bytes_per_us, op_bytes, jitter,
+):
+    """Write the records of `steps` (template repeated) into `out`, in one pass.
+
+    One pass matters: records are 48 bytes apart, so a numpy expression per field re-reads them all.
+    `stage_us` (steps or 1, ops, costs) and `not_before_us` (steps or 1, ops) have one row per step, or
+    one row for all steps.
+    """
+    m = lane.shape[0]
+    per_step_costs = stage_us.shape[0] > 1
+    per_step_waits = not_before_us.shape[0] > 1
+    for c in range(steps.shape[0]):
+        s = steps[c]
+        cost_row = s if per_step_costs else 0
+        wait_row = s if per_step_waits else 0
+        for j in range(m):
+            rec = out[c * m + j]
+            rec["lane"] = lane[j]
+            rec["category"] = category[j]
+            rec["op"] = op[j]
+            rec["stage"] = stage[j]
+            rec["step"] = s
+            rec["release_us"] = 0.0
+            src = source[j]
+            pool = NO_POOL
+            units = 0
+            if src == _DEVICE or src == _DEVICE_GRAPH:
+                k = np.int64(value[j])
+                duration = device_us[s, k]
+                if src == _DEVICE_GRAPH:
+                    duration += graph_dispatch_us
+                units = device_cores[s, k]
+                if units > 0:  # collectives and copies hold no AI core
+                    pool = POOL_AI_CORES
+            elif src == _STAGE:
+                duration = stage_us[cost_row, np.int64(value[j]), stage[j] - 1]
+            elif src == _OWN:
+                duration = stage_us[cost_row, np.int64(value[j]), stage_us.shape[2] - 1]
+            elif src == _ENGINE:
+                duration = engine_us[s, np.int64(value[j])]
+            elif src == _GATE:
+                duration = not_before_us[wait_row, np.int64(value[j])]
+                if np.isnan(duration):
+                    duration = 0.0
+            elif src == _TILING:
+                duration = tiling_us[s, np.int64(value[j])]
+            elif src == _H2D_TOKENS:
+                duration = h2d_us[c]
+            elif src == _D2H_TOKENS:
+                duration = d2h_us[c]
+            elif src == _CPU_COMPUTE:
+                duration = flops[s, np.int64(value[j])] / cpu_flops_per_us
+            elif src == _CPU_COPY:
+                duration = cpu_copy_latency_us + op_bytes[s, np.int64(value[j])] / 2 / cpu_copy_bytes_per_us
+            else:
+                duration = value[j]
+            if host_slot[j] >= 0:
+                duration *= jitter[c, host_slot[j]]
+                pool = POOL_HOST
+                units = 1
+            rec["duration_us"] = duration
+            rec["pool"] = pool
+            rec["units"] = units
+
+
+@dataclass
+class _Piece:
+    src: np.ndarray
+    dst: np.ndarray
+    last_on_lane: np.ndarray  # local ids (in the piece) of each lane's last task of the last step
+
+
+class Lowering:
+    """Lowers steps of one run: what all steps share (device times, host costs, step templates) is
+    computed once, so a long run can be lowered chunk by chunk."""
+
+    def __init__(
+        self, workload: Workload, hardware: HardwareConfig, strategy: StrategyConfig, seed: int, plan: StepPlan | None = None,
+        engine: EngineConfig | None = None,
+    ):
+        self.workload, self.hardware, self.strategy, self.seed, self.engine = workload, hardware, strategy, seed, engine
+        self.plan = plan or StepPlan.host_only(workload)
+        self.lanes = lanes_for(strategy, workload, engine)
+        self.engine_us = np.ascontiguousarray(engine_cost_table(workload, engine))
+        device_us, device_cores = device_times(workload, hardware)
+        self.stage_us = host_cost_table(workload, hardware, strategy)
+        tiling = np.broadcast_to(self.stage_us[:, :, HOST_STAGES.index("tiling")], (workload.steps, workload.n_ops))
+        tiling_us = np.where(self.plan.tiling_hit, hardware.host.tiling_lookup_us, tiling)
+        waits = workload.not_before_us
+        self.not_before_us = np.ascontiguousarray(waits if waits is not None else np.full((1, max(1, workload.n_ops)), np.nan), dtype=np.float64)
+        # (steps, ops) tables as the jitted fill reads them: C order, fixed dtypes (converted once).
+        self.device_us = np.ascontiguousarray(device_us, dtype=np.float64)
+        self.device_cores = np.ascontiguousarray(device_cores, dtype=np.int32)
+        self.tiling_us = np.ascontiguousarray(tiling_us, dtype=np.float64)
+        self.flops = np.ascontiguousarray(workload.flops, dtype=np.float64)
+        self.bytes = np.ascontiguousarray(workload.bytes, dtype=np.float64)
+        self.templates: dict[int, StepTemplate] = {}
+
+    def _tile(
+        self,
+        out: np.ndarray,
+        tpl: StepTemplate,
+        steps: np.ndarray,
+        step_release_us: np.ndarray | None,
+    ) -> _Piece:
+        """The template repeated over consecutive `steps` (records written into `out`), with each step's
+        durations and AI cores; returns the piece's edges in local ids."""
+        count = steps.size
+        m = len(tpl.lane)
+        offsets = (np.arange(count, dtype=np.int64) * m)[:, None]
+        is_host = np.array(tpl.host, dtype=bool)
+        host_slot = np.where(is_host, np.cumsum(is_host) - 1, -1).astype(np.int64)
+        workload, hardware, link = self.workload, self.hardware, self.hardware.link
+        _fill_records(
+            out,
+            steps.astype(np.int64),
+            np.array(tpl.lane, dtype=np.int32),
+            np.array(tpl.category, dtype=np.int8),
+            np.array(tpl.op, dtype=np.int32),
+            np.array(tpl.stage, dtype=np.int8),
+            np.array(tpl.source, dtype=np.int8),
+            np.array(tpl.value, dtype=np.float64),
+            host_slot,
+            self.device_us,
+            self.device_cores,
+            float(hardware.graph.task_dispatch_us),
+            self.tiling_us,
+            self.stage_us,
+            self.not_before_us,
+            self.engine_us,
+            np.array([copy_time_us(t * 2 * TOKEN_ID_BYTES, link) for t in workload.tokens[steps]], dtype=np.float64),
+            np.array([copy_time_us(t * TOKEN_ID_BYTES, link) for t in workload.tokens_out[steps]], dtype=np.float64),
+            hardware.host.cpu_gflops * 1e3,
+            self.flops,
+            float(link.pcie_latency_us),
+            link.pcie_gbps * 1e3,
+            self.bytes,
+            _jitter(self.seed, steps, hardware.host.jitter_cv, int(is_host.sum())),
+        )
+        if step_release_us is not None:
+            out["release_us"][offsets[:, 0]] = step_release_us[steps]
+
+        src = [(np.array(tpl.src, dtype=np.int64)[None, :] + offsets).ravel()]
+        dst = [(np.array(tpl.dst, dtype=np.int64)[None, :] + offsets).ravel()]
+        lanes = np.array(tpl.lane)
+        last_on_lane = np.array([np.flatnonzero(lanes == lane).max() for lane in np.unique(lanes)], dtype=np.int64)
+        not_first_lane = last_on_lane[lanes[last_on_lane] != lanes[0]]
+        src.append((not_first_lane[None, :] + offsets[:-1]).ravel())  # barrier between the piece's steps
+        dst.append(np.repeat(offsets[1:, 0], not_first_lane.size))
+        capacity = self.strategy.queue_capacity
+        for producers, consumers in tpl.queue_items.values():
+            producer_ids = (np.array(producers, dtype=np.int64)[None, :] + offsets).ravel()
+            consumer_ids = (np.array(consumers, dtype=np.int64)[None, :] + offsets).ravel()
+            if producer_ids.size > capacity:
+                src.append(consumer_ids[:-capacity])
+                dst.append(producer_ids[capacity:])
+        return _Piece(np.concatenate(src), np.concatenate(dst), last_on_lane + (count - 1) * m)
+
+    def graph(self, steps: np.ndarray, step_release_us: np.ndarray | None = None) -> TaskGraph:
+        """The task graph of consecutive `steps` (global step numbers)."""
+        workload, hardware, strategy, plan = self.workload, self.hardware, self.strategy, self.plan
+        mode = plan.mode[steps]
+        breaks = np.flatnonzero(np.diff(mode)) + 1
+        runs = np.split(np.arange(steps.size), breaks)
+        for run in runs:
+            m = int(mode[run[0]])
+            if m not in self.templates:
+                self.templates[m] = build_template(workload, hardware, strategy, m, plan.cpu_ops, self.engine)
+        sizes = [run.size * len(self.templates[int(mode[run[0]])].lane) for run in runs]
+        all_tasks = np.empty(sum(sizes), dtype=TASK_DTYPE)
+        # Tile each run of equal-mode steps in place; a barrier joins each piece's last step to the
+        # next piece's first.
+        offset = 0
+        src, dst = [], []
+        previous_last: np.ndarray | None = None
+        for run, size in zip(runs, sizes):
+            m = int(mode[run[0]])
+            piece = self._tile(all_tasks[offset : offset + size], self.templates[m], steps[run], step_release_us)
+            src.append(piece.src + offset)
+            dst.append(piece.dst + offset)
+            if previous_last is not None:
+                src.append(previous_last)
+                dst.append(np.full(previous_last.size, offset, dtype=np.int64))
+            previous_last = piece.last_on_lane + offset
+            offset += size
+        dep_ptr, dep_idx = csr_from_edges(offset, np.concatenate(src), np.concatenate(dst))
+        return TaskGraph(
+            tasks=all_tasks,
+            dep_ptr=dep_ptr,
+            dep_idx=dep_idx,
+            lane_names=self.lanes.names,
+            lane_kinds=self.lanes.kinds,
+            pool_names=["host_cores", "ai_cores"],
+            pool_capacity=np.array([hardware.host.threads, hardware.device.ai_cores], dtype=np.int64),
+            op_names=list(workload.op_names),
+        )
+
+
+def lower(
+    workload: Workload,
+    hardware: HardwareConfig,
+    strategy: StrategyConfig,
+    seed: int,
+    plan: StepPlan | None = None,
+    step_release_us: np.ndarray | None = None,
+    only_steps: np.ndarray | None = None,
+    engine: EngineConfig | None = None,
+) -> TaskGraph:
+    """The task graph of the run (or of `only_steps`), step modes and policies from `plan`.
+
+    Host jitter of step s is drawn from a generator seeded with (seed, JITTER_STREAM, s), so simulating
+    steps one at a time or all at once gives the same numbers.
+    """
+    steps = np.arange(workload.steps) if only_steps is None else np.asarray(only_steps, dtype=np.int64)
+    return Lowering(workload, hardware, strategy, seed, plan, engine).graph(steps, step_release_us)
+
+
+def _jitter(seed: int, steps: np.ndarray, cv: float, count: int) -> np.ndarray:
+    """Lognormal multipliers with mean 1 and coefficient of variation cv, one generator per step."""
+    if cv == 0:
+        return np.ones((steps.size, count))
+    sigma2 = np.log1p(cv * cv)
+    return np.stack(
+        [np.random.default_rng([seed, JITTER_STREAM, int(s)]).lognormal(mean=-sigma2 / 2, sigma=np.sqrt(sigma2), size=count) for s in steps]
+    ).reshape(steps.size, count)

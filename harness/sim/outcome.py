@@ -1,0 +1,50 @@
+"""What a simulated run gives back: the summary, the steps table, the simulated tasks and the workload.
+
+A module of its own so that the views of a run (terminal, files, timeline, MLflow) depend on the result,
+not on the code that produced it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+import pandas as pd
+
+from harness.sim.kernel import SimulationResult
+from harness.base.errors import TrackingError
+from harness.model.ops import Workload
+
+
+# Summary keys measured on the wall clock (how long this process took, compilation included): the
+# only ones that differ between runs of the same config and seed.
+WALL_CLOCK_KEYS = frozenset({"sim_wall_s", "compile_s"})
+
+
+# Summary keys that say what ran (the config's sizes, seed and overrides) rather than what was measured:
+# MLflow has them as params, not metrics.
+WHAT_RAN_KEYS = (
+    "batch_size", "context_len", "phase", "quant", "kernels", "tp", "dp", "ep", "steps", "warmup_steps", "serving", "seed", "overrides",
+    "config_hash",
+)
+# The param (flattened config key) each of them is in MLflow; `overrides` is a tag there, `config_hash` not kept.
+WHAT_RAN_PARAMS = {
+    **{key: f"workload.{key}" for key in ("batch_size", "context_len", "phase", "quant", "kernels", "tp", "dp", "ep", "steps", "warmup_steps")},
+    "serving": "workload.serving.enabled",
+    "seed": "seed",
+}
+
+
+def without_wall_clock(summary: dict) -> dict:
+    """The summary's simulated figures: identical for the same config and seed."""
+    return {k: v for k, v in summary.items() if k not in WALL_CLOCK_KEYS}
+
+
+@dataclass
+class RunResult:
+    summary: dict
+    steps: pd.DataFrame
+    result: Optional[SimulationResult]  # None when reused from a finished run (resume=true)
+    workload: Optional[Workload]
+    tracking_error: Optional[TrackingError] = None  # why MLflow did not take the run (its files are complete)
+    resumed_from: Optional[Path] = None  # a finished run of the same configuration, reused (resume=true)

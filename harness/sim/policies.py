@@ -1,0 +1,341 @@
+"""Strategy policies decided before the event loop, in program order: buckets, graph modes, caches, fusion.
+
+None of these decisions depends on simulated time, so they are taken in a pass over the steps and
+ops before lowering (the serving loop calls it again for each prefix of steps, which is causal):
+
+* **Shape bucketing** (decode, `strategy.shape_buckets`): KV lengths padded up to a multiple of
+  `strategy.kv_block`, per-expert token counts up to a power of two and the batch up to the smallest
+  bucket (`strategy.graph.buckets`) that holds it, so dynamic ops keep their shapes for many steps.
+  Graph modes pad the batch to its bucket in any case. Padded work
+  is real device work; `padding_waste` is the share of device time spent on padding.
+* **Graph modes** (decode by default, `strategy.graph.phases`): each step runs EAGER (host
+  scheduling), BUILD (host scheduling plus the one-time capture or sink load of its graph) or REPLAY.
+  Capture keys a graph by its batch bucket (dynamic arguments such as the KV length are refreshed in
+  place); a batch above the largest bucket runs eagerly; the bucket list is trimmed evenly to the
+  graphs the platform's stream resources allow (`hardware.graph.max_graphs` / (layers + 1)). Sink keys a
+  graph by all its shapes: it refuses dynamic ops unless shape bucketing makes them static, and
+  falls back to host scheduling or stops (`strategy.graph.dynamic_fallback`), saying which ops are
+  dynamic. Graphs are built in program order while the budget lasts (a step whose new graph would
+  exceed it runs eagerly), so the plan of a step never depends on later steps. A compute-dependent op
+  cannot be in a graph at all.
+* **Tiling cache**: an LRU cache of `tiling_cache_entries` keyed by node and run-time shapes (the
+  node's shape key: op, shapes, dtype), looked up in program order on host-scheduled steps; a hit
+  replaces Tiling by a lookup.
+* **Fusion**: runs of consecutive fusible vector ops (plain data chain, no syncs) become one kernel.
+* **Heterogeneous**: ops of the types in `strategy.heterogeneous` run on host CPU cores.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from harness.config.schema import Fallback, GraphMode, OpKind, RunConfig
+from harness.sim.kernel import lru_hits
+from harness.model.device import device_times
+from harness.base.errors import ConfigError
+from harness.model.ops import (
+    FLAG_CARRIED_IN,
+    FLAG_COMPUTE_DEPENDENT,
+    FLAG_CPU_ELIGIBLE,
+    FLAG_DYNAMIC,
+    FLAG_IN_GRAPH,
+    FLAG_VALUE_DEPENDENT,
+    HOST_COSTS,
+    HOST_ONLY_KINDS,
+    KIND_CODE,
+    KIND_COPY,
+    KIND_SYNC,
+    STREAM_COMPUTE,
+    Workload,
+    mix_keys,
+)
+from harness.model.workload import build_workload
+
+EAGER, BUILD, REPLAY = 0, 1, 2
+MIB = 2**20
+MODE_NAMES = {EAGER: "eager", BUILD: "build", REPLAY: "replay"}
+VECTOR = KIND_CODE[OpKind.vector]
+
+
+@dataclass
+class StepPlan:
+    mode: np.ndarray  # int8 per step: EAGER / BUILD / REPLAY
+    tiling_hit: np.ndarray  # bool (steps, ops)
+    cpu_ops: np.ndarray  # bool per op
+    info: dict = field(default_factory=dict)  # summary keys the policies report
+
+    @staticmethod
+    def host_only(workload: Workload) -> "StepPlan":
+        return StepPlan(
+            mode=np.zeros(workload.steps, dtype=np.int8),
+            tiling_hit=np.zeros((workload.steps, workload.n_ops), dtype=bool),
+            cpu_ops=np.zeros(workload.n_ops, dtype=bool),
+        )
+
+
+def pad_up(values: np.ndarray, block: int) -> np.ndarray:
+    return np.ceil(values / block) * block if block > 0 else values
+
+
+def trim_buckets(buckets: list[int], max_graphs: int) -> list[int]:
+    """At most `max_graphs` buckets, evenly spread over the sorted list (the smallest and the largest
+    kept when two or more fit; the largest alone otherwise)."""
+    sizes = sorted(set(buckets))
+    if len(sizes) <= max_graphs:
+        return sizes
+    if max_graphs <= 1:
+        return [sizes[-1]]
+    picks = np.unique(np.rint(np.linspace(0, len(sizes) - 1, max_graphs)).astype(int))
+    return [sizes[i] for i in picks]
+
+
+def bucket_batch(batch: np.ndarray, buckets: list[int]) -> tuple[np.ndarray, np.ndarray]:
+    """(batch padded to the smallest bucket holding it, whether one does); too large stays as is."""
+    slot = np.searchsorted(buckets, batch)
+    fits = slot < len(buckets)
+    return np.where(fits, np.array(buckets)[np.minimum(slot, len(buckets) - 1)], batch), fits
+
+
+def layer_count(workload: Workload) -> int:
+    layers = {name.split(".")[1] for name in workload.op_names if name.startswith("layers.")}
+    return max(1, len(layers))
+
+
+def prepare(run: RunConfig, batch: np.ndarray, kv_len: np.ndarray | None) -> tuple[Workload, StepPlan]:
+    """The workload as the strategy runs it (padded, fused) and the plan of every step."""
+    cfg, strategy, hardware = run.workload, run.strategy, run.hardware
+    dpn = hardware.link.devices_per_node
+    layer_us = run.engine.layer_overhead_us
+    real = build_workload(cfg, dpn, batch=batch, kv_len=kv_len, engine_layer_us=layer_us)
+    buckets_on = strategy.shape_buckets and cfg.phase.value == "decode"
+    kv_padded = pad_up(real.kv_len, strategy.kv_block) if buckets_on else real.kv_len
+    steps = real.steps
+    mode = np.zeros(steps, dtype=np.int8)
+    graph = strategy.graph
+    # Host scheduling with shape buckets pads the batch too (seed 001: dynamic batch → fixed buckets).
+    host_padded = bucket_batch(real.batch, sorted(set(graph.buckets)))[0] if buckets_on else real.batch.copy()
+    padded = host_padded
+    info: dict = {}
+    graph_on = graph.mode != GraphMode.none and cfg.phase in graph.phases
+    max_graphs = max(1, hardware.graph.max_graphs // (layer_count(real) + 1))
+    fallback = ""
+    if graph_on and np.any(real.flags & FLAG_COMPUTE_DEPENDENT):
+        names = [real.op_names[j] for j in np.flatnonzero(real.flags & FLAG_COMPUTE_DEPENDENT)[:3]]
+        fallback = f"compute-dependent ops cannot be in a graph ({', '.join(names)})"
+    elif graph_on:
+        buckets = trim_buckets(list(graph.buckets), max_graphs)
+        info["graph_buckets"] = len(buckets)
+        padded, fits = bucket_batch(real.batch, buckets)
+        if graph.mode == GraphMode.capture:
+            keys = np.where(fits, padded, -1)
+        else:
+            dynamic = (real.flags & FLAG_DYNAMIC) > 0
+            if np.any(dynamic) and not buckets_on:
+                names = [real.op_names[j] for j in np.flatnonzero(dynamic)[:3]]
+                fallback = (
+                    f"dynamic shapes ({', '.join(names)}, ...) change every step: a sunk graph needs static shapes;"
+                    " bucket them (strategy.shape_buckets=true) or use capture"
+                )
+            probe = build_workload(cfg, dpn, batch=padded, kv_len=kv_padded, moe_pad=buckets_on, engine_layer_us=layer_us)
+            keys = np.where(fits, _row_keys(probe.shape_key), -1)
+        startup = cfg.serving.enabled and graph.mode == GraphMode.capture
+        if startup and not fallback:
+            # A serving engine captures its graphs at start-up, before the first request (vLLM: every
+            # capture size up to max_num_seqs): the request stream only replays them.
+            sizes = [b for b in buckets if b <= cfg.serving.max_batch] or buckets[:1]
+            startup_graphs = sizes[:max_graphs]
+            mode[np.isin(keys, startup_graphs)] = REPLAY
+            info["graph_captures"] = len(startup_graphs)
+            info["capture_ms"] = len(startup_graphs) * (hardware.graph.capture_ms + 0.0)
+            info["graph_note"] = f"{len(startup_graphs)} graphs captured at start-up, before the first request (not in the request times)"
+        elif not fallback:
+            # In program order: a new shape set builds a graph while the budget lasts, else runs eagerly.
+            seen: set[int] = set()
+            for s in range(steps):
+                if keys[s] == -1:
+                    continue
+                if keys[s] in seen:
+                    mode[s] = REPLAY
+                elif len(seen) < max_graphs:
+                    mode[s] = BUILD
+                    seen.add(int(keys[s]))
+    if fallback:
+        if graph.dynamic_fallback == Fallback.error:
+            raise ConfigError(f"strategy.graph.mode={graph.mode.value}: {fallback}")
+        info["graph_note"] = f"{graph.mode.value} falls back to host scheduling: {fallback}"
+        padded = host_padded
+    if graph_on:
+        info.setdefault("graph_captures", int(np.count_nonzero(mode == BUILD)))
+        syncs = int(np.count_nonzero(real.kind == KIND_SYNC))
+        if syncs and np.any(mode == REPLAY):
+            # An imported profile's blocking syncs cannot sit inside a captured graph: a replay drops
+            # them, which assumes the step can be restructured to do without them.
+            info["graph_syncs_dropped"] = syncs
+            info.setdefault("graph_note", f"{syncs} blocking sync(s) per step dropped inside the graph (assumed removable)")
+
+    # Inside graphs, routed (MoE) ops run at static shapes: token counts padded like the buckets do.
+    in_graphs = bool(np.any(mode != EAGER))
+    workload = build_workload(cfg, dpn, batch=padded, kv_len=kv_padded, moe_pad=buckets_on or in_graphs, engine_layer_us=layer_us)
+    workload.real_batch = real.batch
+    workload.memory.graphs_gb = info.get("graph_captures", 0) * hardware.graph.graph_mem_mib * MIB / 1e9
+    workload.real_kv_len = real.kv_len
+    if graph_on or buckets_on:
+        info["padding_waste"] = _padding_waste(workload, real, run)
+    cpu_ops = _cpu_ops(workload, strategy.heterogeneous)
+    if strategy.fusion:
+        workload, cpu_ops = fuse(workload, strategy.fusion_max_ops, cpu_ops)
+    tiling_hit = np.zeros((steps, workload.n_ops), dtype=bool)
+    if strategy.tiling_cache:
+        host_steps = np.flatnonzero(mode != REPLAY)
+        # Ops that run a Tiling stage: kernels with host scheduling of their own (not CPU ops, copies,
+        # host-only ops, work carried in from before the step, or followers of a launch group).
+        leads = (workload.group < 0) | (workload.group == np.arange(workload.n_ops))
+        looked_up = ~cpu_ops & ~np.isin(workload.kind, (*HOST_ONLY_KINDS, KIND_COPY)) & ((workload.flags & FLAG_CARRIED_IN) == 0) & leads
+        # Each node caches its own results: the key is the node and its run-time shapes.
+        node_keys = mix_keys(workload.shape_key, np.arange(workload.n_ops, dtype=np.int64)[None, :])
+        keys = node_keys[np.ix_(host_steps, np.flatnonzero(looked_up))]
+        hits = lru_hits(keys.ravel(), strategy.tiling_cache_entries).reshape(keys.shape)
+        tiling_hit[np.ix_(host_steps, np.flatnonzero(looked_up))] = hits
+        info["tiling_cache_hit_rate"] = float(hits.mean()) if hits.size else 0.0
+    return workload, StepPlan(mode=mode, tiling_hit=tiling_hit, cpu_ops=cpu_ops, info=info)
+
+
+def _row_keys(shape_key: np.ndarray) -> np.ndarray:
+    """One int64 per step that changes when any op's shape key does."""
+    key = np.zeros(shape_key.shape[0], dtype=np.int64)
+    for column in shape_key.T:
+        key = mix_keys(key, column)
+    return key
+
+
+def _padding_waste(padded: Workload, real: Workload, run: RunConfig) -> float:
+    """Share of device time spent on padding (batch to bucket, KV to block) over the whole run."""
+    padded_us = device_times(padded, run.hardware)[0].sum()
+    real_us = device_times(real, run.hardware)[0].sum()
+    return float(max(0.0, padded_us - real_us) / padded_us) if padded_us > 0 else 0.0
+
+
+FLAGGED = "flagged"  # strategy.heterogeneous entry selecting the ops flagged cpu_eligible
+
+
+def _cpu_ops(workload: Workload, op_types: list[str]) -> np.ndarray:
+    """Ops run on the CPU: those of the listed types, plus the ops flagged cpu_eligible with `flagged`."""
+    types = np.array([name.rsplit(".", 1)[-1] for name in workload.op_names])
+    unknown = sorted(set(op_types) - set(types.tolist()) - {FLAGGED})
+    if unknown:
+        raise ConfigError(
+            f"strategy.heterogeneous={list(op_types)}: no op of type {', '.join(unknown)} in this workload"
+            f" (types: {', '.join(sorted(set(types.tolist())))}, or '{FLAGGED}' for ops flagged cpu_eligible)"
+        )
+    chosen = np.isin(types, list(op_types))
+    if FLAGGED in op_types:
+        chosen |= (workload.flags & FLAG_CPU_ELIGIBLE) > 0
+    misplaced = chosen & (
+        np.isin(workload.kind, (KIND_CODE[OpKind.comm], KIND_COPY, *HOST_ONLY_KINDS))
+        | ((workload.flags & (FLAG_CARRIED_IN | FLAG_IN_GRAPH)) > 0)
+        | (workload.group >= 0)
+    )
+    if misplaced.any():
+        raise ConfigError(
+            f"strategy.heterogeneous={list(op_types)}: {workload.op_names[int(np.argmax(misplaced))]} is a collective, a copy,"
+            " a host-only op or part of a graph or launch group, and cannot run as a CPU kernel"
+        )
+    return chosen
+
+
+def fuse(workload: Workload, max_ops: int, cpu_ops: np.ndarray) -> tuple[Workload, np.ndarray]:
+    """Merge runs of consecutive fusible vector ops into single kernels (seed 004 task fusion)."""
+    n = workload.n_ops
+    referenced_later = np.zeros(n, dtype=bool)  # read by an op other than the next one
+    for j, deps in enumerate(workload.after):
+        for d in deps:
+            if d != j - 1:
+                referenced_later[d] = True
+    fusible = (
+        (workload.kind == VECTOR)
+        & (workload.stream == STREAM_COMPUTE)
+        & ((workload.flags & (FLAG_VALUE_DEPENDENT | FLAG_COMPUTE_DEPENDENT | FLAG_CARRIED_IN | FLAG_IN_GRAPH)) == 0)
+        & (workload.group < 0)
+        & ~cpu_ops
+    )
+    if workload.not_before_us is not None:  # an op waiting for unseen work keeps its own kernel
+        fusible &= ~np.any(~np.isnan(workload.not_before_us), axis=0)
+    group_of = np.empty(n, dtype=np.int64)
+    groups: list[list[int]] = []
+    for j in range(n):
+        joins = (
+            groups
+            and fusible[j]
+            and fusible[groups[-1][-1]]
+            and workload.after[j] == [j - 1]
+            and not referenced_later[j - 1]
+            and len(groups[-1]) < max_ops
+        )
+        if joins:
+            groups[-1].append(j)
+        else:
+            groups.append([j])
+        group_of[j] = len(groups) - 1
+    if len(groups) == n:
+        return workload, cpu_ops
+    starts = np.array([g[0] for g in groups])
+    firsts = starts
+
+    def summed(matrix: np.ndarray) -> np.ndarray:
+        return np.add.reduceat(matrix, starts, axis=1)
+
+    fixed_given = ~np.isnan(workload.device_us)
+    all_given = np.logical_and.reduceat(fixed_given, starts, axis=1)
+    device_us = np.where(all_given, summed(np.nan_to_num(workload.device_us)), np.nan)
+    shape_key = workload.shape_key[:, starts].copy()
+    for g, members in enumerate(groups):
+        for j in members[1:]:
+            shape_key[:, g] = mix_keys(shape_key[:, g], workload.shape_key[:, j])
+    names = [
+        workload.op_names[g[0]] if len(g) == 1 else f"{workload.op_names[g[0]]}+{'+'.join(workload.op_names[j].rsplit('.', 1)[-1] for j in g[1:])}"
+        for g in groups
+    ]
+    fused = Workload(
+        name=workload.name,
+        phase=workload.phase,
+        op_names=names,
+        kind=workload.kind[firsts],
+        stream=workload.stream[firsts],
+        flags=np.bitwise_or.reduceat(workload.flags, starts),
+        after=[sorted({int(group_of[d]) for d in workload.after[g[0]]}) for g in groups],
+        comm=workload.comm[firsts],
+        comm_ranks=workload.comm_ranks[firsts],
+        flops=summed(workload.flops),
+        bytes=summed(workload.bytes),
+        device_us=device_us,
+        shape_key=shape_key,
+        batch=workload.batch,
+        kv_len=workload.kv_len,
+        tokens=workload.tokens,
+        warmup_steps=workload.warmup_steps,
+        memory=workload.memory,
+        n_kernels=np.add.reduceat(workload.n_kernels, starts),
+        host_us=np.add.reduceat(workload.host_us, starts),
+        weight_bytes=np.add.reduceat(workload.weight_bytes, starts),
+        real_batch=workload.real_batch,
+        real_kv_len=workload.real_kv_len,
+        host_cost_us=_fused_costs(workload.host_cost_us, starts),
+        group=workload.group[firsts],  # fusible ops belong to no group: unchanged
+        not_before_us=workload.not_before_us[:, starts] if workload.not_before_us is not None else None,
+        step_io=workload.step_io,
+    )
+    return fused, cpu_ops[firsts]
+
+
+LAUNCH_COST = HOST_COSTS.index("launch")
+
+
+def _fused_costs(costs: np.ndarray | None, starts: np.ndarray) -> np.ndarray | None:
+    """Measured host costs of fused ops: every member's framework work still runs (summed; NaN, the
+    preset's price, stays NaN), but there is one launch call: the dearest member's."""
+    if costs is None:
+        return None
+    summed = np.add.reduceat(costs, starts, axis=1)
+    summed[:, :, LAUNCH_COST] = np.fmax.reduceat(costs[:, :, LAUNCH_COST], starts, axis=1)
+    return summed

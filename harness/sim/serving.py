@@ -1,0 +1,161 @@
+"""Serving batches: a seeded request stream under continuous batching decides each step's batch.
+
+Which requests are in step s depends on simulated time (what has arrived by the end of step s − 1),
+so the batches cannot be fixed before the simulation. Steps are separated by a barrier in the task
+graph (harness/sim/lowering.py), so a step's duration depends only on its own batch (and on the causal
+policy state: graphs captured, cache contents, planned for the prefix of steps); the loop below
+simulates one step at a time with the engine, admits and retires requests, and returns the batch,
+mean KV length and release time of every step. The whole run is then simulated once more as one
+graph, which reproduces these step times exactly (tests check it) and gives the usual metrics.
+
+Requests arrive already prefilled (a separate prefill phase or instance): a request's KV length
+starts at its prompt length and grows by one per generated token.
+"""
+from __future__ import annotations
+
+import logging
+from collections import deque
+from dataclasses import dataclass
+
+import numpy as np
+
+from harness.config.schema import RunConfig, ServingConfig
+from harness.sim.kernel import simulate
+from harness.model.device import US_PER_S
+from harness.sim.lowering import lower
+from harness.sim.policies import prepare
+
+SERVING_STREAM = 1  # generator stream of the request draws: (seed, 1); host jitter uses (seed, 0, step)
+MIN_REQUESTS_FOR_PERCENTILES = 20  # fewer completed requests: the summary says its latency figures are thin
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Requests:
+    arrival_us: np.ndarray
+    prompt_len: np.ndarray
+    output_len: np.ndarray
+
+
+@dataclass
+class ServingPlan:
+    batch: np.ndarray  # sequences per step
+    kv_len: np.ndarray  # mean KV length per step
+    release_us: np.ndarray  # earliest start of each step (an idle server waits for the next arrival)
+    step_us: np.ndarray  # duration of each step as simulated alone
+    requests: Requests
+    admitted_us: np.ndarray  # when each request joined a batch (NaN: never)
+    finished_us: np.ndarray  # when it produced its last token (NaN: not within the run)
+    first_token_us: np.ndarray  # when it produced its first token (NaN: never)
+    itl_us: np.ndarray  # every gap between two consecutive tokens of a request (inter-token latency)
+
+
+def draw_requests(serving: ServingConfig, seed: int, count: int) -> Requests:
+    rng = np.random.default_rng([seed, SERVING_STREAM])
+    gaps_us = rng.exponential(US_PER_S / serving.arrival_rate_rps, size=count)
+    arrival = np.cumsum(gaps_us)
+    arrival[: serving.initial_requests] = 0.0
+
+    def lengths(mean: float) -> np.ndarray:
+        if serving.len_cv == 0:
+            return np.full(count, max(1, round(mean)), dtype=np.int64)
+        sigma2 = np.log1p(serving.len_cv**2)
+        drawn = rng.lognormal(np.log(mean) - sigma2 / 2, np.sqrt(sigma2), size=count)
+        return np.maximum(1, np.rint(drawn)).astype(np.int64)
+
+    return Requests(arrival, lengths(serving.prompt_len_mean), lengths(serving.output_len_mean))
+
+
+def plan_serving(run: RunConfig, progress=None) -> ServingPlan:
+    serving, steps = run.workload.serving, run.workload.steps
+    # Enough requests that the stream never runs dry within the run: every step can admit max_batch.
+    requests = draw_requests(serving, run.seed, serving.initial_requests + steps * serving.max_batch + 1)
+
+    batch = np.zeros(steps, dtype=np.int64)
+    kv_len = np.zeros(steps)
+    release = np.zeros(steps)
+    step_us = np.zeros(steps)
+    admitted = np.full(requests.arrival_us.size, np.nan)
+    finished = np.full(requests.arrival_us.size, np.nan)
+    first_token = np.full(requests.arrival_us.size, np.nan)
+    last_token = np.full(requests.arrival_us.size, np.nan)
+    gaps: list[np.ndarray] = []
+    generated = np.zeros(requests.arrival_us.size, dtype=np.int64)
+    running: list[int] = []
+    waiting: deque[int] = deque()
+    next_arrival = 0
+    now = 0.0
+    for s in range(steps):
+        if not running and not waiting and next_arrival < requests.arrival_us.size:
+            now = max(now, float(requests.arrival_us[next_arrival]))  # idle until the next request
+        while next_arrival < requests.arrival_us.size and requests.arrival_us[next_arrival] <= now:
+            waiting.append(next_arrival)
+            next_arrival += 1
+        while waiting and len(running) < serving.max_batch:
+            r = waiting.popleft()
+            admitted[r] = now
+            running.append(r)
+        ids = np.array(running, dtype=np.int64)
+        batch[s] = ids.size
+        kv_len[s] = float(np.mean(requests.prompt_len[ids] + generated[ids] + 1))
+        release[s] = now
+        # Policies are causal (graph captures, cache contents depend on the steps so far): plan the prefix.
+        workload, plan = prepare(run, batch[: s + 1], kv_len[: s + 1])
+        one = simulate(lower(workload, run.hardware, run.strategy, run.seed, plan, only_steps=np.array([s]), engine=run.engine))
+        step_us[s] = one.makespan_us
+        now += step_us[s]
+        if progress is not None:
+            progress.update(f"serving step {s + 1}/{steps}, batch {batch[s]}")
+        generated[ids] += 1
+        seen = ~np.isnan(last_token[ids])
+        gaps.append(now - last_token[ids[seen]])
+        first_token[ids[~seen]] = now
+        last_token[ids] = now
+        done = generated[ids] >= requests.output_len[ids]
+        finished[ids[done]] = now
+        running = [int(r) for r in ids[~done]]
+    itl = np.concatenate(gaps) if gaps else np.zeros(0)
+    return ServingPlan(batch, kv_len, release, step_us, requests, admitted, finished, first_token, itl)
+
+
+def serving_summary(plan: ServingPlan) -> dict:
+    """Request-level numbers of a serving run (ms): the harness's own (latency from arrival to last token,
+    queueing, TPOT) and vLLM's benchmark_serving names (`mean_ttft_ms`, `median_tpot_ms`, `p99_itl_ms`,
+    `mean_e2el_ms`, ...). Requests arrive already prefilled, so TTFT here is the wait for the first
+    decode step's token, without prefill (`ttft_note`)."""
+    done = ~np.isnan(plan.finished_us)
+    req = plan.requests
+    latency_ms = (plan.finished_us[done] - req.arrival_us[done]) / 1e3
+    queue_ms = (plan.admitted_us[done] - req.arrival_us[done]) / 1e3
+    tpot_ms = (plan.finished_us[done] - plan.admitted_us[done]) / req.output_len[done] / 1e3
+    out = {"requests_completed": int(done.sum()), "batch_mean": float(plan.batch.mean()), "batch_max": int(plan.batch.max())}
+    if done.any():
+        out.update(
+            {
+                "request_latency_ms_p50": float(np.percentile(latency_ms, 50)),
+                "request_latency_ms_p99": float(np.percentile(latency_ms, 99)),
+                "queue_ms_mean": float(queue_ms.mean()),
+                "tpot_ms_mean": float(tpot_ms.mean()),
+            }
+        )
+    started = ~np.isnan(plan.first_token_us)
+    # vLLM's definitions (benchmarks/benchmark_serving.py): TPOT excludes the first token; ITL is every gap.
+    series = {"ttft": (plan.first_token_us[started] - req.arrival_us[started]) / 1e3}
+    many = done & (req.output_len > 1)
+    series["tpot"] = (plan.finished_us[many] - plan.first_token_us[many]) / (req.output_len[many] - 1) / 1e3
+    series["itl"] = plan.itl_us / 1e3
+    series["e2el"] = latency_ms
+    for name, values in series.items():
+        if values.size:
+            out[f"mean_{name}_ms"] = float(values.mean())
+            out[f"median_{name}_ms"] = float(np.median(values))
+            out[f"p99_{name}_ms"] = float(np.percentile(values, 99))
+    out["ttft_note"] = "requests arrive prefilled: TTFT is the wait for the first decode token, without prefill"
+    if done.sum() < MIN_REQUESTS_FOR_PERCENTILES:
+        out["serving_note"] = (
+            f"latency figures rest on {int(done.sum())} completed request(s), fewer than {MIN_REQUESTS_FOR_PERCENTILES}:"
+            " raise workload.steps or lower workload.serving.output_len_mean"
+        )
+        log.warning("%s", out["serving_note"])
+    return out

@@ -1,0 +1,221 @@
+"""The task function: a validated RunConfig → simulation → metrics → files → MLflow.
+
+Everything here is callable without Hydra (tests do), given a RunConfig and a run directory.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from numba.core import event
+
+from harness.config.schema import RunConfig
+from harness.sim.kernel import SimulationResult, simulate
+from harness.sim.lowering import Lowering
+from harness.sim.metrics import StepMeasures, measured_steps, summarize
+from harness.sim.serving import plan_serving, serving_summary
+from harness.sim.policies import prepare
+from harness.base.progress import Progress
+from harness.sim.outcome import RunResult
+from harness.base.errors import ConfigError
+from harness.model.ops import Workload, check_memory
+from harness.model.workload import build_workload
+
+log = logging.getLogger(__name__)
+
+
+# Tasks lowered and simulated at once. Steps end in a barrier, so a long run is simulated in chunks of
+# steps, each starting when the previous one ended, with the same numbers: memory stays bounded.
+CHUNK_TASKS = 2_000_000
+TASKS_PER_OP_GUESS = 8  # sizes the first chunk (host stages + device task); later chunks use the count
+
+
+# What a run costs this process, measured on a 2-core machine: peak RSS (`/usr/bin/time -f %M`) of
+# llama2_7b_prefill and deepseek_v3 runs at 1000 and 40000 steps grows by 55–78 bytes per op and step
+# (the per-step op arrays and their temporaries; the simulation itself works in bounded chunks) above
+# ~0.6–0.8 GB of libraries; end to end a run goes at 5.6–6.6 M tasks/s (benchmarks/bench_scaling.py).
+# The estimate takes the high or low end, whichever refuses sooner.
+BYTES_PER_OP_STEP = 80
+BASE_MEMORY_BYTES = 0.7e9
+TASKS_PER_S = 5e6
+# Lowering builds one step's tasks op by op in Python before replicating them over the steps: ~40 µs an
+# op of a step (a 100,000-op trace step: ~4.5 s; a 1,000,000-op one: ~40 s), nothing for a preset's few
+# hundred ops, most of the time for a trace with huge steps.
+LOWERING_S_PER_OP = 40e-6
+# A chunk holds at least one whole step: a step of more than CHUNK_TASKS tasks costs its tasks' arrays on
+# top (a 1,000,000-op trace step peaked at 2.9 GB where the per-op-step rule says 1.0: ~300 B a task).
+BYTES_PER_CHUNK_TASK = 300
+SLOW_RUN_S = 60.0  # beyond this a run says up front (stderr) how long it will take
+
+
+@dataclass
+class SizeEstimate:
+    op_steps: int
+    memory_bytes: float
+    seconds: float
+
+
+def available_memory_bytes() -> float | None:
+    """Memory the kernel reports available now (Linux /proc/meminfo), else physical memory, else None."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return float(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def estimate_size(run: RunConfig, workload: Workload | None = None) -> SizeEstimate:
+    """Ops per step × steps → memory and time, before anything large is built: from a one-step build
+    of a model card, or from `workload` when given (an op list read from a file: its size is the file's)."""
+    if workload is None:
+        cfg = run.workload
+        workload = build_workload(
+            dataclasses.replace(cfg, steps=1, warmup_steps=0),
+            devices_per_node=run.hardware.link.devices_per_node,
+            engine_layer_us=run.engine.layer_overhead_us,
+        )
+        op_steps = workload.n_ops * cfg.steps
+    else:
+        op_steps = workload.n_ops * workload.steps
+    return SizeEstimate(
+        op_steps=op_steps,
+        memory_bytes=BASE_MEMORY_BYTES + BYTES_PER_OP_STEP * op_steps
+        + BYTES_PER_CHUNK_TASK * max(0, workload.n_ops * TASKS_PER_OP_GUESS - CHUNK_TASKS),
+        seconds=workload.n_ops * LOWERING_S_PER_OP + op_steps * TASKS_PER_OP_GUESS / TASKS_PER_S,
+    )
+
+
+def check_size(run: RunConfig, workload: Workload | None = None) -> SizeEstimate:
+    """Refuse, naming workload.steps (or the op-list file), a run whose arrays cannot fit in this
+    machine's memory. `workload`: an op list already read (see estimate_size)."""
+    estimate = estimate_size(run, workload)
+    available = available_memory_bytes()
+    steps = workload.steps if workload is not None else run.workload.steps
+    ops_per_step = max(1, estimate.op_steps // steps)
+    if available is not None and estimate.memory_bytes > available:
+        one_step_extra = estimate.memory_bytes - BASE_MEMORY_BYTES - BYTES_PER_OP_STEP * estimate.op_steps
+        fitting = max(0, int((available - BASE_MEMORY_BYTES - one_step_extra) / BYTES_PER_OP_STEP / ops_per_step))
+        what = f"workload.steps={steps}" if workload is None else f"workload.path={run.workload.path!r}" if run.workload.path else "workload.ops"
+        raise ConfigError(
+            f"{what}: needs about {estimate.memory_bytes / 1e9:.1f} GB of memory"
+            f" ({ops_per_step} ops/step × {steps} steps), {available / 1e9:.1f} GB available (about {fitting:,} steps fit)"
+        )
+    return estimate
+
+
+def is_op_list(run: RunConfig) -> bool:
+    """An op list from a file or the config (no model card): its size is known only once it is read."""
+    return run.workload.card is None
+
+
+class CompileWatch(event.Listener):
+    """Times Numba's compilations during a run and says when the first starts: the first run on a
+    machine compiles the kernels (seconds), later ones load them from the cache."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self._depth = 0
+        self._began = 0.0
+        self._announced = False
+
+    def on_start(self, event: event.Event) -> None:
+        if self._depth == 0:
+            self._began = time.perf_counter()
+            if not self._announced:
+                self._announced = True
+                log.info("compiling the simulation kernels (first run only: later runs load them from the Numba cache)")
+                Progress("hostbound").update("compiling kernels (first run only)", force=True)
+        self._depth += 1
+
+    def on_end(self, event: event.Event) -> None:
+        self._depth -= 1
+        if self._depth == 0:  # nested compilations (a kernel's callees) count once
+            self.seconds += time.perf_counter() - self._began
+
+
+def _say_if_slow(estimate: SizeEstimate, steps: int) -> None:
+    if estimate.seconds > SLOW_RUN_S:
+        log.warning(
+            "%s ops/step × %d steps: about %.0f s to simulate (%.0f µs an op to lower one step, then %.0f M tasks/s)",
+            f"{estimate.op_steps // steps:,}", steps, estimate.seconds, LOWERING_S_PER_OP * 1e6, TASKS_PER_S / 1e6,
+        )
+
+
+def simulate_run(run: RunConfig, chunk_tasks: int = CHUNK_TASKS) -> RunResult:
+    """Build the workload, lower it under the strategy, run the engine, compute the metrics.
+
+    `result` of the outcome holds the whole run's tasks when it fits in one chunk, otherwise the
+    steps that trace.json and timeline.png show (simulated again from their start). `sim_wall_s` is
+    the whole call; `compile_s` the part of it spent compiling kernels (0 once they are cached).
+    """
+    began = time.perf_counter()
+    watch = CompileWatch()
+    with event.install_listener("numba:compile", watch):
+        outcome = _simulate_run(run, chunk_tasks)
+    outcome.summary["compile_s"] = watch.seconds
+    outcome.summary["sim_wall_s"] = time.perf_counter() - began
+    log.info("simulated %d tasks in %.3f s", outcome.summary["tasks_simulated"], outcome.summary["sim_wall_s"])
+    return outcome
+
+
+def _simulate_run(run: RunConfig, chunk_tasks: int) -> RunResult:
+    if not is_op_list(run):
+        _say_if_slow(check_size(run), run.workload.steps)
+    progress = Progress("hostbound")
+    progress.update("planning serving batches" if run.workload.serving.enabled else "building the workload", force=True)
+    serving = plan_serving(run, progress) if run.workload.serving.enabled else None
+    batch = serving.batch if serving else np.full(run.workload.steps, run.workload.batch_size, dtype=np.int64)
+    workload, plan = prepare(run, batch, serving.kv_len if serving else None)
+    if is_op_list(run):
+        _say_if_slow(check_size(run, workload), workload.steps)
+    check_memory(workload, run.hardware.device.hbm_gb)
+    release_us = serving.release_us if serving else np.zeros(workload.steps)
+
+    lowering = Lowering(workload, run.hardware, run.strategy, run.seed, plan, run.engine)
+
+    def simulate_steps(steps: np.ndarray, start_after_us: float) -> SimulationResult:
+        release = release_us.copy()
+        release[steps[0]] = max(release[steps[0]], start_after_us)
+        return simulate(lowering.graph(steps, release))
+
+    parts: list[StepMeasures] = []
+    chunk_steps = max(1, chunk_tasks // (TASKS_PER_OP_GUESS * workload.n_ops))
+    first = 0
+    while first < workload.steps:
+        steps = np.arange(first, min(first + chunk_steps, workload.steps))
+        progress.update(f"simulating steps {first}–{steps[-1]} of {workload.steps} ({workload.n_ops} ops each)", force=True)
+        result = simulate_steps(steps, parts[-1].end_us[-1] if parts else 0.0)
+        parts.append(StepMeasures.of(result, workload))
+        chunk_steps = max(1, chunk_tasks * steps.size // result.graph.n_tasks)
+        first += steps.size
+    progress.update("computing metrics", force=True)
+    measures = StepMeasures.concat(parts)
+    summary, steps_table = summarize(measures, workload, plan)
+    if len(parts) > 1:  # keep only what the outputs draw: a bounded window of steps
+        shown = int(np.flatnonzero(measured_steps(workload, plan))[0])
+        count = max(run.output.trace_steps, run.output.steps_drawn(), 1)
+        result = simulate_steps(np.arange(shown, min(shown + count, workload.steps)), float(measures.start_us[shown]))
+    progress.done()
+    summary.update(plan.info)
+    if workload.memory.weights_gb > 0:  # cards know their memory; explicit op lists and traces do not
+        m = workload.memory
+        # Resident weights, KV cache and graphs, plus the activations live at the worst moment of the run.
+        summary["peak_mem_gb"] = m.weights_gb + m.kv_cache_gb + m.graphs_gb + summary["peak_activation_gb"]
+    summary["devices"] = run.workload.devices
+    if not workload.step_io:  # an imported profile: its steps' token count is whatever batch_size says
+        summary["throughput_note"] = (
+            f"tokens per step = workload.batch_size ({run.workload.batch_size}): a profile does not record its batch; set it for tok/s"
+        )
+    if serving is not None:
+        summary.update(serving_summary(serving))
+    return RunResult(summary=summary, steps=steps_table, result=result, workload=workload)

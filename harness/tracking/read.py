@@ -1,0 +1,52 @@
+"""Reading runs back from an MLflow store, as the rows `harness.results.comparison` compares."""
+from __future__ import annotations
+
+import os
+
+import pandas as pd
+
+from harness.results.comparison import KEYS
+from harness.sim.outcome import WHAT_RAN_PARAMS
+
+
+def load_mlflow(uri: str, experiment: str = "hostbound", parent: str | None = None) -> pd.DataFrame:
+    """Finished child runs (or all harness runs) of an experiment, with the summary's names."""
+    os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+    import mlflow
+
+    mlflow.set_tracking_uri(uri)
+    found = mlflow.get_experiment_by_name(experiment)
+    if found is None:
+        raise SystemExit(f"hostbound report: error: no experiment {experiment!r} in {uri}")
+    query = f"tags.mlflow.parentRunId = '{parent}'" if parent else ""
+    runs = mlflow.search_runs([found.experiment_id], filter_string=query)
+    if runs.empty:
+        return runs
+    runs = runs[runs.get("tags.kind", pd.Series(index=runs.index, dtype=object)).ne("sweep")]
+    out = pd.DataFrame({k: runs.get(f"tags.{k}") for k in KEYS + ["bound", "overrides", "notes", "run_dir"]})
+    out["notes"] = out["notes"].fillna("")
+    # What ran (batch, steps, seed, ...) is in the params, as text: the same columns a run folder's table has.
+    for key, param in WHAT_RAN_PARAMS.items():
+        if f"params.{param}" in runs.columns:
+            out[key] = runs[f"params.{param}"].map(_param_value)
+    for column in runs.columns:
+        if column.startswith("metrics."):
+            out[column.removeprefix("metrics.")] = runs[column]
+    out["run_id"] = runs["run_id"]
+    return out.reset_index(drop=True)
+
+
+def _param_value(text: object) -> object:
+    """An MLflow param (text) back as the number or boolean the config held."""
+    if not isinstance(text, str):
+        return text
+    if text in ("True", "False"):
+        return text == "True"
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
+
+

@@ -1,0 +1,429 @@
+"""MLflow tracking: one MLflow run per harness run, as an index over the run directory's files.
+
+Default store: an sqlite database outputs/mlflow.db under the launch directory, artifacts in
+outputs/mlartifacts — no server needed; `mlflow ui --backend-store-uri sqlite:///outputs/mlflow.db`
+opens it. Params are the flattened resolved config, metrics the summary's numbers and the per-step
+series, tags the preset names and the overrides, artifacts the run directory's files (by default all
+but trace.json, which stays in the folder the run_dir tag names: `tracking.artifacts`).
+
+A store that is down or refuses the run never costs the simulation: the run keeps its files, says in one
+line that tracking failed, leaves TRACKING_FAILED.txt in its folder and exits with status 3 (a sweep: once,
+at its end). Each request waits at most `tracking.timeout_s`, without retries (MLflow's
+MLFLOW_HTTP_REQUEST_MAX_RETRIES / MLFLOW_HTTP_REQUEST_TIMEOUT win when set). Logged later with
+
+    python -m harness.tracking log RUN_DIR [RUN_DIR ...] [--uri URI] [--experiment NAME]
+
+which skips runs the store already holds (same run_dir tag).
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import fcntl
+import json
+import logging
+import math
+import os
+import re
+import shlex
+import sys
+import time
+from pathlib import Path
+from urllib.parse import unquote
+
+import pandas as pd
+
+from harness.config.schema import ArtifactPolicy, TrackingConfig, flatten, one_line
+from harness.base.errors import EXIT_BAD_INPUT, EXIT_TRACKING_FAILED, HarnessError, TrackingError, one_line_text
+from harness.base.files import write_text
+from harness.results.outputs import STEPS_FILE, SUMMARY_FILE, TRACE_FILE, run_notes
+from harness.sim.outcome import WHAT_RAN_KEYS
+from harness.base.stopping import store_call
+
+log = logging.getLogger(__name__)
+
+# MLflow would otherwise phone home; the harness runs without network.
+os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+
+MAX_PARAM_CHARS = 6000  # MLflow 3 rejects longer param values
+# A sweep's parent run id, in the sweep directory (harness.sweep.callbacks writes it before the jobs start): a
+# job's run is logged as its child.
+PARENT_FILE = "mlflow_parent_run_id"
+
+
+def launch_dir() -> Path:
+    """Where the user started the command (Hydra may have changed into the run directory)."""
+    try:
+        from hydra.core.hydra_config import HydraConfig
+
+        if HydraConfig.initialized():
+            return Path(HydraConfig.get().runtime.cwd)
+    except Exception:  # no Hydra context (tests, library use)
+        pass
+    return Path.cwd()
+
+
+def default_uri() -> str:
+    """sqlite:/// and the store's path, percent-encoded: a folder named `a#b`, `a?b` or `a%20b` would
+    otherwise be read as a fragment, a query or an escape, and the store land elsewhere."""
+    return sqlite_uri(launch_dir() / "outputs" / "mlflow.db")
+
+
+def sqlite_uri(path: Path) -> str:
+    """Only the characters a URL parser would take for something else are escaped: MLflow makes the
+    database's folder from the URI as written, so every escape there makes a stray empty folder too
+    (`ensure_experiment` removes it)."""
+    text = str(Path(path).absolute())
+    return "sqlite:///" + text.replace("%", "%25").replace("#", "%23").replace("?", "%3F")
+
+
+def sqlite_path(uri: str) -> Path | None:
+    """The database file of a sqlite:/// URI (percent-escapes decoded, as SQLAlchemy does), else None."""
+    if not uri.startswith("sqlite:///"):
+        return None
+    return Path(unquote(uri.removeprefix("sqlite:///").split("?", 1)[0]))
+
+
+FAILED_FILE = "TRACKING_FAILED.txt"
+# Set in a sweep's process (and inherited by its workers) once the store failed: later jobs do not wait on it again.
+FAILED_ENV = "HOSTBOUND_TRACKING_FAILED"
+
+
+def bound_requests(tracking: TrackingConfig) -> None:
+    """Each HTTP request to a tracking server waits at most tracking.timeout_s, and is not retried
+    (MLflow's default: 7 retries with backoff, minutes against a server that is down)."""
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", str(max(1, math.ceil(tracking.timeout_s))))
+
+
+def short_reason(exc: BaseException) -> str:
+    """Why a store failed, in a few words: MLflow wraps a refused connection in three paragraphs."""
+    text = one_line(exc)
+    if m := re.search(r"\[Errno -?\d+\] ([^'\")\];]+)", text):
+        return m[1].strip()
+    if "timed out" in text.lower() or "timeout" in text.lower():
+        return "no answer in time (tracking.timeout_s)"
+    return text[:300]
+
+
+def later_command(folder: Path, tracking: TrackingConfig) -> str:
+    """The command that logs a run's folder (or a sweep's jobs) once the store is back."""
+    uri = f" --uri {shlex.quote(tracking.uri)}" if tracking.uri else ""
+    experiment = f" --experiment {shlex.quote(tracking.experiment)}" if tracking.experiment != "hostbound" else ""
+    return f"python -m harness.tracking log {shlex.quote(str(folder))}{uri}{experiment}"
+
+
+def log_run_or_mark(
+    tracking: TrackingConfig, run_dir: Path, summary: dict, steps: pd.DataFrame, params: dict, names: dict, overrides: str = ""
+) -> str:
+    """log_run, but a failure of the store becomes TrackingError (one line) and TRACKING_FAILED.txt in
+    the run folder, which says why and how to log the run later."""
+    failed = os.environ.get(FAILED_ENV)
+    if failed:
+        reason = failed
+    else:
+        bound_requests(tracking)
+        try:
+            return log_run(tracking, run_dir, summary, steps, params, names, overrides)
+        except Exception as exc:  # anything the store or the network raises: the files are what matters
+            reason = f"tracking.uri={resolve_uri(tracking)}: {short_reason(exc)}"
+    command = later_command(run_dir, tracking)
+    write_text(run_dir / FAILED_FILE, f"{reason}\nlog this run later with:\n  {command}\n")
+    raise TrackingError(f"tracking failed, the run's files are kept ({reason}); log it later: {command}", reason)
+
+
+def resolve_uri(tracking: TrackingConfig) -> str:
+    return tracking.uri or default_uri()
+
+
+# MLflow 3's UI opens an experiment without this tag in its GenAI view (traces, an assistant); with it,
+# in the runs table and the compare view that a sweep needs.
+EXPERIMENT_KIND_TAG = ("mlflow.experimentKind", "custom_model_development")
+# Group choices are in a run's name already; the other keys only say where files and runs go.
+_GROUP_CHOICES = {"hardware", "workload", "strategy", "engine"}
+_WHERE_THINGS_GO = ("tracking.", "output.", "hydra", "resume")
+
+
+@contextlib.contextmanager
+def store_lock(uri: str):
+    """Hold `<database>.lock` (an exclusive flock) while a sqlite store is made, migrated and given its
+    experiment: processes started together on a new store used to migrate it at once and die
+    ("duplicate column name", "Online migration expected to match one row"). Other stores: no lock
+    (a server serialises its own database)."""
+    database = sqlite_path(uri)
+    if database is None:
+        yield
+        return
+    database.parent.mkdir(parents=True, exist_ok=True)
+    with open(database.with_name(database.name + ".lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+_experiment_ids: dict[tuple[str, str], str] = {}  # (uri, experiment) → id, once per process
+
+
+def ensure_experiment(tracking: TrackingConfig) -> str:
+    """Create the store and the experiment if needed, under the store's lock (safe from any number of
+    processes at once); once per process and store (a sweep's jobs asked for every run)."""
+    uri = resolve_uri(tracking)
+    key = (uri, tracking.experiment)
+    if key not in _experiment_ids:
+        with store_call(), store_lock(uri):
+            _experiment_ids[key] = _ensure_experiment(tracking, uri)
+    return _experiment_ids[key]
+
+
+def _ensure_experiment(tracking: TrackingConfig, uri: str) -> str:
+    import mlflow
+
+    mlflow.set_tracking_uri(uri)
+    with _no_stray_folders(uri):  # MLflow opens (and may make) the store here
+        experiment = mlflow.get_experiment_by_name(tracking.experiment)
+    _write_ahead_log(uri)
+    if experiment is not None:
+        if experiment.tags.get(EXPERIMENT_KIND_TAG[0]) is None:  # made by an older harness
+            mlflow.MlflowClient().set_experiment_tag(experiment.experiment_id, *EXPERIMENT_KIND_TAG)
+        return experiment.experiment_id
+    artifact_location = None
+    if tracking.uri is None:
+        artifact_location = (launch_dir() / "outputs" / "mlartifacts").as_uri()
+    return mlflow.create_experiment(tracking.experiment, artifact_location=artifact_location, tags=dict([EXPERIMENT_KIND_TAG]))
+
+
+def _write_ahead_log(uri: str) -> None:
+    """Put a sqlite store in write-ahead-log mode (kept in the file): a run's commits cost one fsync
+    instead of several (~15 ms of a sweep job's ~60 ms of logging), and readers (the UI, other jobs) no
+    longer block writers. A store another program holds open stays as it is."""
+    import sqlite3
+
+    database = sqlite_path(uri)
+    if database is None:
+        return
+    try:
+        with contextlib.closing(sqlite3.connect(database, timeout=1)) as connection:
+            connection.execute("PRAGMA journal_mode=WAL")
+    except sqlite3.Error as exc:
+        log.debug("%s stays in its journal mode: %s", database, exc)
+
+
+@contextlib.contextmanager
+def _no_stray_folders(uri: str):
+    """MLflow makes the parent folder of a sqlite URI's path without decoding its escapes
+    (`a%23b/outputs` beside `a#b/outputs`): remove the empty folders it made that way."""
+    written = uri.removeprefix("sqlite:///") if uri.startswith("sqlite:///") else ""
+    database = sqlite_path(uri)
+    stray = Path(written).parent if written and database is not None and Path(written) != database else None
+    new = [p for p in ([stray, *stray.parents] if stray else []) if not p.exists()]
+    try:
+        yield
+    finally:
+        for folder in new:  # deepest first
+            try:
+                folder.rmdir()
+            except OSError:
+                break
+
+
+def run_name(names: dict, overrides: str = "") -> str:
+    """`workload·strategy·hardware[·engine]` and the values set on top, e.g. `llama2_7b_decode·pipeline·
+    atlas_a2·batch_size=8`: the runs of a sweep tell apart by name in the UI's table."""
+    base = [names[k] for k in ("workload", "strategy", "hardware")]
+    if names.get("engine", "none") != "none":
+        base.append(names["engine"])
+    values = []
+    for override in overrides.split():
+        key, _, value = override.lstrip("+~").partition("=")
+        if key in _GROUP_CHOICES or key.startswith(_WHERE_THINGS_GO):
+            continue
+        values.append(f"{key.rsplit('.', 1)[-1]}={value}")
+    return "·".join(base + values)[:250]
+
+
+def artifact_files(run_dir: Path, policy: ArtifactPolicy) -> list[Path]:
+    """The run directory's top-level entries MLflow stores under `policy`."""
+    if policy == ArtifactPolicy.none:
+        return []
+    entries = sorted(e for e in run_dir.iterdir() if e.name != FAILED_FILE)
+    if policy == ArtifactPolicy.all:
+        return entries
+    return [entry for entry in entries if entry.name != TRACE_FILE]
+
+
+def log_run(
+    tracking: TrackingConfig, run_dir: Path, summary: dict, steps: pd.DataFrame, params: dict, names: dict, overrides: str = ""
+) -> str:
+    """Log one run; returns its MLflow run id."""
+    import mlflow
+    from mlflow.entities import Metric, Param
+    from mlflow.store.artifact.artifact_repository_registry import get_artifact_repository
+    from mlflow.tracking.context.registry import resolve_tags
+    from mlflow.utils.uri import add_databricks_profile_info_to_artifact_uri
+
+    experiment_id = ensure_experiment(tracking)
+    metrics = {k: float(v) for k, v in summary.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    metrics = {k: v for k, v in metrics.items() if math.isfinite(v)}
+    tags = {**names, "bound": summary["bound"], "run_dir": str(run_dir)}
+    if overrides:  # the same record of what was swept that a run folder keeps (.hydra/overrides.yaml)
+        tags["overrides"] = overrides
+    notes = run_notes(summary)
+    if notes:  # the summary's words (captures, fallbacks, warnings) are not metrics
+        tags["notes"] = notes
+    logged = artifact_files(run_dir, tracking.artifacts)
+    left = sorted({entry.name for entry in run_dir.iterdir()} - {entry.name for entry in logged})
+    if left:
+        tags["files_only_in_run_dir"] = " ".join(left)
+    parent = parent_run_id()
+    if parent:
+        tags["mlflow.parentRunId"] = parent  # shows the job nested under its sweep in the UI
+    # One client, one batch (params, summary metrics and step series together; MLflow splits it into
+    # requests of its own limits), files last: a sweep's job paid ~0.13 s for one call per kind before.
+    with store_call():  # a stop (SIGTERM) waits for the run to be logged or ended FAILED: see harness.base.stopping
+        client = mlflow.MlflowClient(tracking_uri=resolve_uri(tracking))
+        tags = resolve_tags(tags)  # user and source, as mlflow.start_run adds them
+        created = client.create_run(experiment_id, run_name=run_name(names, overrides), tags=tags).info
+        run_id = created.run_id
+        try:
+            now_ms = int(time.time() * 1000)
+            # Measured steps and the rest (warm-up, graph builds) apart: a 3 s build step at step 0 would
+            # squash the measured series into a flat line.
+            series = [
+                Metric("step_ms" if measured else "warmup_step_ms", float(latency), now_ms, int(step))
+                for step, latency, measured in zip(steps["step"], steps["latency_ms"], steps["measured"])
+            ]
+            client.log_batch(
+                run_id,
+                metrics=[Metric(key, value, now_ms, 0) for key, value in metrics.items()] + series,
+                params=[Param(key, _param_value(value)) for key, value in params.items()],
+            )
+            # The run's artifact store from the run just made: the client would look the run up again first
+            # (~7 ms, its 120 params and 50 metrics loaded with it).
+            artifacts = get_artifact_repository(
+                add_databricks_profile_info_to_artifact_uri(created.artifact_uri, client.tracking_uri), tracking_uri=client.tracking_uri
+            )
+            for entry in logged:
+                if entry.is_dir():
+                    artifacts.log_artifacts(str(entry), entry.name)
+                else:
+                    artifacts.log_artifact(str(entry))
+        except BaseException:  # a failed store, or Ctrl-C: the run must not stay RUNNING
+            with contextlib.suppress(Exception):
+                client.set_terminated(run_id, status="FAILED")
+            raise
+        client.set_terminated(run_id, status="FINISHED")
+    log.info("logged MLflow run %s to %s", run_id, resolve_uri(tracking))
+    return run_id
+
+
+def _param_value(value: object) -> str:
+    text = str(value)
+    return text if len(text) <= MAX_PARAM_CHARS else text[: MAX_PARAM_CHARS - 3] + "..."
+
+
+def parent_run_id() -> str | None:
+    """The sweep's parent run, when this process runs a job of a multirun with tracking."""
+    try:
+        from hydra.core.hydra_config import HydraConfig
+        from hydra.types import RunMode
+
+        if not HydraConfig.initialized() or HydraConfig.get().mode != RunMode.MULTIRUN:
+            return None
+        path = Path(HydraConfig.get().sweep.dir) / PARENT_FILE
+        return path.read_text().strip() if path.exists() else None
+    except Exception:  # no Hydra context
+        return None
+
+
+# ---------------------------------------------------------------- logging a run later
+
+
+def read_run_dir(run_dir: Path) -> tuple[dict, pd.DataFrame, dict, dict, str]:
+    """(measured summary, steps, params, names, overrides) of a finished run's folder, as log_run takes them."""
+    summary_path = run_dir / SUMMARY_FILE
+    if not summary_path.is_file() or not (run_dir / STEPS_FILE).is_file():
+        raise HarnessError(f"{run_dir}: not a finished run's folder (no {SUMMARY_FILE} or {STEPS_FILE})")
+    try:
+        summary = json.loads(summary_path.read_text())
+        steps = pd.read_parquet(run_dir / STEPS_FILE)
+    except (OSError, ValueError) as exc:  # a damaged or half-written file: the user's to fix, not a traceback
+        raise HarnessError(f"{run_dir}: not a finished run's folder ({type(exc).__name__}: {exc})") from exc
+    if not isinstance(summary, dict):
+        raise HarnessError(f"{summary_path}: not a run's summary (a JSON {type(summary).__name__}, not an object)")
+    names = {key: summary.get(key, "none" if key == "engine" else "?") for key in ("hardware", "workload", "strategy", "engine")}
+    measured = {k: v for k, v in summary.items() if k not in WHAT_RAN_KEYS and k not in names}
+    params: dict = {}
+    config = run_dir / ".hydra" / "config.yaml"
+    if config.is_file():  # Hydra's record of the composed config: the same params the run would have logged
+        from omegaconf import OmegaConf
+
+        params = flatten(OmegaConf.to_container(OmegaConf.load(config), resolve=True, enum_to_str=True))
+    return measured, steps, params, names, str(summary.get("overrides", ""))
+
+
+def log_folder(tracking: TrackingConfig, run_dir: Path, logged_as: Path | None = None) -> str | None:
+    """Log a finished run's folder unless the store holds it (under `logged_as`, where it first ran, or
+    its own path); returns the new run's id, or None. Clears the folder's TRACKING_FAILED.txt."""
+    bound_requests(tracking)
+    with store_call():
+        if any(already_logged(tracking, folder) for folder in {run_dir, logged_as or run_dir}):
+            run_id = None
+        else:
+            run_id = log_run(tracking, run_dir, *read_run_dir(run_dir))
+    (run_dir / FAILED_FILE).unlink(missing_ok=True)
+    return run_id
+
+
+def run_folders(path: Path) -> list[Path]:
+    """A run's folder as given; a sweep's folder as its jobs' folders (those that finished)."""
+    if (path / SUMMARY_FILE).is_file() or not path.is_dir():
+        return [path]
+    jobs = sorted(summary.parent for summary in path.glob(f"*/{SUMMARY_FILE}"))
+    return jobs or [path]
+
+
+def already_logged(tracking: TrackingConfig, run_dir: Path) -> bool:
+    import mlflow
+
+    client = mlflow.MlflowClient(tracking_uri=resolve_uri(tracking))
+    experiment = client.get_experiment_by_name(tracking.experiment)
+    if experiment is None:
+        return False
+    escaped = str(run_dir).replace("'", "\\'")
+    runs = client.search_runs(
+        # FINISHED only: a run cut off while logging (FAILED, KILLED) is logged again, whole
+        [experiment.experiment_id], filter_string=f"tags.run_dir = '{escaped}' and attributes.status = 'FINISHED'", max_results=1
+    )
+    return len(runs) > 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m harness.tracking log RUN_DIR ...`: log finished runs whose tracking failed (or ran off)."""
+    parser = argparse.ArgumentParser(prog="python -m harness.tracking", description="Log finished run folders to MLflow.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    log_parser = sub.add_parser("log", help="log run folders (skips those the store already holds)")
+    log_parser.add_argument("run_dirs", nargs="+", type=Path, help="run folders, or sweep folders (their jobs)")
+    log_parser.add_argument("--uri", help="tracking URI (default: sqlite:///outputs/mlflow.db here)")
+    log_parser.add_argument("--experiment", default="hostbound")
+    log_parser.add_argument("--artifacts", default="small", choices=[p.value for p in ArtifactPolicy])
+    log_parser.add_argument("--timeout-s", type=float, default=5.0, help="per request, without retries")
+    args = parser.parse_args(argv)
+    try:
+        tracking = TrackingConfig(uri=args.uri, experiment=args.experiment, artifacts=ArtifactPolicy(args.artifacts), timeout_s=args.timeout_s)
+        folders = [folder for given in args.run_dirs for folder in run_folders(given.absolute())]
+        for folder in folders:
+            read_run_dir(folder)  # every folder is a finished run's before anything is logged
+    except HarnessError as exc:
+        print(f"hostbound tracking: error: {one_line_text(str(exc))}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    bound_requests(tracking)
+    for run_dir in folders:
+        try:
+            run_id = log_folder(tracking, run_dir)
+        except Exception as exc:
+            print(f"hostbound tracking: error: tracking.uri={resolve_uri(tracking)}: {short_reason(exc)}", file=sys.stderr)
+            return EXIT_TRACKING_FAILED
+        print(f"{run_dir}: logged as run {run_id}" if run_id else f"{run_dir}: already in {resolve_uri(tracking)}")
+    return 0

@@ -1,0 +1,62 @@
+"""A sweep's MLflow side: its parent run (made at the start, given the results at the end, ended KILLED or
+FAILED when the sweep is stopped or fails) and a forked worker's fresh database connections.
+
+harness.sweep.callbacks decides when; these calls are the only ones a sweep makes to MLflow.
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from harness.config.schema import TrackingConfig
+from harness.tracking.store import ensure_experiment, resolve_uri
+
+
+def _client(tracking: TrackingConfig):
+    import mlflow
+
+    return mlflow.MlflowClient(tracking_uri=resolve_uri(tracking))
+
+
+def start_parent_run(tracking: TrackingConfig, name: str, sweep_dir: Path, overrides: str) -> str:
+    """Make the sweep's parent run (RUNNING) in the experiment; returns its id."""
+    experiment_id = ensure_experiment(tracking)
+    parent = _client(tracking).create_run(
+        experiment_id, run_name=name, tags={"sweep_dir": str(sweep_dir), "overrides": overrides, "kind": "sweep"}
+    )
+    return parent.info.run_id
+
+
+def finish_parent_run(tracking: TrackingConfig, run_id: str, artifacts: list[Path], jobs: int, failed: bool) -> None:
+    """Attach the sweep's results files, count its finished jobs, end it FINISHED (FAILED if a job failed)."""
+    client = _client(tracking)
+    for path in artifacts:
+        client.log_artifact(run_id, str(path))
+    client.log_metric(run_id, "jobs", float(jobs))
+    client.set_terminated(run_id, status="FAILED" if failed else "FINISHED")
+
+
+def end_parent_run(tracking: TrackingConfig, run_id: str, status: str, only_if_running: bool = False) -> None:
+    """End the parent run with `status` (only if still RUNNING, when asked), and its jobs' runs still RUNNING
+    as KILLED: by then every process of the sweep has ended, so a job's open run belonged to a worker
+    killed mid-job (SIGKILL, out of memory), which could not end it itself."""
+    client = _client(tracking)
+    parent = client.get_run(run_id)
+    if not only_if_running or parent.info.status == "RUNNING":
+        client.set_terminated(run_id, status=status)
+    for job in client.search_runs(
+        [parent.info.experiment_id], f"tags.`mlflow.parentRunId` = '{run_id}' and attributes.status = 'RUNNING'", max_results=10000
+    ):
+        client.set_terminated(job.info.run_id, status="KILLED")
+
+
+def forget_inherited_connections() -> None:
+    """A forked process must not use its parent's database connections (SQLAlchemy's `dispose(close=False)`
+    recipe): MLflow keeps one engine per database URI for the process. (Its HTTP sessions are per process
+    id already.)"""
+    if "mlflow.store.tracking.sqlalchemy_store" not in sys.modules:  # never imported: nothing inherited
+        return
+    from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
+
+    for engine in list(SqlAlchemyStore._engine_map.values()):
+        engine.dispose(close=False)
