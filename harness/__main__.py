@@ -20,10 +20,12 @@ from harness.config.schema import CONF_DIR, register_configs  # noqa: E402
 from harness.base.stopping import SweepStopped  # noqa: E402
 from harness.sweep.callbacks import fail_unfinished_sweep, finish_stopped_sweep  # noqa: E402
 
+from harness.sweep import compose_cache  # noqa: E402
 from hydra_plugins import hostbound_launcher  # noqa: E402
 
 register_configs()
 hostbound_launcher.register()
+compose_cache.install()  # the checks before Hydra, Hydra itself and a sweep's jobs compose from one cache
 gc.freeze()
 gc.enable()
 

@@ -251,12 +251,16 @@ def test_timeline_draws_host_ops_not_stripes_and_leaves_idle_lanes_out(tmp_path,
     assert [t.get_text() for t in ax.get_legend().get_texts()] == ["host op (stages\ntoo short to draw)", "compute", "device idle"]
 
 
-def test_a_sweeps_jobs_compose_exactly_as_hydra_would():
+def test_a_sweeps_jobs_compose_exactly_as_hydra_would(monkeypatch):
     """The compose cache (harness.sweep.compose_cache) gives every job the config Hydra's own load_sweep_config
     gives it, the hydra node included: preset choices, values, `+`/`~`, hydra and experiment overrides,
-    in any order, and the same errors."""
+    in any order, and the same errors. So does it for one configuration (a run, and Hydra reading
+    hydra.mode), whatever job name the composing process has."""
     from hydra import compose, initialize_config_dir
+    from hydra._internal.config_loader_impl import ConfigLoaderImpl
     from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.utils import JobRuntime
+    from hydra.types import RunMode
     from omegaconf import OmegaConf
 
     from harness.sweep import compose_cache
@@ -278,19 +282,32 @@ def test_a_sweeps_jobs_compose_exactly_as_hydra_would():
         loader = GlobalHydra.instance().config_loader()
         master = compose(config_name="config", overrides=["hydra.sweep.dir=x"], return_hydra_config=True)
 
-        def either(load, overrides):
+        def either(load, *args, **kwargs):
             try:
-                return OmegaConf.to_yaml(load(loader, master, overrides))
+                return OmegaConf.to_yaml(load(loader, *args, **kwargs))
             except Exception as exc:
                 return f"{type(exc).__name__}: {exc}"
 
+        def hydras_own(load, *args, **kwargs):  # with Hydra's load_configuration, whatever install() put there
+            with monkeypatch.context() as patch:
+                patch.setattr(ConfigLoaderImpl, "load_configuration", compose_cache._hydra_load_configuration)
+                return either(load, *args, **kwargs)
+
         cached_before = len(compose_cache._compositions)
         for overrides in cases:
-            ours = either(compose_cache.load_sweep_config, overrides)
-            assert ours == either(compose_cache._hydra_load_sweep_config, overrides), overrides
-            assert ours == either(compose_cache.load_sweep_config, overrides), overrides  # again, from the cache
-        assert "strategy=async,workload.batch_size=8" in either(compose_cache.load_sweep_config, cases[1])
+            ours = either(compose_cache.load_sweep_config, master, overrides)
+            assert ours == hydras_own(compose_cache._hydra_load_sweep_config, master, overrides), overrides
+            assert ours == either(compose_cache.load_sweep_config, master, overrides), overrides  # again, from the cache
+        assert "strategy=async,workload.batch_size=8" in either(compose_cache.load_sweep_config, master, cases[1])
         assert len(compose_cache._compositions) > cached_before
+        for name in ("app", "__main__"):
+            JobRuntime.instance().set("name", name)
+            for overrides in [*cases, ["hydra.run.dir=somewhere", "hydra.mode=RUN"]]:
+                for mode, validate in ((RunMode.RUN, True), (RunMode.MULTIRUN, False)):
+                    args = dict(config_name="config", overrides=overrides, run_mode=mode, validate_sweep_overrides=validate)
+                    ours = either(compose_cache.load_configuration, **args)
+                    assert ours == hydras_own(compose_cache._hydra_load_configuration, **args), (name, overrides, mode)
+                    assert f"name: {name}" in ours or "Exception" in ours or "Error" in ours
 
 
 def test_a_sweeps_jobs_draw_no_timeline_unless_asked(tmp_path):
@@ -323,3 +340,23 @@ def test_a_launcher_that_fails_leaves_the_sweeps_parent_run_failed_not_running(t
     with sqlite3.connect(tmp_path / "outputs" / "mlflow.db") as con:
         statuses = con.execute("select status from runs").fetchall()
     assert statuses == [("FAILED",)]
+
+
+def test_a_run_composes_its_configuration_once(tmp_path, monkeypatch):
+    """`python -m harness` composes once: the checks before Hydra, Hydra's look at hydra.mode and the run
+    share one composition (each made its own before: four)."""
+    import harness.__main__ as entry
+    from harness.cli.command import preflight
+    from harness.sweep import compose_cache
+
+    monkeypatch.setattr(compose_cache, "_compositions", type(compose_cache._compositions)())
+    made = []
+    hydras = compose_cache._hydra_load_configuration
+    monkeypatch.setattr(compose_cache, "_hydra_load_configuration", lambda *a, **k: made.append(k["overrides"]) or hydras(*a, **k))
+    monkeypatch.chdir(tmp_path)
+    argv = ["tracking.enabled=false", "workload.steps=2", "output.timeline_steps=0", "output.print_summary=false", "hydra.run.dir=run"]
+    monkeypatch.setattr(sys, "argv", ["harness", *argv])
+    preflight(argv)
+    entry.main()
+    assert (tmp_path / "run" / "summary.json").exists()
+    assert made == [[]]  # the presets merged once; every value override applied to a copy

@@ -34,9 +34,6 @@ RESULTS_CSV = "results.csv"
 RESULTS_MD = "results.md"
 JOB_FAILED_FILE = "JOB_FAILED.txt"  # in a job's folder: the one line that stopped it
 
-# Every launcher composes each job through ConfigLoaderImpl.load_sweep_config: from the cache instead, in
-# this process and in any worker that unpickles this module's callback.
-compose_cache.install()
 
 
 def mark_failed_job(job_dir: Path, reason: str) -> None:
@@ -69,6 +66,18 @@ def warm_numba_cache() -> None:
 
 
 class SweepTracking(Callback):
+    """The sweep's callback (conf/config.yaml). Made in the launching process and unpickled in joblib's and
+    Ray's workers: either way it puts the compose cache behind Hydra's config loader there, through
+    which every launcher composes each job."""
+
+    def __init__(self) -> None:
+        compose_cache.install()
+        self.compose_cache_installed = True  # a non-empty state: unpickling then calls __setstate__
+
+    def __setstate__(self, state: dict) -> None:
+        compose_cache.install()
+        self.__dict__.update(state)
+
     def on_job_end(self, config: DictConfig, job_return: Any, **kwargs: Any) -> None:
         # Runs in whichever process ran the job (the launcher's for the basic launcher, a worker's for joblib).
         overrides = " ".join(getattr(job_return, "overrides", None) or [])

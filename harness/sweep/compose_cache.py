@@ -10,7 +10,9 @@ unpickles a copy of it and has Hydra's own code apply its value overrides and fi
 
 `install()` puts this behind `ConfigLoaderImpl.load_sweep_config`, the one call every launcher makes
 per job (the basic launcher in this process, joblib's workers in theirs: unpickling the sweep's callback
-imports harness.sweep.callbacks, which installs it there). hydra-core is pinned below 1.4, and
+installs it there), and behind `load_configuration` for a single configuration, so that one
+`python -m harness` composes once: the checks before Hydra starts, Hydra's look at `hydra.mode` and the
+run itself each composed it from scratch before (4 × ~0.1 s). hydra-core is pinned below 1.4, and
 tests/test_sweeps.py checks job configs equal Hydra's own for group, value, `+`/`~`, hydra and
 experiment overrides.
 """
@@ -19,20 +21,26 @@ from __future__ import annotations
 import copy
 import os
 import pickle
+import sys
 from collections import OrderedDict
 from typing import Optional
 
 from hydra._internal.config_loader_impl import ConfigLoaderImpl, get_overrides_dirname
+from hydra.errors import ConfigCompositionException
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import Override
+from hydra.core.utils import JobRuntime
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf.errors import OmegaConfBaseException
 
+_JOB_NAME_PLACEHOLDER = "\x00hostbound: the composing job's name"
 MAX_CACHED_COMPOSITIONS = 256  # distinct preset choices kept per process (~30 kB pickled each)
 
 # Kept pickled: a job's copy is unpickled from bytes (~3 ms), 3x faster than copy.deepcopy of a DictConfig.
 _compositions: "OrderedDict[tuple, bytes | DictConfig]" = OrderedDict()
 _hydra_load_sweep_config = ConfigLoaderImpl.load_sweep_config  # Hydra's own (tests compare against it)
+_hydra_load_configuration = ConfigLoaderImpl.load_configuration
 
 
 def _chooses_presets(loader: ConfigLoaderImpl, override: Override) -> bool:
@@ -71,7 +79,14 @@ def compose_job(loader: ConfigLoaderImpl, config_name: Optional[str], overrides:
     key = (os.getcwd(), repr(loader.config_search_path.get_path()), config_name, tuple(o.input_line for o in choosing))
     base = _compositions.get(key)
     if base is None:
-        composed = loader.load_configuration(config_name=config_name, overrides=[o.input_line for o in choosing], run_mode=RunMode.RUN)
+        # Hydra names the job after whoever composes (JobRuntime's name) unless the config names it: kept
+        # as a placeholder, filled in below with the name of the composition asking.
+        job_name = JobRuntime.instance().get("name")
+        JobRuntime.instance().set("name", _JOB_NAME_PLACEHOLDER)
+        try:
+            composed = _hydra_load_configuration(loader, config_name=config_name, overrides=[o.input_line for o in choosing], run_mode=RunMode.RUN)
+        finally:
+            JobRuntime.instance().set("name", job_name)
         base = _pickled(composed)
         _compositions[key] = base
         if len(_compositions) > MAX_CACHED_COMPOSITIONS:
@@ -80,6 +95,8 @@ def compose_job(loader: ConfigLoaderImpl, config_name: Optional[str], overrides:
     ConfigLoaderImpl._apply_overrides_to_config(values, cfg)
     app_overrides = [o for o in parsed if not o.is_hydra_override()]
     with open_dict(cfg.hydra):
+        if cfg.hydra.job.name == _JOB_NAME_PLACEHOLDER:
+            cfg.hydra.job.name = JobRuntime.instance().get("name")
         cfg.hydra.overrides.task = [o.input_line for o in app_overrides]
         cfg.hydra.overrides.hydra = [o.input_line for o in parsed if o.is_hydra_override()]
         dirname = cfg.hydra.job.config.override_dirname
@@ -117,5 +134,35 @@ def load_sweep_config(self: ConfigLoaderImpl, master_config: DictConfig, sweep_o
     return sweep_config
 
 
+def load_configuration(
+    self: ConfigLoaderImpl,
+    config_name: Optional[str],
+    overrides: list[str],
+    run_mode: RunMode,
+    from_shell: bool = True,
+    validate_sweep_overrides: bool = True,
+) -> DictConfig:
+    """ConfigLoaderImpl.load_configuration, composed from the cache when it composes one configuration:
+    a run (RUN), or Hydra reading `hydra.mode` (MULTIRUN without checks) of a command line that sweeps
+    nothing. A sweep's own configuration, and anything else, Hydra composes itself."""
+    single = run_mode == RunMode.RUN and validate_sweep_overrides
+    reading_mode = run_mode == RunMode.MULTIRUN and not validate_sweep_overrides
+    if single or reading_mode:
+        try:
+            parsed = parse_overrides(list(overrides))
+        except Exception:  # Hydra says what is wrong with it, in its own words
+            parsed = None
+        if parsed is not None and not any(o.is_sweep_override() for o in parsed):
+            try:
+                return compose_job(self, config_name, list(overrides))
+            except OmegaConfBaseException as e:
+                raise ConfigCompositionException().with_traceback(sys.exc_info()[2]) from e
+    return _hydra_load_configuration(
+        self, config_name=config_name, overrides=overrides, run_mode=run_mode, from_shell=from_shell,
+        validate_sweep_overrides=validate_sweep_overrides,
+    )
+
+
 def install() -> None:
     ConfigLoaderImpl.load_sweep_config = load_sweep_config  # type: ignore[method-assign]
+    ConfigLoaderImpl.load_configuration = load_configuration  # type: ignore[method-assign]
