@@ -342,21 +342,34 @@ def test_a_launcher_that_fails_leaves_the_sweeps_parent_run_failed_not_running(t
     assert statuses == [("FAILED",)]
 
 
-def test_a_run_composes_its_configuration_once(tmp_path, monkeypatch):
+@pytest.mark.parametrize("strategy,builds", [("eager", 2), ("acl_graph", 2), ("ge_sink", 3)])
+def test_a_run_composes_once_and_builds_once(tmp_path, monkeypatch, strategy, builds):
     """`python -m harness` composes once: the checks before Hydra, Hydra's look at hydra.mode and the run
-    share one composition (each made its own before: four)."""
+    share one composition (each made its own before: four). It builds its workload once, after a one-step
+    build that sizes it (five builds before): the checks before Hydra build the run Hydra then
+    simulates. A strategy that pads shapes (graph sink with shape buckets) builds the padded workload too."""
     import harness.__main__ as entry
+    import harness.cli.command
+    import harness.sim.policies
+    import harness.sim.simulate
     from harness.cli.command import preflight
+    from harness.model import workload
     from harness.sweep import compose_cache
+
+    built = []
+    for module in (harness.cli.command, harness.sim.policies, harness.sim.simulate):
+        monkeypatch.setattr(module, "build_workload", lambda *a, **k: built.append(k.get("batch")) or workload.build_workload(*a, **k))
 
     monkeypatch.setattr(compose_cache, "_compositions", type(compose_cache._compositions)())
     made = []
     hydras = compose_cache._hydra_load_configuration
     monkeypatch.setattr(compose_cache, "_hydra_load_configuration", lambda *a, **k: made.append(k["overrides"]) or hydras(*a, **k))
     monkeypatch.chdir(tmp_path)
-    argv = ["tracking.enabled=false", "workload.steps=2", "output.timeline_steps=0", "output.print_summary=false", "hydra.run.dir=run"]
+    argv = ["tracking.enabled=false", "workload.steps=4", "output.timeline_steps=0", "output.print_summary=false", "hydra.run.dir=run",
+            f"strategy={strategy}", *(["strategy.shape_buckets=true"] if strategy == "ge_sink" else [])]
     monkeypatch.setattr(sys, "argv", ["harness", *argv])
     preflight(argv)
     entry.main()
     assert (tmp_path / "run" / "summary.json").exists()
-    assert made == [[]]  # the presets merged once; every value override applied to a copy
+    assert len(made) == 1 and all(o.startswith("strategy=") for o in made[0])  # presets merged once; values applied to copies
+    assert len(built) == builds and built[0] is None  # the first: one step, to size the run

@@ -189,7 +189,7 @@ def preflight(argv: list[str]) -> None:
                 cfg = compose_job(loader, config_name, variant)  # as compose() would, from the cache
                 with open_dict(cfg):
                     del cfg["hydra"]
-                check_run(to_run_config(cfg))
+                check_run(to_run_config(cfg), prepare=not _is_multirun(argv) and len(variants) == 1)
             except HarnessError as exc:
                 fail(str(exc))
             except Exception as exc:
@@ -278,16 +278,21 @@ def check_output_folder(key: str, folder: object, resuming: bool = False) -> Non
                 pass
 
 
-def check_run(run: RunConfig) -> None:
-    """What can fail before simulating: the model card or trace file, and whether the rank fits in HBM
-    (for serving batches: max_batch sequences of mean prompt + output length), and whether the run's
-    arrays fit in this machine's memory (checked first: it needs only a one-step build)."""
-    from harness.sim.simulate import check_size, is_op_list
+def check_run(run: RunConfig, prepare: bool = False) -> None:
+    """What can fail before simulating: the model card or trace file, whether the run's arrays fit in
+    this machine's memory (checked first, from a one-step build) and whether the rank fits in HBM (for
+    serving: at max_batch sequences of mean prompt + output length, whatever batches the requests make).
+    `prepare`: build the run itself to check it, and hand it to this process's simulation of it (a single
+    run: built once); otherwise a sweep's combinations are checked from a build of the workload alone."""
+    from harness.sim.simulate import check_size, hand_over, is_op_list, prepare_run
 
+    serving = run.workload.serving
+    if prepare and not serving.enabled:
+        hand_over(run, prepare_run(run))
+        return
     if not is_op_list(run):
         check_size(run)
     batch = kv = None
-    serving = run.workload.serving
     if serving.enabled:
         batch = np.full(run.workload.steps, serving.max_batch)
         kv = np.full(run.workload.steps, serving.prompt_len_mean + serving.output_len_mean)
@@ -295,6 +300,8 @@ def check_run(run: RunConfig) -> None:
     if is_op_list(run):
         check_size(run, workload)
     check_memory(workload, run.hardware.device.hbm_gb)
+    if prepare:
+        hand_over(run, prepare_run(run))
 
 
 def _end_runs_on_sigterm() -> None:

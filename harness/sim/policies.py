@@ -39,6 +39,7 @@ from harness.model.ops import (
     FLAG_COMPUTE_DEPENDENT,
     FLAG_CPU_ELIGIBLE,
     FLAG_DYNAMIC,
+    FLAG_ROUTED,
     FLAG_IN_GRAPH,
     FLAG_VALUE_DEPENDENT,
     HOST_COSTS,
@@ -108,6 +109,16 @@ def prepare(run: RunConfig, batch: np.ndarray, kv_len: np.ndarray | None) -> tup
     dpn = hardware.link.devices_per_node
     layer_us = run.engine.layer_overhead_us
     real = build_workload(cfg, dpn, batch=batch, kv_len=kv_len, engine_layer_us=layer_us)
+
+    def padded_workload(batch: np.ndarray, kv_len: np.ndarray, moe_pad: bool) -> Workload:
+        """The workload at padded sizes; `real` itself when nothing is padded (an op list from a file or
+        the config has no sizes to pad: it is the same list whatever the batch; a dense model has no
+        routed token counts to pad)."""
+        moe_pad = moe_pad and bool(np.any(real.flags & FLAG_ROUTED))
+        if cfg.card is None or (not moe_pad and np.array_equal(batch, real.batch) and np.array_equal(kv_len, real.kv_len)):
+            return real
+        return build_workload(cfg, dpn, batch=batch, kv_len=kv_len, moe_pad=moe_pad, engine_layer_us=layer_us)
+
     buckets_on = strategy.shape_buckets and cfg.phase.value == "decode"
     kv_padded = pad_up(real.kv_len, strategy.kv_block) if buckets_on else real.kv_len
     steps = real.steps
@@ -137,7 +148,7 @@ def prepare(run: RunConfig, batch: np.ndarray, kv_len: np.ndarray | None) -> tup
                     f"dynamic shapes ({', '.join(names)}, ...) change every step: a sunk graph needs static shapes;"
                     " bucket them (strategy.shape_buckets=true) or use capture"
                 )
-            probe = build_workload(cfg, dpn, batch=padded, kv_len=kv_padded, moe_pad=buckets_on, engine_layer_us=layer_us)
+            probe = padded_workload(padded, kv_padded, moe_pad=buckets_on)
             keys = np.where(fits, _row_keys(probe.shape_key), -1)
         startup = cfg.serving.enabled and graph.mode == GraphMode.capture
         if startup and not fallback:
@@ -176,7 +187,9 @@ def prepare(run: RunConfig, batch: np.ndarray, kv_len: np.ndarray | None) -> tup
 
     # Inside graphs, routed (MoE) ops run at static shapes: token counts padded like the buckets do.
     in_graphs = bool(np.any(mode != EAGER))
-    workload = build_workload(cfg, dpn, batch=padded, kv_len=kv_padded, moe_pad=buckets_on or in_graphs, engine_layer_us=layer_us)
+    moe_pad = buckets_on or in_graphs
+    workload = probe if graph_on and not fallback and graph.mode != GraphMode.capture and moe_pad == buckets_on else (
+        padded_workload(padded, kv_padded, moe_pad))
     workload.real_batch = real.batch
     workload.memory.graphs_gb = info.get("graph_captures", 0) * hardware.graph.graph_mem_mib * MIB / 1e9
     workload.real_kv_len = real.kv_len

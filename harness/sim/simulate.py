@@ -18,8 +18,8 @@ from harness.config.schema import RunConfig
 from harness.sim.kernel import SimulationResult, simulate
 from harness.sim.lowering import Lowering
 from harness.sim.metrics import StepMeasures, measured_steps, summarize
-from harness.sim.serving import plan_serving, serving_summary
-from harness.sim.policies import prepare
+from harness.sim.serving import ServingPlan, plan_serving, serving_summary
+from harness.sim.policies import StepPlan, prepare
 from harness.base.progress import Progress
 from harness.sim.outcome import RunResult
 from harness.base.errors import ConfigError
@@ -151,34 +151,77 @@ def _say_if_slow(estimate: SizeEstimate, steps: int) -> None:
         )
 
 
-def simulate_run(run: RunConfig, chunk_tasks: int = CHUNK_TASKS) -> RunResult:
-    """Build the workload, lower it under the strategy, run the engine, compute the metrics.
+@dataclass
+class PreparedRun:
+    """A run made ready to simulate, and checked: the workload as its strategy runs it (padded, fused),
+    the plan of every step, the serving batches (or None). Built once per run: the checks before Hydra
+    starts make it, and the run then simulates it (`hand_over`)."""
 
-    `result` of the outcome holds the whole run's tasks when it fits in one chunk, otherwise the
-    steps that trace.json and timeline.png show (simulated again from their start). `sim_wall_s` is
-    the whole call; `compile_s` the part of it spent compiling kernels (0 once they are cached).
-    """
+    workload: Workload
+    plan: StepPlan
+    serving: ServingPlan | None
+    seconds: float  # wall-clock time it took
+    compile_s: float  # of which compiling kernels (the tiling cache's LRU, the serving loop's engine)
+
+
+def prepare_run(run: RunConfig) -> PreparedRun:
+    """Size check (a one-step build of a card, before anything large), serving batches, the strategy's
+    workload and step plan, then the HBM check: everything that can fail before the simulation proper."""
     began = time.perf_counter()
     watch = CompileWatch()
     with event.install_listener("numba:compile", watch):
-        outcome = _simulate_run(run, chunk_tasks)
-    outcome.summary["compile_s"] = watch.seconds
-    outcome.summary["sim_wall_s"] = time.perf_counter() - began
+        if not is_op_list(run):
+            _say_if_slow(check_size(run), run.workload.steps)
+        progress = Progress("hostbound")
+        progress.update("planning serving batches" if run.workload.serving.enabled else "building the workload", force=True)
+        serving = plan_serving(run, progress) if run.workload.serving.enabled else None
+        batch = serving.batch if serving else np.full(run.workload.steps, run.workload.batch_size, dtype=np.int64)
+        workload, plan = prepare(run, batch, serving.kv_len if serving else None)
+        if is_op_list(run):
+            _say_if_slow(check_size(run, workload), workload.steps)
+        check_memory(workload, run.hardware.device.hbm_gb)
+    return PreparedRun(workload, plan, serving, time.perf_counter() - began, watch.seconds)
+
+
+def _simulated_part(run: RunConfig) -> str:
+    """What decides a prepared run (not where its files go or whether it is tracked)."""
+    return repr((run.hardware, run.workload, run.strategy, run.engine, run.seed))
+
+
+_handed_over: dict[str, PreparedRun] = {}  # at most one: the run this process checked and is about to simulate
+
+
+def hand_over(run: RunConfig, prepared: PreparedRun) -> None:
+    """Keep `prepared` for the next `simulate_run` of this configuration in this process, which takes it
+    (once): `python -m harness` checks a run before Hydra starts, then Hydra composes it again and runs it."""
+    _handed_over.clear()
+    _handed_over[_simulated_part(run)] = prepared
+
+
+def simulate_run(run: RunConfig, chunk_tasks: int = CHUNK_TASKS) -> RunResult:
+    """Prepare the run (or take the one `hand_over` kept), lower it under the strategy, run the engine,
+    compute the metrics.
+
+    `result` of the outcome holds the whole run's tasks when it fits in one chunk, otherwise the
+    steps that trace.json and timeline.png show (simulated again from their start). `sim_wall_s` is
+    the preparation and this call; `compile_s` the part of it spent compiling kernels (0 once they are
+    cached).
+    """
+    began = time.perf_counter()
+    handed = _handed_over.pop(_simulated_part(run), None)
+    prepared = handed or prepare_run(run)
+    watch = CompileWatch()
+    with event.install_listener("numba:compile", watch):
+        outcome = _simulate_prepared(run, prepared, chunk_tasks)
+    outcome.summary["compile_s"] = prepared.compile_s + watch.seconds
+    outcome.summary["sim_wall_s"] = time.perf_counter() - began + (handed.seconds if handed else 0.0)
     log.info("simulated %d tasks in %.3f s", outcome.summary["tasks_simulated"], outcome.summary["sim_wall_s"])
     return outcome
 
 
-def _simulate_run(run: RunConfig, chunk_tasks: int) -> RunResult:
-    if not is_op_list(run):
-        _say_if_slow(check_size(run), run.workload.steps)
+def _simulate_prepared(run: RunConfig, prepared: PreparedRun, chunk_tasks: int) -> RunResult:
+    workload, plan, serving = prepared.workload, prepared.plan, prepared.serving
     progress = Progress("hostbound")
-    progress.update("planning serving batches" if run.workload.serving.enabled else "building the workload", force=True)
-    serving = plan_serving(run, progress) if run.workload.serving.enabled else None
-    batch = serving.batch if serving else np.full(run.workload.steps, run.workload.batch_size, dtype=np.int64)
-    workload, plan = prepare(run, batch, serving.kv_len if serving else None)
-    if is_op_list(run):
-        _say_if_slow(check_size(run, workload), workload.steps)
-    check_memory(workload, run.hardware.device.hbm_gb)
     release_us = serving.release_us if serving else np.zeros(workload.steps)
 
     lowering = Lowering(workload, run.hardware, run.strategy, run.seed, plan, run.engine)
