@@ -1,7 +1,7 @@
 """`python -m harness [overrides]` — the thin Hydra entry point.
 
 The @hydra.main function must live in this file; its config_path is the absolute conf/ directory of
-a source checkout or of an installed wheel (harness.config.schema.CONF_DIR), found from any working directory.
+a source checkout or of an installed wheel (harness.config.paths.CONF_DIR), found from any working directory.
 """
 import gc
 
@@ -16,7 +16,8 @@ import hydra  # noqa: E402
 from omegaconf import DictConfig  # noqa: E402
 
 from harness.cli.command import exit_now, normalize_argv, preflight, run_from_hydra  # noqa: E402
-from harness.config.schema import CONF_DIR, register_configs  # noqa: E402
+from harness.config.compose import register_configs  # noqa: E402
+from harness.config.paths import CONF_DIR  # noqa: E402
 from harness.base.stopping import SweepStopped  # noqa: E402
 from harness.sweep.callbacks import fail_unfinished_sweep, finish_stopped_sweep  # noqa: E402
 

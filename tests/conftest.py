@@ -12,8 +12,10 @@ import pytest
 
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 
-from harness.config.schema import REPO_ROOT, RunConfig, register_configs  # noqa: E402
-from harness.config.schema import compose_run as compose_overrides  # noqa: E402
+from harness.config.compose import register_configs  # noqa: E402
+from harness.config.paths import REPO_ROOT  # noqa: E402
+from harness.config.schema import RunConfig  # noqa: E402
+from harness.config.compose import compose_run as compose_overrides  # noqa: E402
 
 register_configs()
 

@@ -9,7 +9,8 @@ import pytest
 
 from conftest import compose_run
 from harness.cli.command import override_variants, preflight
-from harness.config.schema import CONF_DIR, Dispatch, Phase, flatten
+from harness.config.paths import CONF_DIR
+from harness.config.schema import Dispatch, Phase, flatten
 from harness.base.errors import ConfigError
 
 TINY_TRACE = Path(__file__).parent / "data" / "tiny_ops.csv"
@@ -231,7 +232,8 @@ def test_the_typed_fast_path_builds_the_same_run_as_merging_into_the_schema(grou
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
 
-    from harness.config.schema import RunConfig, to_run_config
+    from harness.config.compose import to_run_config
+    from harness.config.schema import RunConfig
 
     def both(overrides):
         with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
@@ -254,7 +256,7 @@ def test_the_typed_fast_path_builds_the_same_run_as_merging_into_the_schema(grou
     assert fast == general == "workload.warmup_steps=9: must be < workload.steps=4"
 
 
-# Ranges written down here, not read from harness.config.schema.LIMITS: a wrong limit there (a fraction allowed
+# Ranges written down here, not read from harness.config.limits.LIMITS: a wrong limit there (a fraction allowed
 # above 1, a capacity allowed at 0) would otherwise pass the tests that derive their cases from it.
 PHYSICAL_EDGES = [
     # (key, the last value that makes sense, the first that does not)

@@ -172,7 +172,7 @@ def test_text_timestamps_keep_their_fraction(tmp_path):
 def test_trace_streams_map_to_harness_streams():
     """The busiest compute stream is 0, streams of collectives 1, the other streams 2, 3, … in order of
     first use; beyond the last harness stream (15) they share it."""
-    from harness.config.schema import MAX_STREAMS  # the harness's streams, which the trace's must fit
+    from harness.config.limits import MAX_STREAMS  # the harness's streams, which the trace's must fit
     from harness.importers.steps import harness_streams
 
     def op(stream, kind="vector", device_us=1.0):

@@ -196,7 +196,7 @@ def test_the_launchers_job_runner_does_what_hydras_run_job_does(tmp_path, monkey
     from hydra._internal.callbacks import Callbacks
     from omegaconf import open_dict
 
-    from harness.config.schema import CONF_DIR
+    from harness.config.paths import CONF_DIR
     from harness.sweep.launcher import run_sweep_job
 
     monkeypatch.chdir(tmp_path)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from harness.config.schema import REPO_ROOT
+from harness.config.paths import REPO_ROOT
 
 # Bottom to top: a module may import its own layer and the layers before it, never one after it.
 LAYERS: list[tuple[str, tuple[str, ...]]] = [

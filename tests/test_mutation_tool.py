@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.config.schema import REPO_ROOT
+from harness.config.paths import REPO_ROOT
 
 sys.path.insert(0, str(REPO_ROOT / "tools" / "mutation"))
 import run as mutation  # noqa: E402

@@ -6,7 +6,7 @@ import os
 import subprocess
 import sys
 
-from harness.config.schema import REPO_ROOT
+from harness.config.paths import REPO_ROOT
 
 JOBS = r"""
 import json, sys

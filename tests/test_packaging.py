@@ -13,7 +13,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from harness.config.schema import REPO_ROOT
+from harness.config.paths import REPO_ROOT
 
 
 def _declared_packages() -> set[str]:
@@ -81,8 +81,12 @@ def test_wheel_installs_and_runs_outside_the_checkout(tmp_path):
     # quietly serve a subpackage the wheel lacks.
     where = subprocess.run(
         [sys.executable, "-c",
-         "import harness.config.schema as c, harness.profile, harness.importers.kineto as k, harness.sim.simulate as r, hydra_plugins.hostbound_launcher as h;"
-         "print(c.CONF_DIR); print(c.WORKLOADS_DIR); print(k.__file__); print(r.__file__); print(h.__file__)"],
+         "import harness.config.paths as c, harness.profile, hydra_plugins.hostbound_launcher as h, importlib;"
+         "print(c.CONF_DIR); print(c.WORKLOADS_DIR); print(h.__file__);"
+         # a module of every layer, the entry points and the tracking command's package
+         "[print(importlib.import_module(m).__file__) for m in ('harness.base.files', 'harness.config.compose', 'harness.model.workload',"
+         " 'harness.sim.simulate', 'harness.importers.kineto', 'harness.results.outputs', 'harness.tracking.store',"
+         " 'harness.tracking.__main__', 'harness.sweep.launcher', 'harness.cli.job', 'harness.report', 'harness.repro')]"],
         cwd=elsewhere, env=env, capture_output=True, text=True,
     )
     assert where.returncode == 0, where.stderr[-2000:]

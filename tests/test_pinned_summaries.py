@@ -37,7 +37,9 @@ def summary_text(overrides: list[str], run_dir: Path) -> str:
     """summary.json of `python -m harness OVERRIDES tracking.enabled=false`, wall-clock keys dropped."""
     from omegaconf import OmegaConf
 
-    from harness.config.schema import CONF_DIR, flatten, register_configs, to_run_config
+    from harness.config.compose import register_configs, to_run_config
+    from harness.config.paths import CONF_DIR
+    from harness.config.schema import flatten
     from harness.cli.job import execute
     from hydra import compose, initialize_config_dir
 

@@ -15,7 +15,8 @@ import shlex
 import pytest
 
 from harness.cli.command import check_run, preflight
-from harness.config.schema import REPO_ROOT, compose_run
+from harness.config.compose import compose_run
+from harness.config.paths import REPO_ROOT
 
 # Lines that name something this machine cannot have; each is covered elsewhere as noted.
 ILLUSTRATIVE = {

@@ -29,7 +29,7 @@ from hypothesis import strategies as st
 
 from conftest import compose_run, free_port, run_cli
 from harness.cli.command import check_run, preflight
-from harness.config.schema import LIMITS, Limit
+from harness.config.limits import LIMITS, Limit
 from harness.base.errors import EXIT_BAD_INPUT, EXIT_WRITE_FAILED, ConfigError
 from harness.base.files import atomic_write
 from harness.cli.job import execute
@@ -238,7 +238,8 @@ def test_issue_cases_are_refused_up_front_naming_the_key(override, named, tmp_pa
 
 def test_every_number_of_the_schema_has_a_limit_and_no_limit_is_stale():
     """A new numeric key without a range would pass unchecked: check_limits looks each one up."""
-    from harness.config.schema import RunConfig, _numeric_fields
+    from harness.config.limits import _numeric_fields
+    from harness.config.schema import RunConfig
     import dataclasses
     import typing
 
@@ -261,7 +262,7 @@ def test_every_number_of_the_schema_has_a_limit_and_no_limit_is_stale():
 
 
 def test_a_card_file_is_checked_like_the_config(tmp_path, monkeypatch):
-    import harness.config.schema as config_module
+    import harness.config.paths as config_module
     import harness.model.workload as workload_module
 
     cards = tmp_path / "workloads"
@@ -538,7 +539,7 @@ BEGIN, END = "<!-- limits: begin (python tests/test_reliability.py rewrites) -->
 
 def limits_table() -> str:
     """Every range the harness checks, from the one table it checks them with."""
-    from harness.config.schema import _number_text
+    from harness.config.limits import _number_text
 
     def row(key: str, limit: Limit) -> str:
         return f"| `{key}` | {_number_text(limit.low)} | {_number_text(limit.high)} | {limit.unit} |"

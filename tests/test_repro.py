@@ -12,7 +12,7 @@ from omegaconf import OmegaConf
 import harness.config.schema
 import harness.model.workload
 from conftest import compose_run
-from harness.config.schema import REPO_ROOT, WORKLOADS_DIR
+from harness.config.paths import REPO_ROOT, WORKLOADS_DIR
 from harness.base.errors import HarnessError
 from harness.cli.repro import TOLERANCE, load_claims, main, reproduce
 

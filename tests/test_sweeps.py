@@ -264,7 +264,7 @@ def test_a_sweeps_jobs_compose_exactly_as_hydra_would(monkeypatch):
     from omegaconf import OmegaConf
 
     from harness.sweep import compose_cache
-    from harness.config.schema import CONF_DIR
+    from harness.config.paths import CONF_DIR
 
     cases = [
         ["strategy=async", "workload.batch_size=4"],

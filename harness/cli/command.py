@@ -26,7 +26,10 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from harness.sweep.compose_cache import compose_job
-from harness.config.schema import CONF_DIR, RunConfig, flatten, one_line, to_run_config
+from harness.config.compose import to_run_config
+from harness.config.messages import one_line
+from harness.config.paths import CONF_DIR
+from harness.config.schema import RunConfig, flatten
 from harness.base.errors import EXIT_TRACKING_FAILED, EXIT_WRITE_FAILED, ConfigError, HarnessError, fail, one_line_text
 from harness.model.ops import check_memory
 from harness.base.stopping import stop_with

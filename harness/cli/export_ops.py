@@ -11,7 +11,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from harness.config.schema import compose_run, one_line
+from harness.config.compose import compose_run
+from harness.config.messages import one_line
 from harness.model.device import device_times
 from harness.base.errors import HarnessError, fail
 from harness.model.ops_csv import write_ops_csv

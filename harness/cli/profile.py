@@ -79,7 +79,7 @@ def command_line(overrides: list[str]) -> str:
 def what_if(imported: Imported, overrides: list[str], measured: dict) -> pd.DataFrame:
     """The replay and each alternative strategy on the op list: step time, speed-up over the
     measured step, device busy, bound verdict."""
-    from harness.config.schema import compose_run
+    from harness.config.compose import compose_run
     from harness.sim.simulate import simulate_run
 
     base = [o for o in overrides if not o.startswith("strategy")]

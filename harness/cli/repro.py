@@ -21,7 +21,7 @@ from typing import Optional
 import pandas as pd
 from omegaconf import OmegaConf
 
-from harness.config.schema import CONF_DIR
+from harness.config.paths import CONF_DIR
 from harness.base.errors import HarnessError, one_line_text
 from harness.base.files import atomic_write, write_text
 
@@ -120,7 +120,7 @@ def load_claims(path: Path = CLAIMS_FILE) -> list[Claim]:
 
 def run_experiment(name: str) -> dict:
     """The summary of `python -m harness +experiment=<name>`, simulated in this process, tracking off."""
-    from harness.config.schema import compose_run
+    from harness.config.compose import compose_run
     from harness.sim.simulate import simulate_run
 
     run = compose_run([f"+experiment={name}", "tracking.enabled=false"])

@@ -1,37 +1,18 @@
-"""Typed configuration: the dataclass schemas behind conf/, registered in Hydra's ConfigStore.
-
-Composition (Hydra) checks key names and types against these schemas; `to_run_config` then builds
-the dataclasses, whose `__post_init__` checks values and raises `ConfigError` naming the full key and
-the value. Building a config has no side effects.
-"""
+"""The run schema: the dataclasses Hydra composes conf/ into (RunConfig and its parts), their enums,
+and each part's own checks (ranges from limits.py)."""
 from __future__ import annotations
 
-import dataclasses
-import difflib
 import enum
-import functools
-import math
-import os
 import re
-import time
-import typing
-import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, Dict, List, Optional, Sequence
+from typing import Any, ClassVar, Dict, List, Optional
 
 import numpy as np
-from hydra.core.config_store import ConfigStore
-from omegaconf import DictConfig, OmegaConf
 
 from harness.base.errors import ConfigError
-
-REPO_ROOT = Path(__file__).resolve().parents[2]
-_PACKAGE = Path(__file__).resolve().parents[1]  # harness/
-# A source checkout (or an editable install) keeps conf/ and workloads/ at the top level; a wheel ships
-# them inside the package (pyproject.toml maps them to harness/conf, harness/workloads).
-CONF_DIR = _PACKAGE / "conf" if (_PACKAGE / "conf").is_dir() else REPO_ROOT / "conf"
-WORKLOADS_DIR = _PACKAGE / "workloads" if (_PACKAGE / "workloads").is_dir() else REPO_ROOT / "workloads"
+from harness.config.limits import LIMITS, check_field, check_limits, check_number
+from harness.config.paths import WORKLOADS_DIR
 
 
 # How the host issues ops: one thread (eager), two (async launch queue), three (pipeline). Built
@@ -73,204 +54,6 @@ class OpKind(enum.Enum):
     copy = "copy"
 
 
-MAX_STREAMS = 16  # device streams: 0 compute, 1 communication, 2.. further compute streams (traces)
-
-
-def _check(obj: Any, condition: bool, field_name: str, requirement: str) -> None:
-    if not condition:
-        value = getattr(obj, field_name)
-        raise ConfigError(f"{obj._key}.{field_name}={value!r}: {requirement}")
-
-
-# ---------------------------------------------------------------- limits
-# Every number a user can set has a finite, physically meaningful range, checked before anything runs:
-# inf, nan, 1e308 or 2**63 would otherwise reach numpy and the kernel (overflow warnings, NaN output,
-# "Python int too large to convert to C long", multi-GB allocations). The bounds are generous (a
-# thousand times beyond any device or host we know of) but finite; docs/reliability.md lists them.
-
-
-@dataclass(frozen=True)
-class Limit:
-    low: float
-    high: float
-    unit: str = ""
-
-    def text(self) -> str:
-        unit = f" {self.unit}" if self.unit else ""
-        return f"{_number_text(self.low)}..{_number_text(self.high)}{unit}"
-
-
-def _number_text(value: float) -> str:
-    """1e7 → '1e7', 1048576 → '1048576', 0.001 → '0.001': bounds as a reader would write them."""
-    if value == int(value):
-        exponent = math.log10(abs(value)) if value else 0
-        if abs(value) >= 1e6 and exponent == int(exponent):
-            return f"1e{int(exponent)}" if value > 0 else f"-1e{int(exponent)}"
-        return str(int(value))
-    return f"{value:g}"
-
-
-US = Limit(0, 1e7, "µs")  # a host stage or fixed device cost: up to 10 s
-MS = Limit(0, 1e6, "ms")
-TFLOPS = Limit(1e-3, 1e5, "TFLOPS")  # 1 GFLOPS .. 100 PFLOPS per device
-GBPS = Limit(1e-3, 1e5, "GB/s")  # 1 MB/s .. 100 TB/s
-COUNT = Limit(1, 1e6)
-FRACTION = Limit(1e-3, 1.0)
-TOKENS = Limit(1, 1 << 24, "tokens")
-DEVICES = Limit(1, 4096, "devices")
-CV = Limit(0, 10)
-
-LIMITS: dict[str, Limit] = {
-    "seed": Limit(0, 2**63 - 1),
-    **{f"hardware.host.{name}": US for name in (
-        "framework_us", "infer_shape_us", "tiling_us", "alloc_us", "launch_us", "free_us", "sync_us", "param_write_us",
-        "packed_params_us", "driver_alloc_us", "tiling_lookup_us")},
-    "hardware.host.threads": Limit(1, 4096, "threads"),
-    "hardware.host.jitter_cv": CV,
-    "hardware.host.kernel_params": Limit(0, 10_000, "parameters"),
-    "hardware.host.stream_pool_speedup": Limit(0, 0.999),
-    "hardware.host.cpu_gflops": Limit(1e-3, 1e6, "GFLOPS"),
-    "hardware.device.ai_cores": Limit(1, 65_536, "cores"),
-    "hardware.device.rated_cores": Limit(0, 65_536, "cores"),
-    "hardware.device.cube_tflops": TFLOPS,
-    "hardware.device.cube_int8_tflops": Limit(0, 1e5, "TOPS"),
-    "hardware.device.vector_tflops": TFLOPS,
-    "hardware.device.matmul_efficiency": FRACTION,
-    "hardware.device.hbm_efficiency": FRACTION,
-    "hardware.device.hbm_gb": Limit(1e-3, 1e5, "GB"),
-    "hardware.device.hbm_gbps": GBPS,
-    "hardware.device.matmul_fixed_us": US,
-    "hardware.device.vector_fixed_us": US,
-    "hardware.device.comm_fixed_us": US,
-    "hardware.device.block_quantum_us": Limit(1e-3, 1e7, "µs"),
-    "hardware.link.pcie_gbps": GBPS,
-    "hardware.link.scaleup_gbps": GBPS,
-    "hardware.link.internode_gbps": GBPS,
-    "hardware.link.pcie_latency_us": US,
-    "hardware.link.scaleup_latency_us": US,
-    "hardware.link.internode_latency_us": US,
-    "hardware.link.devices_per_node": DEVICES,
-    **{f"hardware.graph.{name}": US for name in (
-        "replay_launch_us", "task_dispatch_us", "param_update_us", "sink_trigger_us", "address_update_us")},
-    "hardware.graph.capture_ms": MS,
-    "hardware.graph.sink_load_ms": MS,
-    "hardware.graph.graph_mem_mib": Limit(0, 1e6, "MiB"),
-    "hardware.graph.max_graphs": COUNT,
-    "workload.ops[].flops": Limit(0, 1e18, "FLOP"),
-    "workload.ops[].bytes": Limit(0, 1e15, "bytes"),
-    "workload.ops[].device_us": US,
-    "workload.ops[].host_us": US,
-    "workload.ops[].stream": Limit(-1, MAX_STREAMS - 1, "(-1: by kind, 0 compute, 1 communication)"),
-    "workload.ops[].after": Limit(0, 1e6, "op index"),
-    "workload.serving.arrival_rate_rps": Limit(1e-6, 1e6, "requests/s"),
-    "workload.serving.prompt_len_mean": TOKENS,
-    "workload.serving.output_len_mean": TOKENS,
-    "workload.serving.len_cv": CV,
-    "workload.serving.max_batch": Limit(1, 1 << 20, "sequences"),
-    "workload.serving.initial_requests": Limit(0, 1e7, "requests"),
-    "workload.tp": DEVICES,
-    "workload.dp": DEVICES,
-    "workload.ep": Limit(0, 4096, "devices"),
-    "workload.batch_size": Limit(1, 1 << 20, "sequences"),
-    "workload.context_len": TOKENS,
-    "workload.steps": Limit(1, 1e9, "steps"),
-    "workload.warmup_steps": Limit(0, 1e9, "steps"),
-    "workload.repeat": Limit(1, 1e6),
-    "strategy.queue_capacity": Limit(1, 1e6, "ops"),
-    "strategy.kv_block": TOKENS,
-    "strategy.tiling_cache_entries": Limit(1, 1e9, "entries"),
-    "strategy.fusion_max_ops": Limit(1, 10_000, "ops"),
-    "strategy.graph.buckets": Limit(1, 1 << 20, "sequences"),
-    "engine.layer_overhead_us": US,
-    **{f"engine.{stage}.{cost}": US for stage in ("schedule", "prepare", "sample", "output", "api")
-       for cost in ("per_step_us", "per_request_us", "per_token_us")},
-    "engine.multi_step": Limit(1, 1024, "steps"),
-    "tracking.timeout_s": Limit(0.1, 3600, "s"),
-    # Model card fields (workloads/*.yaml and workload.card_overrides.*); all integers but layer_overhead_us.
-    **{f"card.{name}": Limit(1, 1 << 20) for name in (
-        "hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim", "v_head_dim", "vocab_size")},
-    **{f"card.{name}": Limit(1, 1 << 24) for name in ("intermediate_size", "moe_intermediate_size")},
-    **{f"card.{name}": Limit(0, 1 << 20) for name in ("q_lora_rank", "kv_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim")},
-    "card.num_hidden_layers": Limit(1, 10_000, "layers"),
-    "card.first_k_dense_replace": Limit(0, 10_000, "layers"),
-    "card.n_routed_experts": Limit(0, 65_536, "experts"),
-    "card.n_shared_experts": Limit(0, 1024, "experts"),
-    "card.num_experts_per_tok": Limit(1, 65_536, "experts"),
-    "card.dtype_bytes": Limit(1, 8, "bytes"),
-    "card.layer_overhead_us": US,
-    "output.trace_steps": Limit(0, 10_000, "steps"),
-    "output.timeline_steps": Limit(0, 1_000, "steps"),
-}
-
-
-def check_number(key: str, value: Any, limit: Limit, integer: bool = False) -> None:
-    """Raise ConfigError naming `key` unless `value` is a finite number (an integer if asked) within `limit`."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or (integer and not isinstance(value, int)):
-        raise ConfigError(f"{key}={value!r}: must be {'an integer' if integer else 'a number'} in {limit.text()}")
-    if not math.isfinite(value):
-        raise ConfigError(f"{key}={value!r}: must be a finite number in {limit.text()}")
-    if not limit.low <= value <= limit.high:
-        raise ConfigError(f"{key}={value!r}: must be in {limit.text()}")
-
-
-@functools.lru_cache(maxsize=None)  # per class: every config object built runs check_limits
-def _numeric_fields(cls: type) -> list[tuple[str, bool]]:
-    """(name, integer) of a dataclass's int/float fields, Optional and List ones included."""
-    hints = typing.get_type_hints(cls)
-    out = []
-    for f in dataclasses.fields(cls):
-        kinds = {t for t in _leaf_types(hints[f.name]) if t in (int, float)}
-        if kinds:
-            out.append((f.name, kinds == {int}))
-    return out
-
-
-@functools.lru_cache(maxsize=None)
-def _text_fields(cls: type) -> list[str]:
-    hints = typing.get_type_hints(cls)
-    return [f.name for f in dataclasses.fields(cls) if str in _leaf_types(hints[f.name]) and typing.get_origin(hints[f.name]) is not dict]
-
-
-# Text values: names land in folder names, MLflow tags (8000 characters at most) and one-line messages.
-MAX_NAME_CHARS = 200
-MAX_PATH_CHARS = 4096
-_PATH_FIELDS = {"path", "uri", "card"}
-
-
-def check_text(key: str, value: Any, max_chars: int) -> None:
-    if not isinstance(value, str):
-        raise ConfigError(f"{key}={value!r}: must be text")
-    if len(value) > max_chars:
-        raise ConfigError(f"{key}={value[:40]!r}…: must be at most {max_chars} characters ({len(value)})")
-    if any(not ch.isprintable() for ch in value):
-        raise ConfigError(f"{key}={value!r}: must not hold control characters (newlines, tabs, NUL)")
-
-
-def _leaf_types(hint: Any) -> list[Any]:
-    args = typing.get_args(hint)
-    return [t for arg in args for t in _leaf_types(arg)] if args else [hint]
-
-
-def check_limits(obj: Any, key: Optional[str] = None) -> None:
-    """Check every number field of a config dataclass against LIMITS, and every text field for length
-    and control characters (lists item by item, None skipped)."""
-    section = key or obj._key
-    for name, integer in _numeric_fields(type(obj)):
-        full = f"{section}.{name}"
-        limit = LIMITS[full]
-        value = getattr(obj, name)
-        if isinstance(value, list):
-            for i, item in enumerate(value):
-                check_number(f"{full}[{i}]", item, limit, integer)
-        elif value is not None:
-            check_number(full, value, limit, integer)
-    for name in _text_fields(type(obj)):
-        value, chars = getattr(obj, name), MAX_PATH_CHARS if name in _PATH_FIELDS else MAX_NAME_CHARS
-        for i, item in enumerate(value) if isinstance(value, list) else [(None, value)]:
-            if item is not None:
-                check_text(f"{section}.{name}" + (f"[{i}]" if i is not None else ""), item, chars)
-
-
 class Platform(enum.Enum):
     """The software stack a hardware preset runs, or a strategy needs."""
 
@@ -308,7 +91,7 @@ class HostConfig:
     def __post_init__(self) -> None:
         check_limits(self)
         # launch_us covers a kernel's own parameters written one by one: the call itself cannot be negative.
-        _check(
+        check_field(
             self,
             self.launch_us >= self.kernel_params * self.param_write_us,
             "launch_us",
@@ -466,18 +249,18 @@ class WorkloadConfig:
 
     def __post_init__(self) -> None:
         if self.serving.enabled:
-            _check(self, self.phase == Phase.decode, "phase", "serving batches need phase=decode")
-            _check(self, self.card is not None, "card", "serving batches need a model card (sizes follow the batch)")
+            check_field(self, self.phase == Phase.decode, "phase", "serving batches need phase=decode")
+            check_field(self, self.card is not None, "card", "serving batches need a model card (sizes follow the batch)")
         check_limits(self)
-        _check(self, self.warmup_steps < self.steps, "warmup_steps", f"must be < workload.steps={self.steps}")
-        _check(self, self.ep <= self.devices, "ep", f"must be <= the devices (tp × dp = {self.devices})")
+        check_field(self, self.warmup_steps < self.steps, "warmup_steps", f"must be < workload.steps={self.steps}")
+        check_field(self, self.ep <= self.devices, "ep", f"must be <= the devices (tp × dp = {self.devices})")
         if self.card is None and self.path is None:
-            _check(self, len(self.ops) > 0, "ops", "empty op list: set workload.card, workload.path or workload.ops")
+            check_field(self, len(self.ops) > 0, "ops", "empty op list: set workload.card, workload.path or workload.ops")
         elif self.card is None:
-            _check(self, Path(self.path).is_file(), "path", "no such file")
+            check_field(self, Path(self.path).is_file(), "path", "no such file")
         elif not (WORKLOADS_DIR / f"{self.card}.yaml").is_file():
             known = sorted(p.stem for p in WORKLOADS_DIR.glob("*.yaml"))
-            _check(self, False, "card", f"no such model card in workloads/ (known: {', '.join(known)})")
+            check_field(self, False, "card", f"no such model card in workloads/ (known: {', '.join(known)})")
 
     @property
     def devices(self) -> int:
@@ -510,7 +293,7 @@ class GraphStrategyConfig:
 
     def __post_init__(self) -> None:
         check_limits(self)
-        _check(self, 0 < len(self.buckets) <= 10_000, "buckets", "must be a list of 1..10000 sizes")
+        check_field(self, 0 < len(self.buckets) <= 10_000, "buckets", "must be a list of 1..10000 sizes")
 
 
 @dataclass
@@ -616,10 +399,10 @@ class TrackingConfig:
 
     def __post_init__(self) -> None:
         check_limits(self)
-        _check(self, bool(self.experiment.strip()), "experiment", "must name an experiment")
+        check_field(self, bool(self.experiment.strip()), "experiment", "must name an experiment")
         if self.uri is not None:
             scheme = tracking_scheme(self.uri)
-            _check(
+            check_field(
                 self, scheme in TRACKING_SCHEMES, "uri",
                 f"unknown scheme {scheme!r} (use sqlite:///PATH, http(s)://HOST:PORT, postgresql://…, mysql://…, file:PATH or a folder)",
             )
@@ -684,130 +467,6 @@ class RunConfig:
     def names(self) -> dict[str, str]:
         """What ran, by preset name: summary.json's first keys, MLflow tags, the terminal header."""
         return {"hardware": self.hardware.name, "workload": self.workload.name, "strategy": self.strategy.name, "engine": self.engine.name}
-
-
-_PROCESS_ID = f"{os.getpid()}{time.time_ns() // 1000 % 1000:03d}"  # unique among processes started together
-
-
-def register_configs() -> None:
-    """Register the schema so conf/config.yaml's defaults list starts from `run_schema`, and the
-    `hostbound_id` resolver that makes run and sweep folders unique (two runs started in the same second
-    used to share one)."""
-    cs = ConfigStore.instance()
-    cs.store(name="run_schema", node=RunConfig)
-    if not OmegaConf.has_resolver("hostbound_id"):
-        OmegaConf.register_new_resolver("hostbound_id", lambda: _PROCESS_ID)
-    # conf/hydra/launcher/ray.yaml replaces hydra-ray-launcher's preset of that name on purpose (it says
-    # why); Hydra then checks it against the plugin's schema, as wanted, and warns that it does so.
-    warnings.filterwarnings("ignore", message=r"\s*'hydra/launcher/ray' is validated against ConfigStore schema", category=UserWarning)
-
-
-def compose_run(overrides: list[str] | tuple[str, ...] = ()) -> RunConfig:
-    """The RunConfig `python -m harness <overrides>` would run (composed from conf/, values checked)."""
-    from hydra import compose, initialize_config_dir
-
-    register_configs()
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        cfg = compose(config_name="config", overrides=list(overrides))
-    return to_run_config(cfg)
-
-
-def to_run_config(cfg: DictConfig) -> RunConfig:
-    """Turn a composed config into dataclasses, running every value check (raises ConfigError)."""
-    if OmegaConf.get_type(cfg) is RunConfig and "hydra" not in cfg:
-        # Composed on run_schema (conf/config.yaml's first default): already typed and key-checked, so
-        # instantiating it runs the same checks ~30× faster than merging into a fresh schema (a sweep's jobs
-        # paid ~70 ms each for that).
-        try:
-            run = OmegaConf.to_object(cfg)
-        except ConfigError:
-            raise
-        except Exception as exc:
-            raise ConfigError(one_line(exc)) from exc
-        assert isinstance(run, RunConfig)
-        return run
-    plain = OmegaConf.to_container(cfg, resolve=True)
-    if isinstance(plain, dict):
-        plain.pop("hydra", None)
-    schema = OmegaConf.structured(RunConfig)
-    try:
-        merged = OmegaConf.merge(schema, plain)
-        run = OmegaConf.to_object(merged)
-    except ConfigError:
-        raise
-    except Exception as exc:  # OmegaConf validation: unknown key or wrong type
-        raise ConfigError(one_line(exc)) from exc
-    assert isinstance(run, RunConfig)
-    return run
-
-
-def one_line(exc: BaseException, overrides: Sequence[str] = ()) -> str:
-    """An OmegaConf/Hydra error as one line naming the key and the value the user wrote, with "did you
-    mean" for a misspelt key or preset; errors it does not know are squeezed (causes included) as they are."""
-    parts: list[str] = []
-    seen = set()
-    current: Optional[BaseException] = exc
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
-        for line in str(current).splitlines():
-            line = line.strip()
-            if not line or line.startswith(("object_type=", "Set the environment", "reference_type=")):
-                continue
-            if line not in parts:
-                parts.append(line)
-        current = current.__cause__ or current.__context__
-    raw = "; ".join(parts) if parts else type(exc).__name__
-    return _explain(raw, overrides) or raw
-
-
-def _written(key: str, overrides: Sequence[str], fallback: str) -> str:
-    """`key=value` as the command line wrote it (`+`/`++` prefixes dropped), else with `fallback`."""
-    for override in overrides:
-        name, _, value = override.partition("=")
-        if name.lstrip("+~") == key:
-            return f"{key}={value}"
-    return f"{key}={fallback}"
-
-
-def did_you_mean(word: str, choices: Sequence[str]) -> str:
-    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
-    return f" (did you mean {close[0]}?)" if close else ""
-
-
-def group_options(group: str) -> list[str]:
-    return sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
-
-
-def config_keys() -> list[str]:
-    """Every key of the run schema (dotted), and the config groups."""
-    groups = [p.name for p in CONF_DIR.iterdir() if p.is_dir()]
-    return sorted(set(flatten(OmegaConf.to_container(OmegaConf.structured(RunConfig)))) | set(groups))
-
-
-_TYPE_WORDS = {"Integer": "an integer", "Float": "a number", "Boolean": "true or false", "String": "text"}
-
-
-def _explain(raw: str, overrides: Sequence[str]) -> Optional[str]:
-    if m := re.search(r"Could not find '(?P<group>[\w/]+)/(?P<value>[^']+)'", raw):
-        group, value = m["group"], m["value"]
-        options = group_options(group)
-        if not options:
-            return None
-        return f"{group}={value}: no such {group} preset{did_you_mean(value, options)}; choose from {', '.join(options)}"
-    if m := re.search(r"Key '[^']+' not in '\w+'; full_key: (?P<key>\S+)", raw):
-        key = m["key"]
-        return f"{_written(key, overrides, '...')}: no such key{did_you_mean(key, config_keys())}"
-    if m := re.search(r"Value '(?P<value>.*?)' of type '\w+' could not be converted to (?P<to>\w+); full_key: (?P<key>[^;\s]+)", raw):
-        return f"{_written(m['key'], overrides, m['value'])}: must be {_TYPE_WORDS.get(m['to'], m['to'])}"
-    if m := re.search(r"Value '(?P<value>.*?)' is not a valid bool \(type \w+\); full_key: (?P<key>[^;\s]+)", raw):
-        return f"{_written(m['key'], overrides, m['value'])}: must be true or false"
-    if m := re.search(r"Invalid value '(?P<value>.*?)', expected one of \[(?P<options>[^\]]*)\]; full_key: (?P<key>[^;\s]+)", raw):
-        options = [o.strip() for o in m["options"].split(",")]
-        return f"{_written(m['key'], overrides, m['value'])}: must be one of {', '.join(options)}{did_you_mean(m['value'], options)}"
-    if m := re.search(r"Could not override '(?P<key>[^']+)'\. No match in the defaults list", raw):
-        key = m["key"]
-        return f"{_written(key, overrides, '...')}: {key} is not in the defaults list; add it with +{_written(key, overrides, '...')}"
-    return None
 
 
 def flatten(cfg: Any, prefix: str = "") -> dict[str, Any]:

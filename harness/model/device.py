@@ -20,8 +20,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from harness.config.schema import DeviceConfig, HardwareConfig, LinkConfig
-from harness.config.schema import OpKind
+from harness.config.schema import DeviceConfig, HardwareConfig, LinkConfig, OpKind
 from harness.model.ops import (
     COMM_ALL_GATHER,
     COMM_ALL_REDUCE,

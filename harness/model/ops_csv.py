@@ -35,7 +35,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from harness.config.schema import LIMITS, MAX_STREAMS, Limit, OpKind, WorkloadConfig, one_line
+from harness.config.limits import LIMITS, MAX_STREAMS, Limit
+from harness.config.messages import one_line
+from harness.config.schema import OpKind, WorkloadConfig
 from harness.base.errors import ConfigError
 from harness.base.files import atomic_write
 from harness.base.progress import Progress

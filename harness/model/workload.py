@@ -25,7 +25,10 @@ from typing import Callable, Optional
 import numpy as np
 from omegaconf import OmegaConf
 
-from harness.config.schema import LIMITS, WORKLOADS_DIR, OpKind, Phase, Quant, WorkloadConfig, check_number, did_you_mean
+from harness.config.limits import LIMITS, check_number
+from harness.config.messages import did_you_mean
+from harness.config.paths import WORKLOADS_DIR
+from harness.config.schema import OpKind, Phase, Quant, WorkloadConfig
 from harness.base.errors import ConfigError
 from harness.model.ops import (
     BYTES_PER_GB,

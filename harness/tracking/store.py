@@ -33,7 +33,8 @@ from urllib.parse import unquote
 
 import pandas as pd
 
-from harness.config.schema import ArtifactPolicy, TrackingConfig, flatten, one_line
+from harness.config.messages import one_line
+from harness.config.schema import ArtifactPolicy, TrackingConfig, flatten
 from harness.base.errors import EXIT_BAD_INPUT, EXIT_TRACKING_FAILED, HarnessError, TrackingError, one_line_text
 from harness.base.files import write_text
 from harness.results.outputs import STEPS_FILE, SUMMARY_FILE, TRACE_FILE, run_notes

@@ -1,0 +1,81 @@
+"""One-line messages for bad input: an OmegaConf or Hydra error as one line naming the key and the
+value the user wrote, with "did you mean" for a misspelt key or preset."""
+from __future__ import annotations
+
+import difflib
+import re
+from typing import Optional, Sequence
+
+from omegaconf import OmegaConf
+
+from harness.config.paths import CONF_DIR
+from harness.config.schema import RunConfig, flatten
+
+
+def one_line(exc: BaseException, overrides: Sequence[str] = ()) -> str:
+    """An OmegaConf/Hydra error as one line naming the key and the value the user wrote, with "did you
+    mean" for a misspelt key or preset; errors it does not know are squeezed (causes included) as they are."""
+    parts: list[str] = []
+    seen = set()
+    current: Optional[BaseException] = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        for line in str(current).splitlines():
+            line = line.strip()
+            if not line or line.startswith(("object_type=", "Set the environment", "reference_type=")):
+                continue
+            if line not in parts:
+                parts.append(line)
+        current = current.__cause__ or current.__context__
+    raw = "; ".join(parts) if parts else type(exc).__name__
+    return _explain(raw, overrides) or raw
+
+
+def _written(key: str, overrides: Sequence[str], fallback: str) -> str:
+    """`key=value` as the command line wrote it (`+`/`++` prefixes dropped), else with `fallback`."""
+    for override in overrides:
+        name, _, value = override.partition("=")
+        if name.lstrip("+~") == key:
+            return f"{key}={value}"
+    return f"{key}={fallback}"
+
+
+def did_you_mean(word: str, choices: Sequence[str]) -> str:
+    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
+    return f" (did you mean {close[0]}?)" if close else ""
+
+
+def group_options(group: str) -> list[str]:
+    return sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
+
+
+def config_keys() -> list[str]:
+    """Every key of the run schema (dotted), and the config groups."""
+    groups = [p.name for p in CONF_DIR.iterdir() if p.is_dir()]
+    return sorted(set(flatten(OmegaConf.to_container(OmegaConf.structured(RunConfig)))) | set(groups))
+
+
+_TYPE_WORDS = {"Integer": "an integer", "Float": "a number", "Boolean": "true or false", "String": "text"}
+
+
+def _explain(raw: str, overrides: Sequence[str]) -> Optional[str]:
+    if m := re.search(r"Could not find '(?P<group>[\w/]+)/(?P<value>[^']+)'", raw):
+        group, value = m["group"], m["value"]
+        options = group_options(group)
+        if not options:
+            return None
+        return f"{group}={value}: no such {group} preset{did_you_mean(value, options)}; choose from {', '.join(options)}"
+    if m := re.search(r"Key '[^']+' not in '\w+'; full_key: (?P<key>\S+)", raw):
+        key = m["key"]
+        return f"{_written(key, overrides, '...')}: no such key{did_you_mean(key, config_keys())}"
+    if m := re.search(r"Value '(?P<value>.*?)' of type '\w+' could not be converted to (?P<to>\w+); full_key: (?P<key>[^;\s]+)", raw):
+        return f"{_written(m['key'], overrides, m['value'])}: must be {_TYPE_WORDS.get(m['to'], m['to'])}"
+    if m := re.search(r"Value '(?P<value>.*?)' is not a valid bool \(type \w+\); full_key: (?P<key>[^;\s]+)", raw):
+        return f"{_written(m['key'], overrides, m['value'])}: must be true or false"
+    if m := re.search(r"Invalid value '(?P<value>.*?)', expected one of \[(?P<options>[^\]]*)\]; full_key: (?P<key>[^;\s]+)", raw):
+        options = [o.strip() for o in m["options"].split(",")]
+        return f"{_written(m['key'], overrides, m['value'])}: must be one of {', '.join(options)}{did_you_mean(m['value'], options)}"
+    if m := re.search(r"Could not override '(?P<key>[^']+)'\. No match in the defaults list", raw):
+        key = m["key"]
+        return f"{_written(key, overrides, '...')}: {key} is not in the defaults list; add it with +{_written(key, overrides, '...')}"
+    return None

@@ -1,0 +1,13 @@
+"""Where the configuration tree (conf/) and the model cards (workloads/) are: a source checkout's top
+level, or inside an installed wheel."""
+from __future__ import annotations
+
+from pathlib import Path
+
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+_PACKAGE = Path(__file__).resolve().parents[1]  # harness/
+# A source checkout (or an editable install) keeps conf/ and workloads/ at the top level; a wheel ships
+# them inside the package (pyproject.toml maps them to harness/conf, harness/workloads).
+CONF_DIR = _PACKAGE / "conf" if (_PACKAGE / "conf").is_dir() else REPO_ROOT / "conf"
+WORKLOADS_DIR = _PACKAGE / "workloads" if (_PACKAGE / "workloads").is_dir() else REPO_ROOT / "workloads"
