@@ -8,6 +8,9 @@ same order.
 from __future__ import annotations
 
 import ast
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 from harness.config.paths import REPO_ROOT
@@ -155,3 +158,24 @@ def test_it_fails_on_the_old_flat_tree_shape(tmp_path):
 
 def test_layers_point_down_and_nothing_cycles():
     assert violations(read_tree(REPO_ROOT)) == []
+
+
+def test_importing_the_package_changes_nothing():
+    """No work at import time beyond definitions: importing every module below the entry points leaves
+    Hydra's config loader and the environment as they were (the entry point, a sweep's callback and the
+    functions that talk to MLflow do that, when they run)."""
+    modules = sorted(m for m in read_tree(REPO_ROOT) if m.startswith("harness.") and layer_of(m) < len(LAYERS) - 1)
+    script = (
+        "import importlib, os, sys\n"
+        "from hydra._internal.config_loader_impl import ConfigLoaderImpl\n"
+        "before = (dict(os.environ), ConfigLoaderImpl.load_configuration, ConfigLoaderImpl.load_sweep_config)\n"
+        f"for name in {modules!r}:\n"
+        "    importlib.import_module(name)\n"
+        "after = (dict(os.environ), ConfigLoaderImpl.load_configuration, ConfigLoaderImpl.load_sweep_config)\n"
+        "print(before == after)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")}
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, cwd=REPO_ROOT)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "True"
+    assert len(modules) > 40

@@ -20,7 +20,8 @@ import pytest
 
 from conftest import compose_run
 from harness.importers import ProfileError, load_profile
-from harness.importers.steps import find_windows, import_profile, ops_table, write_ops_table
+from harness.importers.steps import find_windows, import_profile, ops_table
+from harness.model.ops_csv import write_ops_table
 from harness.importers.events import (
     CALL_ALLOC,
     CALL_COPY,

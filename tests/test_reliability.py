@@ -271,15 +271,10 @@ def test_a_card_file_is_checked_like_the_config(tmp_path, monkeypatch):
     (cards / "bad.yaml").write_text(text.replace("head_dim: 128", "head_dim: .inf"))
     (cards / "typo.yaml").write_text(text.replace("vocab_size:", "vocab_sise:"))
     monkeypatch.setattr(workload_module, "WORKLOADS_DIR", cards)
-    load_card.cache_clear()
-    try:
-        with pytest.raises(ConfigError, match=r"workloads/bad.yaml head_dim=inf: must be an integer in 1\.\.1048576"):
-            load_card("bad")
-        with pytest.raises(ConfigError, match="workloads/typo.yaml vocab_sise: not a card field .did you mean vocab_size"):
-            load_card("typo")
-    finally:
-        load_card.cache_clear()
-
+    with pytest.raises(ConfigError, match=r"workloads/bad.yaml head_dim=inf: must be an integer in 1\.\.1048576"):
+        load_card("bad")
+    with pytest.raises(ConfigError, match="workloads/typo.yaml vocab_sise: not a card field .did you mean vocab_size"):
+        load_card("typo")
 
 # ---------------------------------------------------------------- trace CSVs
 

@@ -271,3 +271,23 @@ def test_an_op_lists_collectives_survive_an_export(tmp_path):
     write_ops_csv(wl, tmp_path / "ops.csv")
     back = read_ops_csv(tmp_path / "ops.csv", run.workload)
     assert back.comm.tolist() == wl.comm.tolist() and back.kind.tolist() == wl.kind.tolist() and back.stream.tolist() == [0, 1]
+
+
+def test_a_card_edited_on_disk_is_read_again(tmp_path, monkeypatch):
+    """Cards are cached by path and modification time: a long-lived process (a sweep's worker, a test)
+    sees an edit without anyone clearing a cache."""
+    import os
+
+    import harness.model.workload as workload_module
+    from harness.config.paths import WORKLOADS_DIR
+    from harness.model.workload import load_card
+
+    (tmp_path / "llama2_7b.yaml").write_text((WORKLOADS_DIR / "llama2_7b.yaml").read_text())
+    monkeypatch.setattr(workload_module, "WORKLOADS_DIR", tmp_path)
+    assert load_card("llama2_7b")["num_hidden_layers"] == 32
+    assert load_card("llama2_7b") is load_card("llama2_7b")  # cached while the file is unchanged
+    card = tmp_path / "llama2_7b.yaml"
+    card.write_text(card.read_text().replace("num_hidden_layers: 32", "num_hidden_layers: 30").replace("count: 32", "count: 30"))
+    stat = card.stat()
+    os.utime(card, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000_000))
+    assert load_card("llama2_7b")["num_hidden_layers"] == 30

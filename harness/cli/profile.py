@@ -29,7 +29,8 @@ import pandas as pd
 
 from harness.base.errors import HarnessError, fail
 from harness.importers import load_profile
-from harness.importers.steps import Imported, import_profile, ops_table, write_ops_table
+from harness.importers.steps import Imported, import_profile, ops_table
+from harness.model.ops_csv import write_ops_table
 from harness.importers.measure import linkage, measured_summary, peer_breakdown, step_table
 from harness.base.files import atomic_write, write_json, write_text
 

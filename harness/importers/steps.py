@@ -38,13 +38,13 @@ from __future__ import annotations
 import functools
 import re
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Optional
 
 import numpy as np
 import pandas as pd
 
-from harness.base.files import atomic_write
+from harness.config.limits import MAX_STREAMS
+from harness.model.ops_csv import IMPORTED_OP_COLUMNS, NO_DEPENDENCY
 from harness.importers.events import (
     ALL_STREAMS,
     CALL_ALLOC,
@@ -71,13 +71,8 @@ CUBE_NAME = re.compile(
 # A task that started this much later than anything the trace shows it waited for waited for device
 # work outside the trace (a stream busy with earlier work, an event from another process).
 UNSEEN_WAIT_US = 50.0
-MAX_STREAMS = 16  # harness device streams: 0 compute, 1 communication, 2.. more compute streams
 
 KIND_OF_TASK = {TASK_COPY: "copy", TASK_SET: "copy", TASK_COMM: "comm"}
-OP_COLUMNS = [
-    "step", "name", "kind", "stream", "device_us", "after", "group", "in_graph", "carried_in", "not_before_us",
-    "framework_us", "infer_shape_us", "tiling_us", "alloc_us", "launch_us", "free_us", "host_us", "kernel", "trace_stream",
-]
 
 
 @dataclass
@@ -558,7 +553,7 @@ def ops_table(imported: Imported) -> pd.DataFrame:
             "kind": [op["kind"] for _, op in ops],
             "stream": pd.array([imported.streams[s] if d else None for s, d in zip(trace_stream.tolist(), device)], dtype="Int64"),
             "device_us": np.where(device, column("device_us"), np.nan),
-            "after": [" ".join(map(str, op["after"])) if op["after"] else "-" for _, op in ops],
+            "after": [" ".join(map(str, op["after"])) if op["after"] else NO_DEPENDENCY for _, op in ops],
             "group": pd.array([g if g >= 0 else None for g in group.tolist()], dtype="Int64"),
             "in_graph": column("in_graph", np.int64),
             "carried_in": column("carried_in", np.int64),
@@ -573,17 +568,6 @@ def ops_table(imported: Imported) -> pd.DataFrame:
             "kernel": [op["kernel"] for _, op in ops],
             "trace_stream": pd.array([s if d else None for s, d in zip(trace_stream.tolist(), device)], dtype="Int64"),
         },
-        columns=OP_COLUMNS,
+        columns=IMPORTED_OP_COLUMNS,
     )
     return table
-
-
-def write_ops_table(table: pd.DataFrame, path) -> None:
-    """ops.csv, written through Arrow's CSV writer (pandas' formats 25k rows in ~0.3 s, Arrow in
-    ~0.04 s); times to the nanosecond; written to a temporary name and renamed."""
-    import pyarrow as pa
-    import pyarrow.csv as pacsv
-
-    rounded = table.round({c: 3 for c in OP_COLUMNS if c.endswith("_us")})
-    frame = pa.Table.from_pandas(rounded, preserve_index=False)
-    atomic_write(Path(path), lambda tmp: pacsv.write_csv(frame, str(tmp), pacsv.WriteOptions(quoting_style="needed")))

@@ -20,6 +20,7 @@ from __future__ import annotations
 import functools
 import json
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Callable, Optional
 
 import numpy as np
@@ -434,20 +435,23 @@ def _check_card_fields(card: dict, where: str, overridden: set) -> None:
 
 def load_card(name: str, overrides: Optional[dict] = None) -> dict:
     """Read and check a model card, with `overrides` replacing its fields (any YAML values, op lists
-    included); normalise `layer_ops` into one layer group. Cached: treat as read-only."""
-    return _load_card(name, json.dumps(sorted((overrides or {}).items()), default=str))
-
-
-load_card.cache_clear = lambda: _load_card.cache_clear()  # type: ignore[attr-defined]  # cards edited on disk (tests)
+    included); normalise `layer_ops` into one layer group. Cached by the file's path and modification
+    time (a card edited on disk is read again): treat as read-only."""
+    path = WORKLOADS_DIR / f"{name}.yaml"
+    try:
+        modified_ns = path.stat().st_mtime_ns if path.is_file() else None
+    except OSError:
+        modified_ns = None
+    if modified_ns is None:
+        raise ConfigError(f"workload.card={name!r}: no such model card in workloads/")
+    return _load_card(str(path), modified_ns, name, json.dumps(sorted((overrides or {}).items()), default=str))
 
 
 @functools.lru_cache(maxsize=32)
-def _load_card(name: str, overrides_json: str) -> dict:
+def _load_card(path_text: str, modified_ns: int, name: str, overrides_json: str) -> dict:
     """load_card's body; overrides as JSON, so that list values can key the cache."""
     overrides = [tuple(pair) for pair in json.loads(overrides_json)]
-    path = WORKLOADS_DIR / f"{name}.yaml"
-    if not path.is_file():
-        raise ConfigError(f"workload.card={name!r}: no such model card in workloads/")
+    path = Path(path_text)
     card = OmegaConf.to_container(OmegaConf.load(path), resolve=True)
     assert isinstance(card, dict)
     for key, value in overrides:

@@ -1,18 +1,16 @@
 """Reading runs back from an MLflow store, as the rows `harness.results.comparison` compares."""
 from __future__ import annotations
 
-import os
-
 import pandas as pd
 
 from harness.results.comparison import KEYS
 from harness.sim.outcome import WHAT_RAN_PARAMS
+from harness.tracking.store import mlflow_module
 
 
 def load_mlflow(uri: str, experiment: str = "hostbound", parent: str | None = None) -> pd.DataFrame:
     """Finished child runs (or all harness runs) of an experiment, with the summary's names."""
-    os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
-    import mlflow
+    mlflow = mlflow_module()
 
     mlflow.set_tracking_uri(uri)
     found = mlflow.get_experiment_by_name(experiment)

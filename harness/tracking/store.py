@@ -43,8 +43,15 @@ from harness.base.stopping import store_call
 
 log = logging.getLogger(__name__)
 
-# MLflow would otherwise phone home; the harness runs without network.
-os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+
+def mlflow_module():
+    """MLflow, imported on first use (about 1 s, so only when a run is tracked), with its telemetry off:
+    it would otherwise phone home, and the harness runs without network."""
+    os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+    import mlflow
+
+    return mlflow
+
 
 MAX_PARAM_CHARS = 6000  # MLflow 3 rejects longer param values
 # A sweep's parent run id, in the sweep directory (harness.sweep.callbacks writes it before the jobs start): a
@@ -179,7 +186,7 @@ def ensure_experiment(tracking: TrackingConfig) -> str:
 
 
 def _ensure_experiment(tracking: TrackingConfig, uri: str) -> str:
-    import mlflow
+    mlflow = mlflow_module()
 
     mlflow.set_tracking_uri(uri)
     with _no_stray_folders(uri):  # MLflow opens (and may make) the store here
@@ -258,7 +265,7 @@ def log_run(
     tracking: TrackingConfig, run_dir: Path, summary: dict, steps: pd.DataFrame, params: dict, names: dict, overrides: str = ""
 ) -> str:
     """Log one run; returns its MLflow run id."""
-    import mlflow
+    mlflow = mlflow_module()
     from mlflow.entities import Metric, Param
     from mlflow.store.artifact.artifact_repository_registry import get_artifact_repository
     from mlflow.tracking.context.registry import resolve_tags
@@ -386,7 +393,7 @@ def run_folders(path: Path) -> list[Path]:
 
 
 def already_logged(tracking: TrackingConfig, run_dir: Path) -> bool:
-    import mlflow
+    mlflow = mlflow_module()
 
     client = mlflow.MlflowClient(tracking_uri=resolve_uri(tracking))
     experiment = client.get_experiment_by_name(tracking.experiment)

@@ -9,11 +9,11 @@ import sys
 from pathlib import Path
 
 from harness.config.schema import TrackingConfig
-from harness.tracking.store import ensure_experiment, resolve_uri
+from harness.tracking.store import ensure_experiment, mlflow_module, resolve_uri
 
 
 def _client(tracking: TrackingConfig):
-    import mlflow
+    mlflow = mlflow_module()
 
     return mlflow.MlflowClient(tracking_uri=resolve_uri(tracking))
 
