@@ -1,4 +1,5 @@
-"""Every `python -m harness…` command in the README runs as shown.
+"""Every `python -m harness…` command in the README, and in the docs it sends readers to for the rest of
+its old content (configuration, profiles, sweeps and MLflow), runs as shown.
 
 Commands run in-process on a scratch folder (one Numba compilation for all of them): a run command
 is composed and checked as the command line would (`preflight`'s checks), then simulated, once for
@@ -28,9 +29,12 @@ ILLUSTRATIVE = {
 }
 
 
+DOCUMENTS = ["README.md", "docs/configuration.md", "docs/profiles.md", "docs/sweeps-and-mlflow.md", "docs/outputs.md"]
+
+
 def readme_commands() -> list[tuple[str, list[str]]]:
-    """(command, the lines the README shows it printing) for every harness command in a code block."""
-    text = (REPO_ROOT / "README.md").read_text()
+    """(command, the lines the document shows it printing) for every harness command in a code block."""
+    text = "\n".join((REPO_ROOT / name).read_text() for name in DOCUMENTS)
     commands: list[tuple[str, list[str]]] = []
     for block in re.findall(r"^```[a-z]*\n(.*?)^```", text, flags=re.S | re.M):
         lines = block.splitlines()
@@ -49,7 +53,8 @@ def readme_commands() -> list[tuple[str, list[str]]]:
                     if after.startswith("$ "):
                         break
                     shown.append(after)
-            commands.append((command, shown))
+            if command not in [c for c, _ in commands]:  # a command shown in two documents runs once
+                commands.append((command, shown))
     return commands
 
 
