@@ -24,7 +24,8 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 from hydra import compose, initialize_config_dir  # noqa: E402
 
-from harness.config.schema import CONF_DIR, register_configs, to_run_config  # noqa: E402
+from harness.config.compose import register_configs, to_run_config  # noqa: E402
+from harness.config.paths import CONF_DIR  # noqa: E402
 from harness.sim.kernel import _simulate, links, simulate  # noqa: E402
 from harness.sim.lowering import lower  # noqa: E402
 from harness.sim.simulate import simulate_run  # noqa: E402

@@ -37,7 +37,8 @@ from bench_engine import best_of  # noqa: E402
 
 from hydra import compose, initialize_config_dir  # noqa: E402
 
-from harness.config.schema import CONF_DIR, register_configs, to_run_config  # noqa: E402
+from harness.config.compose import register_configs, to_run_config  # noqa: E402
+from harness.config.paths import CONF_DIR  # noqa: E402
 from harness.sim.kernel import _simulate, links, simulate  # noqa: E402
 from harness.sim.lowering import lower  # noqa: E402
 from harness.cli.job import execute  # noqa: E402

@@ -5,6 +5,7 @@ the Hydra side. With `resume=true` a finished run of the same configuration is r
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 from pathlib import Path
 
@@ -14,6 +15,7 @@ from harness.base.errors import TrackingError
 from harness.config.schema import RunConfig
 from harness.results.outputs import STEPS_FILE, write_outputs
 from harness.results.resume import config_hash, find_finished, reuse
+from harness.results.timeline import BackgroundDrawer
 from harness.sim.outcome import RunResult
 from harness.sim.simulate import simulate_run
 
@@ -52,11 +54,14 @@ def execute(
                 except Exception as exc:  # the store is down: as for a simulated run, the files are what matters
                     outcome.tracking_error = TrackingError(f"tracking failed for the resumed run in {run_dir} ({exc})", str(exc)[:300])
             return outcome
-    outcome = simulate_run(run)
-    what_ran = {**identity(run, overrides), "config_hash": digest}
-    outcome.summary.update(what_ran)
-    names = run.names
-    write_outputs(run_dir, outcome, names, trace_steps=run.output.trace_steps, timeline_steps=run.output.steps_drawn())
+    timeline_steps = run.output.steps_drawn()
+    # The timeline's process imports matplotlib while this one simulates (results.timeline.BackgroundDrawer).
+    with BackgroundDrawer() if timeline_steps > 0 else contextlib.nullcontext() as drawer:
+        outcome = simulate_run(run)
+        what_ran = {**identity(run, overrides), "config_hash": digest}
+        outcome.summary.update(what_ran)
+        names = run.names
+        write_outputs(run_dir, outcome, names, trace_steps=run.output.trace_steps, timeline_steps=timeline_steps, drawer=drawer)
     if run.tracking.enabled:
         from harness.tracking.store import log_run_or_mark  # mlflow takes ~1 s to import: only when tracking
 

@@ -15,6 +15,7 @@ from harness.base.files import atomic_write, write_json, write_text
 from harness.sim.task_graph import CATEGORIES, LANE_COPY, LANE_DEVICE, LANE_EXTERNAL
 
 if TYPE_CHECKING:
+    from harness.results.timeline import BackgroundDrawer
     from harness.sim.outcome import RunResult
 
 SUMMARY_FILE = "summary.json"
@@ -27,17 +28,26 @@ MAX_TRACE_EVENTS = 500_000
 log = logging.getLogger(__name__)
 
 
-def write_outputs(run_dir: Path, outcome: "RunResult", names: dict, trace_steps: int, timeline_steps: int = 0) -> None:
+def write_outputs(
+    run_dir: Path, outcome: "RunResult", names: dict, trace_steps: int, timeline_steps: int = 0, drawer: "BackgroundDrawer | None" = None
+) -> None:
     """summary.json last: a folder holding it is a finished run (reports, results.csv and resume=true
-    rely on that); a run stopped while writing leaves the files before, complete, and no summary."""
+    rely on that); a run stopped while writing leaves the files before, complete, and no summary.
+    `drawer`: a process started before the simulation draws timeline.png while the other files are
+    written (harness.results.timeline.BackgroundDrawer); without it, it is drawn here."""
     run_dir.mkdir(parents=True, exist_ok=True)
+    if timeline_steps > 0:
+        if drawer is None:
+            from harness.results.timeline import draw_timeline  # matplotlib only when a picture is asked for
+
+            draw_timeline(outcome, run_dir / TIMELINE_FILE, timeline_steps)
+        else:
+            drawer.draw(outcome, run_dir / TIMELINE_FILE, timeline_steps)
     atomic_write(run_dir / STEPS_FILE, lambda tmp: outcome.steps.to_parquet(tmp, index=False))
     if trace_steps > 0:
         write_text(run_dir / TRACE_FILE, chrome_trace_text(outcome, trace_steps))
-    if timeline_steps > 0:
-        from harness.results.timeline import draw_timeline  # matplotlib only when a picture is asked for
-
-        draw_timeline(outcome, run_dir / TIMELINE_FILE, timeline_steps)
+    if drawer is not None:
+        drawer.wait()
     write_json(run_dir / SUMMARY_FILE, {**names, **outcome.summary})
 
 

@@ -7,8 +7,14 @@ Host stages too narrow to see are drawn one bar per op, lanes idle in the window
 """
 from __future__ import annotations
 
+import os
+import pickle
+import signal
+import sys
+import threading
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn
 
 import numpy as np
 
@@ -43,31 +49,60 @@ THIN_LANE_BUSY = 0.01  # lanes busy less than this share of the window get a thi
 HIDDEN_LANE_BUSY = 0.001  # and below this none (named under the axis)
 
 
+@dataclass
+class TimelineWindow:
+    """What the picture shows, cut out of a run: the drawn steps' tasks and where they sit (a few
+    thousand tasks; small enough to hand to another process)."""
+
+    first: int
+    last: int
+    t0: float
+    t1: float
+    tasks: np.ndarray
+    start_us: np.ndarray
+    end_us: np.ndarray
+    lane_names: list
+    lane_kinds: np.ndarray
+    bound: str
+
+
+def timeline_window(outcome: "RunResult", steps: int) -> TimelineWindow:
+    """`steps` steps from the first measured one."""
+    result, graph = outcome.result, outcome.result.graph
+    first = int(np.flatnonzero(outcome.steps["measured"].to_numpy())[0])
+    last = min(first + steps, outcome.workload.steps) - 1
+    # From the steps table: the result may hold only the drawn steps of a long run.
+    t0, t1 = float(outcome.steps["start_ms"].iloc[first]) * 1e3, float(outcome.steps["end_ms"].iloc[last]) * 1e3
+    # Work on the drawn steps only (a long run has millions of tasks).
+    step = result.column("step")
+    picked = np.flatnonzero((step >= first) & (step <= last))
+    return TimelineWindow(
+        first, last, t0, t1, graph.tasks[picked], result.start_us[picked], result.end_us[picked], list(graph.lane_names),
+        np.asarray(graph.lane_kinds), str(outcome.summary["bound"]),
+    )
+
+
 def draw_timeline(outcome: "RunResult", path: Path, steps: int) -> None:
     """Write a PNG of `steps` steps from the first measured one."""
+    draw_window(timeline_window(outcome, steps), path)
+
+
+def draw_window(w: TimelineWindow, path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     from matplotlib.patches import Patch
 
-    result, graph = outcome.result, outcome.result.graph
-    tasks = graph.tasks
-    first = int(np.flatnonzero(outcome.steps["measured"].to_numpy())[0])
-    last = min(first + steps, outcome.workload.steps) - 1
-    # From the steps table: the result may hold only the drawn steps of a long run.
-    t0, t1 = float(outcome.steps["start_ms"].iloc[first]) * 1e3, float(outcome.steps["end_ms"].iloc[last]) * 1e3
+    first, last, t0, t1 = w.first, w.last, w.t0, w.t1
+    tasks, start_us, end_us = w.tasks, w.start_us, w.end_us
     window_us = max(t1 - t0, 1e-9)
-    # Work on the drawn steps only (a long run has millions of tasks).
-    step = result.column("step")
-    picked = np.flatnonzero((step >= first) & (step <= last))
-    tasks, start_us, end_us = tasks[picked], result.start_us[picked], result.end_us[picked]
     duration_us = end_us - start_us
     # Lanes (nearly) idle in the window are left out and named under the axis (copy engines moving a
     # few tokens); little-used ones get a thin row that says how busy they were.
     busy_of = {lane: float(duration_us[tasks["lane"] == lane].sum()) for lane in sorted(set(tasks["lane"].tolist()))}
     used_lanes = [lane for lane, busy in busy_of.items() if busy >= HIDDEN_LANE_BUSY * window_us]
-    hidden = [graph.lane_names[lane] for lane in busy_of if lane not in used_lanes]
+    hidden = [w.lane_names[lane] for lane in busy_of if lane not in used_lanes]
     heights = {lane: 1.0 if busy_of[lane] >= THIN_LANE_BUSY * window_us else 0.45 for lane in used_lanes}
     idle_row = 0.45
     bottoms, y = {}, idle_row + 0.15  # the device-idle row at the bottom, lanes above it, first lane on top
@@ -83,7 +118,7 @@ def draw_timeline(outcome: "RunResult", path: Path, steps: int) -> None:
     left_in, right_in = 2.0, 1.7
     fig.subplots_adjust(left=left_in / width_in, right=1 - right_in / width_in, bottom=0.5 / height_in, top=1 - 0.3 / height_in)
     us_per_px = window_us / ((width_in - left_in - right_in) * 110)
-    host_lane = np.asarray(graph.lane_kinds)[tasks["lane"]] == LANE_HOST
+    host_lane = w.lane_kinds[tasks["lane"]] == LANE_HOST
     merged_any = False
     drawn: set[int] = set()
     for lane in used_lanes:
@@ -100,7 +135,7 @@ def draw_timeline(outcome: "RunResult", path: Path, steps: int) -> None:
             x = (start_us[pick] - t0) * scale
             _bars(ax, x, np.maximum(duration_us[pick] * scale, 1e-4), bottoms[lane], heights[lane],
                   facecolors=COLOURS[CATEGORIES[code]], linewidth=0)
-    on_device = graph.lane_kinds[tasks["lane"]] == LANE_DEVICE
+    on_device = w.lane_kinds[tasks["lane"]] == LANE_DEVICE
     busy = BusyTime(start_us[on_device], end_us[on_device])
     gaps_start = np.r_[t0, busy.ends]
     gaps_end = np.r_[busy.starts, t1]
@@ -111,16 +146,15 @@ def draw_timeline(outcome: "RunResult", path: Path, steps: int) -> None:
     _bars(ax, gap_x, gap_w, 0.0, idle_row, facecolors=IDLE_COLOUR, linewidth=0)
     _bars(ax, gap_x, gap_w, 0.0, top, facecolors=IDLE_COLOUR, alpha=0.12, linewidth=0, zorder=0)
     labels = [
-        graph.lane_names[lane] + (f" ({busy_of[lane] / window_us:.1%} busy)" if heights[lane] < 1 else "") for lane in used_lanes
+        w.lane_names[lane] + (f" ({busy_of[lane] / window_us:.1%} busy)" if heights[lane] < 1 else "") for lane in used_lanes
     ]
     ax.set_yticks([bottoms[lane] + heights[lane] / 2 for lane in used_lanes] + [idle_row / 2], labels + ["device idle"])
     ax.set_xlim(0, window_us * scale)
     ax.set_ylim(-0.1, top)
     ax.set_xlabel("time (ms)" + (f"    not drawn (under {HIDDEN_LANE_BUSY:.1%} busy): {', '.join(hidden)}" if hidden else ""))
     idle = 1 - float(busy.between(np.array(t0), np.array(t1))) / window_us if t1 > t0 else 0.0
-    names = outcome.summary
     span = f"step {first}" if first == last else f"steps {first}–{last}"
-    ax.set_title(f"{span}: device idle {idle:.0%} (red), bound: {names['bound']}", loc="left")
+    ax.set_title(f"{span}: device idle {idle:.0%} (red), bound: {w.bound}", loc="left")
     shown = sorted({CATEGORIES[c] for c in drawn}, key=CATEGORIES.index)
     handles = [Patch(color=COLOURS[c], label=c) for c in shown]
     if merged_any:
@@ -163,3 +197,91 @@ def _bars(ax, x: np.ndarray, width: np.ndarray, y: float, height: float, **style
     verts[:, [0, 3], 1] = y
     verts[:, [1, 2], 1] = y + height
     ax.add_collection(PolyCollection(verts, **style), autolim=False)  # the caller sets the limits
+
+
+class BackgroundDrawer:
+    """timeline.png drawn by a forked process while this one simulates and writes its other files.
+
+    Importing matplotlib and drawing a step take about as long as a default run's simulation (~0.5 s
+    each on 2 cores); started before the simulation, the child imports matplotlib meanwhile, then draws
+    the window it is sent (`draw`). `wait` (before summary.json marks the run finished) returns once the
+    file is written; if the child failed, the picture is drawn here, so that its error (a full disk) is
+    this process's, as without the child. Where fork is missing or other threads run (forking them is
+    unsafe), nothing is started and `draw` draws at once. A context manager: leaving it ends the child.
+    """
+
+    def __init__(self) -> None:
+        self._pid: int | None = None
+        self._to_child: int | None = None
+        self._sent: tuple[TimelineWindow, Path] | None = None
+
+    def __enter__(self) -> "BackgroundDrawer":
+        if hasattr(os, "fork") and threading.active_count() == 1:
+            read_end, write_end = os.pipe()
+            for stream in (sys.stdout, sys.stderr):  # nothing buffered twice
+                stream.flush()
+            pid = os.fork()
+            if pid == 0:  # the child: never returns
+                os.close(write_end)
+                _draw_what_arrives(read_end)
+            os.close(read_end)
+            self._pid, self._to_child = pid, write_end
+        return self
+
+    def draw(self, outcome: "RunResult", path: Path, steps: int) -> None:
+        window = timeline_window(outcome, steps)
+        if self._to_child is None:
+            draw_window(window, path)
+            return
+        self._sent = (window, path)
+        try:
+            with os.fdopen(self._to_child, "wb") as pipe:
+                self._to_child = None
+                pickle.dump(self._sent, pipe, protocol=pickle.HIGHEST_PROTOCOL)
+        except OSError:  # the child is gone: `wait` draws here
+            pass
+
+    def wait(self) -> None:
+        if self._pid is None:
+            return
+        if self._to_child is not None:
+            os.close(self._to_child)  # nothing to draw: the child ends on end of input
+            self._to_child = None
+        _, status = os.waitpid(self._pid, 0)
+        self._pid = None
+        if self._sent is not None and os.waitstatus_to_exitcode(status) != 0:
+            draw_window(*self._sent)
+
+    def __exit__(self, *exc: object) -> None:
+        if self._pid is not None:  # left by an error or a stop: the child's picture is not wanted
+            try:
+                os.kill(self._pid, signal.SIGKILL)
+            except OSError:
+                pass
+            if self._to_child is not None:
+                os.close(self._to_child)
+                self._to_child = None
+            os.waitpid(self._pid, 0)
+            self._pid = None
+
+
+def _draw_what_arrives(read_end: int) -> NoReturn:
+    """The drawing process: import matplotlib while the parent simulates, draw the window it sends."""
+    status = 1
+    try:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle; it ends this one
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot  # noqa: F401
+
+        with os.fdopen(read_end, "rb") as pipe:
+            data = pipe.read()
+        if data:
+            draw_window(*pickle.loads(data))
+        status = 0
+    except BaseException:
+        pass
+    finally:
+        os._exit(status)

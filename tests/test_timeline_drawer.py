@@ -1,0 +1,59 @@
+"""timeline.png drawn by a forked process while the run simulates (harness.results.timeline.BackgroundDrawer):
+the same bytes as drawn in the run's own process, drawn here when the child dies, nothing left behind
+when the run fails or has nothing to draw."""
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+
+from conftest import compose_run
+from harness.results.timeline import BackgroundDrawer, draw_timeline
+from harness.sim.simulate import simulate_run
+
+
+@pytest.fixture(scope="module")
+def outcome():
+    return simulate_run(compose_run("workload.steps=3"))
+
+
+def forked(drawer: BackgroundDrawer) -> bool:
+    return drawer._pid is not None
+
+
+def test_the_child_draws_the_same_picture(outcome, tmp_path):
+    draw_timeline(outcome, tmp_path / "here.png", 1)
+    with BackgroundDrawer() as drawer:
+        if not forked(drawer):
+            pytest.skip("no fork here (other threads run): the drawer draws in-process")
+        drawer.draw(outcome, tmp_path / "child.png", 1)
+        drawer.wait()
+    assert (tmp_path / "child.png").read_bytes() == (tmp_path / "here.png").read_bytes()
+
+
+def test_a_dead_child_is_drawn_for_here(outcome, tmp_path):
+    with BackgroundDrawer() as drawer:
+        if not forked(drawer):
+            pytest.skip("no fork here")
+        os.kill(drawer._pid, signal.SIGKILL)
+        drawer.draw(outcome, tmp_path / "t.png", 1)
+        drawer.wait()
+    assert (tmp_path / "t.png").stat().st_size > 0
+
+
+def test_an_error_ends_the_child_and_leaves_no_picture(outcome, tmp_path):
+    with pytest.raises(RuntimeError):
+        with BackgroundDrawer() as drawer:
+            pid = drawer._pid
+            raise RuntimeError("the simulation failed")
+    assert drawer._pid is None and not list(tmp_path.iterdir())
+    if pid is not None:
+        with pytest.raises(ChildProcessError):  # reaped: no zombie left
+            os.waitpid(pid, os.WNOHANG)
+
+
+def test_nothing_sent_nothing_drawn(tmp_path):
+    with BackgroundDrawer() as drawer:
+        drawer.wait()  # a resumed run: the child ends on end of input
+    assert drawer._pid is None and not list(tmp_path.iterdir())
