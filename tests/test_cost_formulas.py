@@ -17,7 +17,7 @@ from harness.model.device import KIND_COMM, KIND_CUBE, block_dim, collective_us,
 from harness.base.errors import ConfigError
 from harness.model.ops import COMM_ALL_GATHER, COMM_ALL_REDUCE, COMM_ALL_TO_ALL, COMM_NONE, check_memory
 from harness.sim.simulate import simulate_run
-from harness.sim.serving import Requests, ServingPlan, plan_serving, serving_summary
+from harness.sim.serving import Requests, ServingBatches, batch_requests, serving_summary
 from harness.model.workload import build_workload
 from test_semantics import TOKEN_BACK_US, three_op_run
 
@@ -165,7 +165,7 @@ def test_request_latencies_of_a_hand_made_plan():
     """Two requests: r0 arrives at 0, is admitted at once, produces 3 tokens at 10, 20 (gap 10) and 30 ms;
     r1 arrives at 5, waits until 30, produces 2 tokens at 40 and 60 ms. Every figure by hand (ms);
     percentiles interpolate linearly between the two requests (p99 = low + 0.99 × (high - low))."""
-    plan = ServingPlan(
+    plan = ServingBatches(
         batch=np.array([1, 1, 1, 1, 1, 1]), kv_len=np.zeros(6), release_us=np.zeros(6), step_us=np.full(6, 10_000.0),
         requests=Requests(arrival_us=np.array([0.0, 5_000.0]), prompt_len=np.array([100, 100]), output_len=np.array([3, 2])),
         admitted_us=np.array([0.0, 30_000.0]), finished_us=np.array([30_000.0, 60_000.0]),
@@ -190,10 +190,10 @@ def test_request_latencies_of_a_hand_made_plan():
     assert "2 completed request(s), fewer than 20" in summary["serving_note"]
 
 
-def finished_plan(requests: int, output_len: int = 2) -> ServingPlan:
+def finished_plan(requests: int, output_len: int = 2) -> ServingBatches:
     """`requests` requests arriving at 0, each admitted at once and done after `output_len` 10 ms steps."""
     n = requests
-    return ServingPlan(
+    return ServingBatches(
         batch=np.full(output_len, n), kv_len=np.zeros(output_len), release_us=np.zeros(output_len), step_us=np.full(output_len, 1e4),
         requests=Requests(arrival_us=np.zeros(n), prompt_len=np.full(n, 10), output_len=np.full(n, output_len)),
         admitted_us=np.zeros(n), finished_us=np.full(n, output_len * 1e4), first_token_us=np.full(n, 1e4),
@@ -232,7 +232,7 @@ def test_two_requests_where_one_queues():
     steps 0-2 and r1 steps 3-5: r0's tokens at S, 2S, 3S; r1 is admitted at 3S, its tokens at 4S, 5S, 6S.
     TTFT 1 S and 4 S (mean 2.5 S), TPOT S for both, every inter-token gap S, latency 3 S and 6 S."""
     run = compose_run(*QUEUED)
-    plan = plan_serving(run)
+    plan = batch_requests(run)
     s_us = plan.step_us[0]
     assert plan.step_us.tolist() == pytest.approx([s_us] * 6, rel=1e-12)
     assert plan.batch.tolist() == [1] * 6

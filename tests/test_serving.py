@@ -6,14 +6,14 @@ import pytest
 
 from conftest import compose_run
 from harness.sim.simulate import simulate_run
-from harness.sim.serving import draw_requests, plan_serving
+from harness.sim.serving import draw_requests, batch_requests
 
 SERVING = ("workload.serving.enabled=true", "workload.steps=60", "workload.serving.output_len_mean=24")
 
 
 def test_whole_run_reproduces_the_step_by_step_plan():
     run = compose_run(*SERVING, "strategy=pipeline", "hardware.host.jitter_cv=0.2")
-    plan = plan_serving(run)
+    plan = batch_requests(run)
     outcome = simulate_run(run)
     steps = outcome.steps
     # Equal up to floating-point rounding of absolute times (the run is ~1 s long, the steps ~10 ms).
@@ -110,6 +110,6 @@ def test_a_burst_of_arrivals_fills_every_slot_and_drains_the_stream():
     arrived by the end of the first step: every later step runs a full batch."""
     run = compose_run("workload.serving.enabled=true", "workload.steps=20", "workload.serving.max_batch=8",
                       "workload.serving.arrival_rate_rps=1e6", "workload.serving.output_len_mean=4", "+workload.card_overrides.num_hidden_layers=1")
-    plan = plan_serving(run)
+    plan = batch_requests(run)
     assert plan.batch[0] == 1 and plan.batch[1:].tolist() == [8] * 19  # the first request arrives alone, ~1 µs in
     assert np.all(plan.requests.arrival_us <= plan.release_us[0] + plan.step_us[0])

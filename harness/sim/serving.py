@@ -39,7 +39,10 @@ class Requests:
 
 
 @dataclass
-class ServingPlan:
+class ServingBatches:
+    """The batches a request stream makes under continuous batching, and what each request lived through
+    (not a "plan": a StepPlan is the strategy's per-step graph and cache decisions, policies.py)."""
+
     batch: np.ndarray  # sequences per step
     kv_len: np.ndarray  # mean KV length per step
     release_us: np.ndarray  # earliest start of each step (an idle server waits for the next arrival)
@@ -67,7 +70,7 @@ def draw_requests(serving: ServingConfig, seed: int, count: int) -> Requests:
     return Requests(arrival, lengths(serving.prompt_len_mean), lengths(serving.output_len_mean))
 
 
-def plan_serving(run: RunConfig, progress=None) -> ServingPlan:
+def batch_requests(run: RunConfig, progress=None) -> ServingBatches:
     serving, steps = run.workload.serving, run.workload.steps
     # Enough requests that the stream never runs dry within the run: every step can admit max_batch.
     requests = draw_requests(serving, run.seed, serving.initial_requests + steps * serving.max_batch + 1)
@@ -116,10 +119,10 @@ def plan_serving(run: RunConfig, progress=None) -> ServingPlan:
         finished[ids[done]] = now
         running = [int(r) for r in ids[~done]]
     itl = np.concatenate(gaps) if gaps else np.zeros(0)
-    return ServingPlan(batch, kv_len, release, step_us, requests, admitted, finished, first_token, itl)
+    return ServingBatches(batch, kv_len, release, step_us, requests, admitted, finished, first_token, itl)
 
 
-def serving_summary(plan: ServingPlan) -> dict:
+def serving_summary(plan: ServingBatches) -> dict:
     """Request-level numbers of a serving run (ms): the harness's own (latency from arrival to last token,
     queueing, TPOT) and vLLM's benchmark_serving names (`mean_ttft_ms`, `median_tpot_ms`, `p99_itl_ms`,
     `mean_e2el_ms`, ...). Requests arrive already prefilled, so TTFT here is the wait for the first

@@ -18,7 +18,7 @@ from harness.config.schema import RunConfig
 from harness.sim.kernel import SimulationResult, simulate
 from harness.sim.lowering import Lowering
 from harness.sim.metrics import StepMeasures, measured_steps, summarize
-from harness.sim.serving import ServingPlan, plan_serving, serving_summary
+from harness.sim.serving import ServingBatches, batch_requests, serving_summary
 from harness.sim.policies import StepPlan, prepare
 from harness.base.progress import Progress
 from harness.sim.outcome import RunResult
@@ -159,7 +159,7 @@ class PreparedRun:
 
     workload: Workload
     plan: StepPlan
-    serving: ServingPlan | None
+    serving: ServingBatches | None
     seconds: float  # wall-clock time it took
     compile_s: float  # of which compiling kernels (the tiling cache's LRU, the serving loop's engine)
 
@@ -174,7 +174,7 @@ def prepare_run(run: RunConfig) -> PreparedRun:
             _say_if_slow(check_size(run), run.workload.steps)
         progress = Progress("hostbound")
         progress.update("planning serving batches" if run.workload.serving.enabled else "building the workload", force=True)
-        serving = plan_serving(run, progress) if run.workload.serving.enabled else None
+        serving = batch_requests(run, progress) if run.workload.serving.enabled else None
         batch = serving.batch if serving else np.full(run.workload.steps, run.workload.batch_size, dtype=np.int64)
         workload, plan = prepare(run, batch, serving.kv_len if serving else None)
         if is_op_list(run):
