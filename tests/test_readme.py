@@ -67,6 +67,15 @@ def test_the_readme_has_commands_and_every_illustrative_one_is_still_there():
     assert set(ILLUSTRATIVE) <= shown, f"ILLUSTRATIVE names lines the README no longer has: {set(ILLUSTRATIVE) - shown}"
 
 
+def test_the_readme_stays_short_and_every_document_it_names_exists():
+    """A newcomer reads it in five minutes: at most 200 lines; the rest lives in docs/, which it names."""
+    text = (REPO_ROOT / "README.md").read_text()
+    assert len(text.splitlines()) <= 200
+    named = set(re.findall(r"`(docs/[\w.-]+\.md)`", text))
+    assert len(named) >= 8 and all((REPO_ROOT / doc).is_file() for doc in named), named
+    assert {p.relative_to(REPO_ROOT).as_posix() for p in (REPO_ROOT / "docs").glob("*.md")} <= named  # none left unnamed
+
+
 def _sweep_combinations(overrides: list[str]) -> list[list[str]]:
     """Every combination of a multirun's comma-separated values (as Hydra's basic sweeper runs them)."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
