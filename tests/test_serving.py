@@ -113,3 +113,29 @@ def test_a_burst_of_arrivals_fills_every_slot_and_drains_the_stream():
     plan = batch_requests(run)
     assert plan.batch[0] == 1 and plan.batch[1:].tolist() == [8] * 19  # the first request arrives alone, ~1 µs in
     assert np.all(plan.requests.arrival_us <= plan.release_us[0] + plan.step_us[0])
+
+
+@pytest.mark.parametrize("overrides", [
+    ["workload=llama2_7b_decode", "strategy=pipeline", "hardware.host.jitter_cv=0.2"],
+    ["hardware=h100", "workload=llama31_8b_decode", "strategy=cuda_graph", "engine=vllm_v1", "strategy.graph.buckets=[1,2,4]"],
+    # multi-step blocks and outputs handled a step later: engine costs that reach across steps
+    ["hardware=h100", "workload=llama31_8b_decode", "strategy=eager", "engine=vllm_v0_6", "hardware.host.jitter_cv=0.1"],
+    ["hardware=h100", "workload=llama31_8b_decode", "strategy=async", "engine=sglang"],
+    # MoE inside graphs: steps above the largest bucket run eagerly, routed ops stay padded once graphs ran
+    ["workload=qwen3_30b_decode", "strategy=acl_graph", "strategy.graph.buckets=[1,2]", "workload.serving.max_batch=4"],
+])
+def test_planning_each_step_alone_is_planning_the_prefix(overrides, monkeypatch):
+    """Serving plans one step at a time; where a step's plan depends on that step alone
+    (serving.steps_plan_alone) it is prepared alone, linear in steps. The batches, release times and
+    step times are those of preparing every prefix of steps again (the quadratic way, still used with a
+    tiling cache or graph sink)."""
+    import harness.sim.serving as serving
+
+    run = compose_run("workload.serving.enabled=true", "workload.steps=24", "workload.serving.arrival_rate_rps=400", *overrides)
+    assert serving.steps_plan_alone(run.strategy)
+    alone = batch_requests(run)
+    monkeypatch.setattr(serving, "steps_plan_alone", lambda strategy: False)
+    prefix = batch_requests(run)
+    assert alone.batch.tolist() == prefix.batch.tolist() and len(set(alone.batch.tolist())) > 1
+    np.testing.assert_array_equal(alone.step_us, prefix.step_us)
+    np.testing.assert_array_equal(alone.release_us, prefix.release_us)

@@ -199,22 +199,31 @@ def host_stage_costs(workload: Workload, hardware: HardwareConfig, strategy: Str
 
 
 def engine_cost_table(workload: Workload, engine: EngineConfig | None) -> np.ndarray:
-    """(steps, ENGINE_SLOTS) µs of the serving engine's work in each step (see ENGINE_SLOTS).
+    """(steps, ENGINE_SLOTS) µs of the serving engine's work in each step of `workload` (engine_costs)."""
+    return engine_costs(workload.real_batch, workload.tokens, engine)
+
+
+def engine_costs(real_batch: np.ndarray, step_tokens: np.ndarray, engine: EngineConfig | None, first_step: int = 0) -> np.ndarray:
+    """(steps, ENGINE_SLOTS) µs of the serving engine's work in each step (see ENGINE_SLOTS), from each
+    step's sequences and tokens. `first_step`: the run's number of the first step given (it must start a
+    multi-step block); a row needs only its own block and the one before (serving asks for one row at a
+    time).
 
     Costs follow each step's sequences and tokens. With `multi_step` N, scheduling and preparation
     happen on the first step of every N, and outputs (and their API streaming) are processed together
     on the last, in one call (its fixed part paid once). Work a step does for its neighbour (the next step's scheduling, the previous step's
     outputs) is priced at the batch of the step it runs in: a step's cost never depends on later steps."""
-    steps = workload.steps
+    steps = len(step_tokens)
     table = np.zeros((steps, len(ENGINE_SLOTS)))
     if engine is None or not engine.active:
         return table
-    sequences = np.asarray(workload.real_batch, dtype=np.float64)
-    tokens = np.asarray(workload.tokens, dtype=np.float64)
-    index = np.arange(steps)
+    sequences = np.asarray(real_batch, dtype=np.float64)
+    tokens = np.asarray(step_tokens, dtype=np.float64)
+    index = first_step + np.arange(steps)
     n = engine.multi_step
+    assert first_step % n == 0, "engine_costs starts at a multi-step block"
     # Blocks by step number alone (a step's work never depends on how long the run is: serving plans
-    # a run one prefix of steps at a time); a run that ends inside a block leaves its outputs to later.
+    # a run one step at a time); a run that ends inside a block leaves its outputs to later.
     starts_block, ends_block = index % n == 0, index % n == n - 1
     scheduling = engine.schedule.cost_us(sequences, tokens) + engine.prepare.cost_us(sequences, tokens)
 
@@ -223,15 +232,16 @@ def engine_cost_table(workload: Workload, engine: EngineConfig | None) -> np.nda
         once, the per-sequence and per-token parts for every step of the block."""
         variable = stage.cost_us(sequences, tokens) - stage.per_step_us
         totals = np.zeros(steps)
-        for end in np.flatnonzero(ends_block):
-            totals[end] = stage.per_step_us + variable[end - end % n : end + 1].sum()
+        for end in np.flatnonzero(ends_block):  # local positions; blocks start at global multiples of n
+            totals[end] = stage.per_step_us + variable[end - index[end] % n : end + 1].sum()
         return totals
 
     output = per_block(engine.output)
     api = per_block(engine.api)
     previous = lambda x: np.r_[0.0, x[:-1]]  # noqa: E731
     if engine.async_scheduling:  # step 0 schedules itself; later steps were scheduled during the one before
-        table[0, ENGINE_SLOT["pre"]] = scheduling[0]
+        if first_step == 0:
+            table[0, ENGINE_SLOT["pre"]] = scheduling[0]
         next_starts = (index + 1) % n == 0
         table[:, ENGINE_SLOT["ahead"]] = np.where(next_starts, scheduling, 0.0)
     else:
@@ -533,12 +543,17 @@ class Lowering:
 
     def __init__(
         self, workload: Workload, hardware: HardwareConfig, strategy: StrategyConfig, seed: int, plan: StepPlan | None = None,
-        engine: EngineConfig | None = None,
+        engine: EngineConfig | None = None, first_step: int = 0, engine_us: np.ndarray | None = None,
     ):
+        """`first_step`: the run's number of the workload's first step (a workload of one step of a longer
+        run, as serving prepares them): host jitter is drawn per step of the run. `engine_us`: the
+        engine's costs of these steps when they depend on steps the workload does not hold (the
+        previous step's outputs, multi-step blocks): engine_costs of the run so far, its last rows."""
         self.workload, self.hardware, self.strategy, self.seed, self.engine = workload, hardware, strategy, seed, engine
+        self.first_step = first_step
         self.plan = plan or StepPlan.host_only(workload)
         self.lanes = lanes_for(strategy, workload, engine)
-        self.engine_us = np.ascontiguousarray(engine_cost_table(workload, engine))
+        self.engine_us = np.ascontiguousarray(engine_cost_table(workload, engine) if engine_us is None else engine_us)
         device_us, device_cores = device_times(workload, hardware)
         self.stage_us = host_cost_table(workload, hardware, strategy)
         tiling = np.broadcast_to(self.stage_us[:, :, HOST_STAGES.index("tiling")], (workload.steps, workload.n_ops))
@@ -592,7 +607,7 @@ class Lowering:
             float(link.pcie_latency_us),
             link.pcie_gbps * 1e3,
             self.bytes,
-            _jitter(self.seed, steps, hardware.host.jitter_cv, int(is_host.sum())),
+            _jitter(self.seed, steps + self.first_step, hardware.host.jitter_cv, int(is_host.sum())),
         )
         if step_release_us is not None:
             out["release_us"][offsets[:, 0]] = step_release_us[steps]
@@ -662,6 +677,7 @@ def lower(
     step_release_us: np.ndarray | None = None,
     only_steps: np.ndarray | None = None,
     engine: EngineConfig | None = None,
+    first_step: int = 0,
 ) -> TaskGraph:
     """The task graph of the run (or of `only_steps`), step modes and policies from `plan`.
 
@@ -669,7 +685,7 @@ def lower(
     steps one at a time or all at once gives the same numbers.
     """
     steps = np.arange(workload.steps) if only_steps is None else np.asarray(only_steps, dtype=np.int64)
-    return Lowering(workload, hardware, strategy, seed, plan, engine).graph(steps, step_release_us)
+    return Lowering(workload, hardware, strategy, seed, plan, engine, first_step).graph(steps, step_release_us)
 
 
 def _jitter(seed: int, steps: np.ndarray, cv: float, count: int) -> np.ndarray:

@@ -103,8 +103,11 @@ def layer_count(workload: Workload) -> int:
     return max(1, len(layers))
 
 
-def prepare(run: RunConfig, batch: np.ndarray, kv_len: np.ndarray | None) -> tuple[Workload, StepPlan]:
-    """The workload as the strategy runs it (padded, fused) and the plan of every step."""
+def prepare(
+    run: RunConfig, batch: np.ndarray, kv_len: np.ndarray | None, graphs_before: bool = False
+) -> tuple[Workload, StepPlan]:
+    """The workload as the strategy runs it (padded, fused) and the plan of every step. `graphs_before`:
+    steps before these ran graphs (serving prepares one step at a time): routed ops then stay padded."""
     cfg, strategy, hardware = run.workload, run.strategy, run.hardware
     dpn = hardware.link.devices_per_node
     layer_us = run.engine.layer_overhead_us
@@ -186,7 +189,7 @@ def prepare(run: RunConfig, batch: np.ndarray, kv_len: np.ndarray | None) -> tup
             info.setdefault("graph_note", f"{syncs} blocking sync(s) per step dropped inside the graph (assumed removable)")
 
     # Inside graphs, routed (MoE) ops run at static shapes: token counts padded like the buckets do.
-    in_graphs = bool(np.any(mode != EAGER))
+    in_graphs = graphs_before or bool(np.any(mode != EAGER))
     moe_pad = buckets_on or in_graphs
     workload = probe if graph_on and not fallback and graph.mode != GraphMode.capture and moe_pad == buckets_on else (
         padded_workload(padded, kv_padded, moe_pad))

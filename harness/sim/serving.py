@@ -3,8 +3,8 @@
 Which requests are in step s depends on simulated time (what has arrived by the end of step s − 1),
 so the batches cannot be fixed before the simulation. Steps are separated by a barrier in the task
 graph (harness/sim/lowering.py), so a step's duration depends only on its own batch (and on the causal
-policy state: graphs captured, cache contents, planned for the prefix of steps); the loop below
-simulates one step at a time with the engine, admits and retires requests, and returns the batch,
+policy state: cache contents, sunk graphs, planned for the prefix of steps where a strategy has them);
+the loop below prepares and simulates one step at a time, admits and retires requests, and returns the batch,
 mean KV length and release time of every step. The whole run is then simulated once more as one
 graph, which reproduces these step times exactly (tests check it) and gives the usual metrics.
 
@@ -19,11 +19,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from harness.config.schema import RunConfig, ServingConfig
+from harness.config.schema import GraphMode, RunConfig, ServingConfig, StrategyConfig
 from harness.sim.kernel import simulate
 from harness.model.device import US_PER_S
-from harness.sim.lowering import lower
-from harness.sim.policies import prepare
+from harness.sim.lowering import Lowering, engine_costs, lower
+from harness.sim.policies import EAGER, prepare
 
 SERVING_STREAM = 1  # generator stream of the request draws: (seed, 1); host jitter uses (seed, 0, step)
 MIN_REQUESTS_FOR_PERCENTILES = 20  # fewer completed requests: the summary says its latency figures are thin
@@ -70,6 +70,14 @@ def draw_requests(serving: ServingConfig, seed: int, count: int) -> Requests:
     return Requests(arrival, lengths(serving.prompt_len_mean), lengths(serving.output_len_mean))
 
 
+def steps_plan_alone(strategy: StrategyConfig) -> bool:
+    """Whether a step's plan can be made from that step alone. It depends on the steps before it only
+    through the tiling cache's contents and graph sink's graphs, built in program order; capture graphs
+    are made at start-up, and whether graphs ran before decides only whether routed ops stay padded
+    (carried from step to step)."""
+    return not strategy.tiling_cache and strategy.graph.mode != GraphMode.sink
+
+
 def batch_requests(run: RunConfig, progress=None) -> ServingBatches:
     serving, steps = run.workload.serving, run.workload.steps
     # Enough requests that the stream never runs dry within the run: every step can admit max_batch.
@@ -89,6 +97,10 @@ def batch_requests(run: RunConfig, progress=None) -> ServingBatches:
     waiting: deque[int] = deque()
     next_arrival = 0
     now = 0.0
+    step_by_step = steps_plan_alone(run.strategy)
+    graphs_before = False
+    sequences, tokens = np.zeros(steps), np.zeros(steps)
+    block = run.engine.multi_step if run.engine is not None and run.engine.active else 1
     for s in range(steps):
         if not running and not waiting and next_arrival < requests.arrival_us.size:
             now = max(now, float(requests.arrival_us[next_arrival]))  # idle until the next request
@@ -103,9 +115,17 @@ def batch_requests(run: RunConfig, progress=None) -> ServingBatches:
         batch[s] = ids.size
         kv_len[s] = float(np.mean(requests.prompt_len[ids] + generated[ids] + 1))
         release[s] = now
-        # Policies are causal (graph captures, cache contents depend on the steps so far): plan the prefix.
-        workload, plan = prepare(run, batch[: s + 1], kv_len[: s + 1])
-        one = simulate(lower(workload, run.hardware, run.strategy, run.seed, plan, only_steps=np.array([s]), engine=run.engine))
+        if step_by_step:  # this step alone: linear in steps (the engine's costs: from every step's sizes so far)
+            workload, plan = prepare(run, batch[s : s + 1], kv_len[s : s + 1], graphs_before=graphs_before)
+            graphs_before = graphs_before or bool(np.any(plan.mode != EAGER))
+            sequences[s], tokens[s] = workload.real_batch[0], workload.tokens[0]
+            first = 0 if s == 0 else (s - 1) - (s - 1) % block  # the block before this step's, on
+            engine_us = engine_costs(sequences[first : s + 1], tokens[first : s + 1], run.engine, first)[-1:]
+            graph = Lowering(workload, run.hardware, run.strategy, run.seed, plan, run.engine, first_step=s, engine_us=engine_us).graph(np.array([0]))
+        else:  # the plan of step s depends on the steps before: plan the prefix again
+            workload, plan = prepare(run, batch[: s + 1], kv_len[: s + 1])
+            graph = lower(workload, run.hardware, run.strategy, run.seed, plan, only_steps=np.array([s]), engine=run.engine)
+        one = simulate(graph)
         step_us[s] = one.makespan_us
         now += step_us[s]
         if progress is not None:
