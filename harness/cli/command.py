@@ -187,12 +187,18 @@ def preflight(argv: list[str]) -> None:
               " a combination that fails stops only its own job", file=sys.stderr)
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         loader = GlobalHydra.instance().config_loader()
+        single = not _is_multirun(argv) and len(variants) == 1
+        checked: set[str] = set()  # combinations that differ only in what check_run does not read (seed, strategy)
         for variant in variants:
             try:
                 cfg = compose_job(loader, config_name, variant)  # as compose() would, from the cache
                 with open_dict(cfg):
                     del cfg["hydra"]
-                check_run(to_run_config(cfg), prepare=not _is_multirun(argv) and len(variants) == 1)
+                run = to_run_config(cfg)  # every value checked, in every combination
+                sizes = repr((run.workload, run.hardware, run.engine))
+                if single or sizes not in checked:
+                    check_run(run, prepare=single)
+                    checked.add(sizes)
             except HarnessError as exc:
                 fail(str(exc))
             except Exception as exc:
