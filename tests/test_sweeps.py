@@ -373,3 +373,19 @@ def test_a_run_composes_once_and_builds_once(tmp_path, monkeypatch, strategy, bu
     assert (tmp_path / "run" / "summary.json").exists()
     assert len(made) == 1 and all(o.startswith("strategy=") for o in made[0])  # presets merged once; values applied to copies
     assert len(built) == builds and built[0] is None  # the first: one step, to size the run
+
+
+def test_a_sweeps_checks_build_each_distinct_workload_once(tmp_path, monkeypatch):
+    """Before a sweep starts, every combination is composed and value-checked, but the workload is built
+    (and sized) once per distinct workload, hardware and engine: seeds and strategies do not change it."""
+    import harness.cli.command
+    import harness.sim.simulate
+    from harness.cli.command import preflight
+    from harness.model import workload
+
+    built = []
+    for module in (harness.cli.command, harness.sim.simulate):
+        monkeypatch.setattr(module, "build_workload", lambda *a, **k: built.append(a[0].batch_size) or workload.build_workload(*a, **k))
+    monkeypatch.chdir(tmp_path)
+    preflight(["-m", "seed=0,1,2", "strategy=eager,async", "workload.batch_size=1,4", "workload.steps=2", "hydra.sweep.dir=sw"])
+    assert sorted(built) == [1, 1, 4, 4]  # per batch size: the one-step probe and the build, not 6 times each
