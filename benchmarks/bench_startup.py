@@ -22,12 +22,13 @@ from pathlib import Path
 HARNESS = [sys.executable, "-m", "harness"]
 SWEEP_AXES = ["strategy=eager,async,pipeline,acl_graph", "workload.batch_size=1,8,32", "seed=0,1"]  # 4 × 3 × 2 = 24
 
-COMMANDS: dict[str, tuple[list[str], int]] = {  # name → (arguments, configurations it runs)
-    "default, tracking off": (["tracking.enabled=false"], 1),
-    "default, tracking on (existing store)": ([], 1),
-    "default, tracking on (new store)": ([], 1),
-    "deepseek_v3 eager, 1,000 steps": (["workload=deepseek_v3", "strategy=eager", "workload.steps=1000", "tracking.enabled=false"], 1),
-    "24-configuration sweep (new store)": (["-m", *SWEEP_AXES, "workload.steps=8"], 24),
+# name → (arguments, configurations it runs, whether every round runs in one project folder: its store then exists)
+COMMANDS: dict[str, tuple[list[str], int, bool]] = {
+    "default, tracking off": (["tracking.enabled=false"], 1, False),
+    "default, tracking on (existing store)": ([], 1, True),
+    "default, tracking on (new store)": ([], 1, False),
+    "deepseek_v3 eager, 1,000 steps": (["workload=deepseek_v3", "strategy=eager", "workload.steps=1000", "tracking.enabled=false"], 1, False),
+    "24-configuration sweep (new store)": (["-m", *SWEEP_AXES, "workload.steps=8"], 24, False),
 }
 
 
@@ -51,9 +52,8 @@ def main() -> None:
     times: dict[str, list[float]] = {name: [] for name in chosen}
     with tempfile.TemporaryDirectory() as scratch:
         for round_ in range(args.repeat + 1):
-            for i, (name, (arguments, _)) in enumerate(chosen.items()):
-                # "existing store": every round in one project folder (the warm-up round made its store)
-                folder = Path(scratch) / (f"shared_{i}" if "existing store" in name else f"{round_}_{i}")
+            for i, (name, (arguments, _, shared)) in enumerate(chosen.items()):
+                folder = Path(scratch) / (f"shared_{i}" if shared else f"{round_}_{i}")  # the warm-up round made its store
                 seconds = run_once(arguments, folder)
                 if round_:
                     times[name].append(seconds)

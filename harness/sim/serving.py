@@ -99,7 +99,7 @@ def batch_requests(run: RunConfig, progress=None) -> ServingBatches:
     now = 0.0
     step_by_step = steps_plan_alone(run.strategy)
     graphs_before = False
-    sequences, tokens = np.zeros(steps), np.zeros(steps)
+    tokens = np.zeros(steps)
     block = run.engine.multi_step if run.engine is not None and run.engine.active else 1
     for s in range(steps):
         if not running and not waiting and next_arrival < requests.arrival_us.size:
@@ -118,9 +118,9 @@ def batch_requests(run: RunConfig, progress=None) -> ServingBatches:
         if step_by_step:  # this step alone: linear in steps (the engine's costs: from every step's sizes so far)
             workload, plan = prepare(run, batch[s : s + 1], kv_len[s : s + 1], graphs_before=graphs_before)
             graphs_before = graphs_before or bool(np.any(plan.mode != EAGER))
-            sequences[s], tokens[s] = workload.real_batch[0], workload.tokens[0]
+            tokens[s] = workload.tokens[0]
             first = 0 if s == 0 else (s - 1) - (s - 1) % block  # the block before this step's, on
-            engine_us = engine_costs(sequences[first : s + 1], tokens[first : s + 1], run.engine, first)[-1:]
+            engine_us = engine_costs(batch[first : s + 1], tokens[first : s + 1], run.engine, first)[-1:]
             graph = Lowering(workload, run.hardware, run.strategy, run.seed, plan, run.engine, first_step=s, engine_us=engine_us).graph(np.array([0]))
         else:  # the plan of step s depends on the steps before: plan the prefix again
             workload, plan = prepare(run, batch[: s + 1], kv_len[: s + 1])
