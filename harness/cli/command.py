@@ -196,8 +196,8 @@ def preflight(argv: list[str]) -> None:
                     del cfg["hydra"]
                 run = to_run_config(cfg)  # every value checked, in every combination
                 sizes = repr((run.workload, run.hardware, run.engine))
-                if single or sizes not in checked:
-                    check_run(run, prepare=single)
+                if not single and sizes not in checked:
+                    check_run(run)
                     checked.add(sizes)
             except HarnessError as exc:
                 fail(str(exc))
@@ -215,8 +215,12 @@ def preflight(argv: list[str]) -> None:
             check_launcher(cfg)
     try:
         check_output_folder(key, folder, resuming)
+        if single:  # last: a run refused for its folder, or resumed from an earlier one, is not built for nothing
+            check_run(run, prepare=not resuming)
     except HarnessError as exc:
         fail(str(exc))
+    except Exception as exc:
+        fail(one_line(exc, overrides))
 
 
 # Launchers whose plugin comes with an extra (pyproject.toml), by the module their config's _target_ names.
