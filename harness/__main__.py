@@ -12,6 +12,11 @@ gc.disable()
 
 import sys  # noqa: E402
 
+from harness.results import drawer  # noqa: E402  (the standard library only)
+
+if __name__ == "__main__":  # before the imports below, which the drawing process need not wait for
+    drawer.start_early(sys.argv[1:])
+
 import hydra  # noqa: E402
 from omegaconf import DictConfig  # noqa: E402
 
@@ -38,6 +43,7 @@ def main(cfg: DictConfig) -> float:
 
 def run() -> None:
     """`python -m harness` and the `hostbound` command: check the overrides, then let Hydra run."""
+    drawer.start_early(sys.argv[1:])  # the `hostbound` command (here, `python -m harness` did it above)
     try:
         sys.argv[1:] = normalize_argv(sys.argv[1:])
         preflight(sys.argv[1:])

@@ -1,15 +1,18 @@
-"""timeline.png drawn by a forked process while the run simulates (harness.results.timeline.BackgroundDrawer):
+"""timeline.png drawn by a forked process while the run simulates (harness.results.drawer):
 the same bytes as drawn in the run's own process, drawn here when the child dies, nothing left behind
 when the run fails or has nothing to draw."""
 from __future__ import annotations
 
 import os
 import signal
+import threading
 
 import pytest
 
 from conftest import compose_run
-from harness.results.timeline import BackgroundDrawer, draw_timeline
+from harness.results import drawer as drawer_module
+from harness.results.drawer import BackgroundDrawer
+from harness.results.timeline import draw_timeline
 from harness.sim.simulate import simulate_run
 
 
@@ -57,3 +60,44 @@ def test_nothing_sent_nothing_drawn(tmp_path):
     with BackgroundDrawer() as drawer:
         drawer.wait()  # a resumed run: the child ends on end of input
     assert drawer._pid is None and not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize(
+    "argv, starts",
+    [
+        ([], True),
+        (["workload=deepseek_v3", "strategy=eager"], True),
+        (["-m", "strategy=eager,acl_graph"], False),
+        (["strategy=eager,acl_graph"], False),  # a sweep's values: Hydra refuses it without -m, nothing to draw
+        (["hydra.mode=MULTIRUN"], False),
+        (["--cfg", "job"], False),
+        (["output.timeline_steps=0"], False),
+    ],
+)
+def test_the_early_child_is_forked_for_single_runs_only(monkeypatch, argv, starts):
+    if starts and threading.active_count() != 1:
+        pytest.skip("other threads run here: forking them is unsafe, so nothing is forked")
+    monkeypatch.setattr(drawer_module, "_early", None)
+    drawer_module.start_early(argv)
+    early = drawer_module._early
+    try:
+        assert (early is not None) == starts
+    finally:
+        drawer_module._end_early()
+    if early is not None:
+        with pytest.raises(ChildProcessError):  # ended and reaped
+            os.waitpid(early[0], os.WNOHANG)
+
+
+def test_a_drawer_takes_the_early_child_and_it_draws(outcome, tmp_path, monkeypatch):
+    monkeypatch.setattr(drawer_module, "_early", None)
+    drawer_module.start_early([])
+    early = drawer_module._early
+    if early is None:
+        pytest.skip("no fork here")
+    draw_timeline(outcome, tmp_path / "here.png", 1)
+    with BackgroundDrawer() as drawer:
+        assert drawer._pid == early[0] and drawer_module._early is None
+        drawer.draw(outcome, tmp_path / "child.png", 1)
+        drawer.wait()
+    assert (tmp_path / "child.png").read_bytes() == (tmp_path / "here.png").read_bytes()

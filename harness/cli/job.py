@@ -9,13 +9,12 @@ import contextlib
 import logging
 from pathlib import Path
 
-import pandas as pd
 
 from harness.base.errors import TrackingError
 from harness.config.schema import RunConfig
-from harness.results.outputs import STEPS_FILE, write_outputs
+from harness.results.outputs import STEPS_FILE, read_steps, write_outputs
 from harness.results.resume import config_hash, find_finished, reuse
-from harness.results.timeline import BackgroundDrawer
+from harness.results.drawer import BackgroundDrawer
 from harness.sim.outcome import RunResult
 from harness.sim.simulate import simulate_run
 
@@ -45,7 +44,7 @@ def execute(
         if found is not None:
             log.info("resumed: %s already finished in %s", digest, found)
             summary = reuse(found, run_dir)
-            outcome = RunResult(summary=summary, steps=pd.read_parquet(run_dir / STEPS_FILE), result=None, workload=None, resumed_from=found)
+            outcome = RunResult(summary=summary, step_columns=read_steps(run_dir / STEPS_FILE), result=None, workload=None, resumed_from=found)
             if run.tracking.enabled:  # a run stopped while logging has its files but maybe no MLflow run yet
                 from harness.tracking.store import log_folder
 
@@ -55,7 +54,7 @@ def execute(
                     outcome.tracking_error = TrackingError(f"tracking failed for the resumed run in {run_dir} ({exc})", str(exc)[:300])
             return outcome
     timeline_steps = run.output.steps_drawn()
-    # The timeline's process imports matplotlib while this one simulates (results.timeline.BackgroundDrawer).
+    # The timeline's process imports matplotlib while this one simulates (results.drawer.BackgroundDrawer).
     with BackgroundDrawer() if timeline_steps > 0 else contextlib.nullcontext() as drawer:
         outcome = simulate_run(run)
         what_ran = {**identity(run, overrides), "config_hash": digest}
@@ -67,7 +66,7 @@ def execute(
 
         measured = {k: v for k, v in outcome.summary.items() if k not in what_ran}  # the config is logged as params
         try:
-            log_run_or_mark(run.tracking, run_dir, measured, outcome.steps, params, names, what_ran["overrides"])
+            log_run_or_mark(run.tracking, run_dir, measured, outcome.step_columns, params, names, what_ran["overrides"])
         except TrackingError as exc:  # the files are written: the caller says so and exits non-zero
             outcome.tracking_error = exc
     return outcome

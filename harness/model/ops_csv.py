@@ -32,8 +32,12 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+from typing import TYPE_CHECKING
+
 import numpy as np
-import pandas as pd
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 from harness.config.limits import LIMITS, MAX_STREAMS, Limit
 from harness.config.messages import one_line
@@ -110,6 +114,8 @@ def _first_bad(broken: np.ndarray, error) -> None:
 
 def write_ops_csv(workload: Workload, path: Path, device_us: np.ndarray | None = None) -> None:
     """One row per (step, op), with the step's sizes: reading it back reproduces the workload."""
+    import pandas as pd  # not on a preset run's path: ~0.25 s to import
+
     steps, n = workload.flops.shape
     frame = pd.DataFrame(
         {
@@ -138,6 +144,8 @@ def write_ops_csv(workload: Workload, path: Path, device_us: np.ndarray | None =
 
 def read_ops_csv(path: str | Path, cfg: WorkloadConfig) -> Workload:
     """Read and check an op-list CSV; see the module docstring for the columns."""
+    import pandas as pd  # not on a preset run's path: ~0.25 s to import
+
     where = f"workload.path={str(path)!r}"
     try:
         size_bytes = Path(path).stat().st_size

@@ -15,7 +15,7 @@ from harness.base.files import atomic_write, write_json, write_text
 from harness.sim.task_graph import CATEGORIES, LANE_COPY, LANE_DEVICE, LANE_EXTERNAL
 
 if TYPE_CHECKING:
-    from harness.results.timeline import BackgroundDrawer
+    from harness.results.drawer import BackgroundDrawer
     from harness.sim.outcome import RunResult
 
 SUMMARY_FILE = "summary.json"
@@ -34,7 +34,7 @@ def write_outputs(
     """summary.json last: a folder holding it is a finished run (reports, results.csv and resume=true
     rely on that); a run stopped while writing leaves the files before, complete, and no summary.
     `drawer`: a process started before the simulation draws timeline.png while the other files are
-    written (harness.results.timeline.BackgroundDrawer); without it, it is drawn here."""
+    written (harness.results.drawer.BackgroundDrawer); without it, it is drawn here."""
     run_dir.mkdir(parents=True, exist_ok=True)
     if timeline_steps > 0:
         if drawer is None:
@@ -43,12 +43,46 @@ def write_outputs(
             draw_timeline(outcome, run_dir / TIMELINE_FILE, timeline_steps)
         else:
             drawer.draw(outcome, run_dir / TIMELINE_FILE, timeline_steps)
-    atomic_write(run_dir / STEPS_FILE, lambda tmp: outcome.steps.to_parquet(tmp, index=False))
+    write_steps(run_dir / STEPS_FILE, outcome.step_columns)
     if trace_steps > 0:
         write_text(run_dir / TRACE_FILE, chrome_trace_text(outcome, trace_steps))
     if drawer is not None:
         drawer.wait()
     write_json(run_dir / SUMMARY_FILE, {**names, **outcome.summary})
+
+
+def write_steps(path: Path, columns: dict[str, np.ndarray]) -> None:
+    """steps.parquet from the steps table's columns."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    table = pa.Table.from_arrays([_arrow_column(values) for values in columns.values()], names=list(columns))
+    atomic_write(path, lambda tmp: pq.write_table(table, tmp))
+
+
+def _arrow_column(values: np.ndarray):
+    """A numpy column as an Arrow array, built from its buffers: pyarrow's own conversion (`pa.array`)
+    imports pandas first, a quarter of a default run's start-up, for a table of a few columns."""
+    import pyarrow as pa
+
+    values = np.ascontiguousarray(values)
+    n = len(values)
+    if values.dtype == bool:
+        return pa.Array.from_buffers(pa.bool_(), n, [None, pa.py_buffer(np.packbits(values, bitorder="little"))])
+    if values.dtype.kind in "iuf":
+        return pa.Array.from_buffers(pa.from_numpy_dtype(values.dtype), n, [None, pa.py_buffer(values)])
+    encoded = [str(value).encode() for value in values]  # text (the steps' mode)
+    offsets = np.zeros(n + 1, dtype=np.int32)
+    np.cumsum([len(b) for b in encoded], out=offsets[1:])
+    return pa.Array.from_buffers(pa.string(), n, [None, pa.py_buffer(offsets), pa.py_buffer(b"".join(encoded))])
+
+
+def read_steps(path: Path) -> dict[str, np.ndarray]:
+    """The columns write_steps wrote."""
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(path)
+    return {name: table.column(name).to_numpy() for name in table.column_names}
 
 
 def chrome_trace(outcome: "RunResult", trace_steps: int) -> dict:
@@ -63,7 +97,7 @@ def chrome_trace_text(outcome: "RunResult", trace_steps: int) -> str:
     result = outcome.result
     graph = result.graph
     tasks = graph.tasks
-    first = int(np.flatnonzero(outcome.steps["measured"].to_numpy())[0])
+    first = int(np.flatnonzero(outcome.step_columns["measured"])[0])
     step = result.column("step")
     chosen = np.flatnonzero((step >= first) & (step < first + trace_steps))
     if chosen.size > MAX_TRACE_EVENTS:  # a million-op step would write gigabytes no viewer opens
@@ -104,7 +138,7 @@ def chrome_trace_text(outcome: "RunResult", trace_steps: int) -> str:
             f'{head}"pid": {pid_of_lane[lane]}, "tid": {lane}, "ts": {start!r}, "dur": {duration!r}, '
             f'"args": {{"task": {i}, "step": {step_}, "decided_by": {decider}}}}}'
         )
-    step_end = outcome.steps["end_ms"].to_numpy() * 1e3  # the result may hold only the traced steps
+    step_end = outcome.step_columns["end_ms"] * 1e3  # the result may hold only the traced steps
     for s in range(first, min(first + trace_steps, len(step_end))):
         parts.append(json.dumps({"ph": "i", "s": "g", "name": f"step {s} end", "pid": 1, "tid": 0, "ts": float(step_end[s])}))
     return '{"traceEvents": [' + ", ".join(parts) + '], "displayTimeUnit": "ms"}\n'

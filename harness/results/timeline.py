@@ -7,14 +7,9 @@ Host stages too narrow to see are drawn one bar per op, lanes idle in the window
 """
 from __future__ import annotations
 
-import os
-import pickle
-import signal
-import sys
-import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, NoReturn
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -69,10 +64,11 @@ class TimelineWindow:
 def timeline_window(outcome: "RunResult", steps: int) -> TimelineWindow:
     """`steps` steps from the first measured one."""
     result, graph = outcome.result, outcome.result.graph
-    first = int(np.flatnonzero(outcome.steps["measured"].to_numpy())[0])
+    columns = outcome.step_columns
+    first = int(np.flatnonzero(columns["measured"])[0])
     last = min(first + steps, outcome.workload.steps) - 1
     # From the steps table: the result may hold only the drawn steps of a long run.
-    t0, t1 = float(outcome.steps["start_ms"].iloc[first]) * 1e3, float(outcome.steps["end_ms"].iloc[last]) * 1e3
+    t0, t1 = float(columns["start_ms"][first]) * 1e3, float(columns["end_ms"][last]) * 1e3
     # Work on the drawn steps only (a long run has millions of tasks).
     step = result.column("step")
     picked = np.flatnonzero((step >= first) & (step <= last))
@@ -197,91 +193,3 @@ def _bars(ax, x: np.ndarray, width: np.ndarray, y: float, height: float, **style
     verts[:, [0, 3], 1] = y
     verts[:, [1, 2], 1] = y + height
     ax.add_collection(PolyCollection(verts, **style), autolim=False)  # the caller sets the limits
-
-
-class BackgroundDrawer:
-    """timeline.png drawn by a forked process while this one simulates and writes its other files.
-
-    Importing matplotlib and drawing a step take about as long as a default run's simulation (~0.5 s
-    each on 2 cores); started before the simulation, the child imports matplotlib meanwhile, then draws
-    the window it is sent (`draw`). `wait` (before summary.json marks the run finished) returns once the
-    file is written; if the child failed, the picture is drawn here, so that its error (a full disk) is
-    this process's, as without the child. Where fork is missing or other threads run (forking them is
-    unsafe), nothing is started and `draw` draws at once. A context manager: leaving it ends the child.
-    """
-
-    def __init__(self) -> None:
-        self._pid: int | None = None
-        self._to_child: int | None = None
-        self._sent: tuple[TimelineWindow, Path] | None = None
-
-    def __enter__(self) -> "BackgroundDrawer":
-        if hasattr(os, "fork") and threading.active_count() == 1:
-            read_end, write_end = os.pipe()
-            for stream in (sys.stdout, sys.stderr):  # nothing buffered twice
-                stream.flush()
-            pid = os.fork()
-            if pid == 0:  # the child: never returns
-                os.close(write_end)
-                _draw_what_arrives(read_end)
-            os.close(read_end)
-            self._pid, self._to_child = pid, write_end
-        return self
-
-    def draw(self, outcome: "RunResult", path: Path, steps: int) -> None:
-        window = timeline_window(outcome, steps)
-        if self._to_child is None:
-            draw_window(window, path)
-            return
-        self._sent = (window, path)
-        try:
-            with os.fdopen(self._to_child, "wb") as pipe:
-                self._to_child = None
-                pickle.dump(self._sent, pipe, protocol=pickle.HIGHEST_PROTOCOL)
-        except OSError:  # the child is gone: `wait` draws here
-            pass
-
-    def wait(self) -> None:
-        if self._pid is None:
-            return
-        if self._to_child is not None:
-            os.close(self._to_child)  # nothing to draw: the child ends on end of input
-            self._to_child = None
-        _, status = os.waitpid(self._pid, 0)
-        self._pid = None
-        if self._sent is not None and os.waitstatus_to_exitcode(status) != 0:
-            draw_window(*self._sent)
-
-    def __exit__(self, *exc: object) -> None:
-        if self._pid is not None:  # left by an error or a stop: the child's picture is not wanted
-            try:
-                os.kill(self._pid, signal.SIGKILL)
-            except OSError:
-                pass
-            if self._to_child is not None:
-                os.close(self._to_child)
-                self._to_child = None
-            os.waitpid(self._pid, 0)
-            self._pid = None
-
-
-def _draw_what_arrives(read_end: int) -> NoReturn:
-    """The drawing process: import matplotlib while the parent simulates, draw the window it sends."""
-    status = 1
-    try:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle; it ends this one
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot  # noqa: F401
-
-        with os.fdopen(read_end, "rb") as pipe:
-            data = pipe.read()
-        if data:
-            draw_window(*pickle.loads(data))
-        status = 0
-    except BaseException:
-        pass
-    finally:
-        os._exit(status)

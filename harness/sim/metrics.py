@@ -13,7 +13,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-import pandas as pd
 from numba import njit
 
 from harness.config.schema import Phase
@@ -202,8 +201,8 @@ def measured_steps(workload: Workload, plan: StepPlan | None = None) -> np.ndarr
     return measured
 
 
-def summarize(measures: StepMeasures, workload: Workload, plan: StepPlan | None = None) -> tuple[dict, pd.DataFrame]:
-    """The summary (flat dict) and one row per step.
+def summarize(measures: StepMeasures, workload: Workload, plan: StepPlan | None = None) -> tuple[dict, dict[str, np.ndarray]]:
+    """The summary (flat dict) and one row per step (the steps table's columns: RunResult.step_columns).
 
     Measured steps: those after the warm-up that do not build a graph (capture or sink load are
     reported apart, as `capture_ms`). The window runs from the first measured step's start to the
@@ -258,23 +257,22 @@ def summarize(measures: StepMeasures, workload: Workload, plan: StepPlan | None 
     summary.update({f"time_share_{name}": float(task_us[i] / task_total_us) if task_total_us > 0 else 0.0 for i, name in enumerate(CATEGORIES)})
     summary["task_ms_per_step"] = task_total_us / US_PER_MS / max(int(measured.sum()), 1)
 
-    steps_table = pd.DataFrame(
-        {
-            "step": index,
-            "measured": measured,
-            "mode": [MODE_NAMES[int(m)] for m in mode],
-            "start_ms": step_start / US_PER_MS,
-            "end_ms": step_end / US_PER_MS,
-            "latency_ms": latency_ms,
-            "kv_len": workload.real_kv_len,
-            "padded_kv_len": workload.kv_len,
-            "batch": workload.real_batch,
-            "padded_batch": workload.batch,
-            "tokens": tokens_per_step,
-            "device_busy_ms": device_step_us / US_PER_MS,
-        }
-    )
-    steps_table["bubble_ratio"] = 1.0 - steps_table["device_busy_ms"] / steps_table["latency_ms"]
+    steps_table: dict[str, np.ndarray] = {
+        "step": index,
+        "measured": measured,
+        "mode": np.array([MODE_NAMES[int(m)] for m in mode], dtype=object),
+        "start_ms": step_start / US_PER_MS,
+        "end_ms": step_end / US_PER_MS,
+        "latency_ms": latency_ms,
+        "kv_len": workload.real_kv_len,
+        "padded_kv_len": workload.kv_len,
+        "batch": workload.real_batch,
+        "padded_batch": workload.batch,
+        "tokens": tokens_per_step,
+        "device_busy_ms": device_step_us / US_PER_MS,
+    }
+    with np.errstate(divide="ignore", invalid="ignore"):  # a zero-length step: inf or NaN, as a table shows it
+        steps_table["bubble_ratio"] = 1.0 - steps_table["device_busy_ms"] / steps_table["latency_ms"]
     for name, busy_us in host_step_us.items():
         steps_table[f"{name}_busy_ms"] = busy_us / US_PER_MS
     steps_table["launches"] = launches_per_step

@@ -6,14 +6,18 @@ not on the code that produced it.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
-import pandas as pd
+import numpy as np
 
 from harness.sim.kernel import SimulationResult
 from harness.base.errors import TrackingError
 from harness.model.ops import Workload
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 
 # Summary keys measured on the wall clock (how long this process took, compilation included): the
@@ -43,8 +47,16 @@ def without_wall_clock(summary: dict) -> dict:
 @dataclass
 class RunResult:
     summary: dict
-    steps: pd.DataFrame
+    step_columns: dict[str, np.ndarray]  # the steps table, one array per column (steps.parquet holds them)
     result: Optional[SimulationResult]  # None when reused from a finished run (resume=true)
     workload: Optional[Workload]
     tracking_error: Optional[TrackingError] = None  # why MLflow did not take the run (its files are complete)
     resumed_from: Optional[Path] = None  # a finished run of the same configuration, reused (resume=true)
+
+    @cached_property
+    def steps(self) -> "pd.DataFrame":
+        """The steps table as a DataFrame. Built on first use: importing pandas is a quarter of a
+        default run's start-up, and writing a run's files needs only the columns."""
+        import pandas as pd
+
+        return pd.DataFrame(self.step_columns)

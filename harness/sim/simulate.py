@@ -15,7 +15,7 @@ import numpy as np
 from numba.core import event
 
 from harness.config.schema import RunConfig
-from harness.sim.kernel import SimulationResult, simulate
+from harness.sim.kernel import SimulationResult, load_numba_target, simulate
 from harness.sim.lowering import Lowering
 from harness.sim.metrics import StepMeasures, measured_steps, summarize
 from harness.sim.serving import ServingBatches, batch_requests, serving_summary
@@ -168,6 +168,7 @@ def prepare_run(run: RunConfig) -> PreparedRun:
     """Size check (a one-step build of a card, before anything large), serving batches, the strategy's
     workload and step plan, then the HBM check: everything that can fail before the simulation proper."""
     began = time.perf_counter()
+    load_numba_target()
     watch = CompileWatch()
     with event.install_listener("numba:compile", watch):
         if not is_op_list(run):
@@ -261,4 +262,4 @@ def _simulate_prepared(run: RunConfig, prepared: PreparedRun, chunk_tasks: int) 
         )
     if serving is not None:
         summary.update(serving_summary(serving))
-    return RunResult(summary=summary, steps=steps_table, result=result, workload=workload)
+    return RunResult(summary=summary, step_columns=steps_table, result=result, workload=workload)

@@ -29,15 +29,16 @@ import shlex
 import sys
 import time
 from pathlib import Path
+from typing import Mapping
 from urllib.parse import unquote
 
-import pandas as pd
+import numpy as np
 
 from harness.config.messages import one_line
 from harness.config.schema import ArtifactPolicy, TrackingConfig, flatten
 from harness.base.errors import EXIT_BAD_INPUT, EXIT_TRACKING_FAILED, HarnessError, TrackingError, one_line_text
 from harness.base.files import write_text
-from harness.results.outputs import STEPS_FILE, SUMMARY_FILE, TRACE_FILE, run_notes
+from harness.results.outputs import STEPS_FILE, SUMMARY_FILE, TRACE_FILE, read_steps, run_notes
 from harness.sim.outcome import WHAT_RAN_KEYS
 from harness.base.stopping import store_call
 
@@ -122,7 +123,7 @@ def later_command(folder: Path, tracking: TrackingConfig) -> str:
 
 
 def log_run_or_mark(
-    tracking: TrackingConfig, run_dir: Path, summary: dict, steps: pd.DataFrame, params: dict, names: dict, overrides: str = ""
+    tracking: TrackingConfig, run_dir: Path, summary: dict, steps: Mapping[str, np.ndarray], params: dict, names: dict, overrides: str = ""
 ) -> str:
     """log_run, but a failure of the store becomes TrackingError (one line) and TRACKING_FAILED.txt in
     the run folder, which says why and how to log the run later."""
@@ -262,7 +263,7 @@ def artifact_files(run_dir: Path, policy: ArtifactPolicy) -> list[Path]:
 
 
 def log_run(
-    tracking: TrackingConfig, run_dir: Path, summary: dict, steps: pd.DataFrame, params: dict, names: dict, overrides: str = ""
+    tracking: TrackingConfig, run_dir: Path, summary: dict, steps: Mapping[str, np.ndarray], params: dict, names: dict, overrides: str = ""
 ) -> str:
     """Log one run; returns its MLflow run id."""
     mlflow = mlflow_module()
@@ -348,14 +349,14 @@ def parent_run_id() -> str | None:
 # ---------------------------------------------------------------- logging a run later
 
 
-def read_run_dir(run_dir: Path) -> tuple[dict, pd.DataFrame, dict, dict, str]:
+def read_run_dir(run_dir: Path) -> tuple[dict, dict[str, np.ndarray], dict, dict, str]:
     """(measured summary, steps, params, names, overrides) of a finished run's folder, as log_run takes them."""
     summary_path = run_dir / SUMMARY_FILE
     if not summary_path.is_file() or not (run_dir / STEPS_FILE).is_file():
         raise HarnessError(f"{run_dir}: not a finished run's folder (no {SUMMARY_FILE} or {STEPS_FILE})")
     try:
         summary = json.loads(summary_path.read_text())
-        steps = pd.read_parquet(run_dir / STEPS_FILE)
+        steps = read_steps(run_dir / STEPS_FILE)
     except (OSError, ValueError) as exc:  # a damaged or half-written file: the user's to fix, not a traceback
         raise HarnessError(f"{run_dir}: not a finished run's folder ({type(exc).__name__}: {exc})") from exc
     if not isinstance(summary, dict):
