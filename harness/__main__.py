@@ -12,10 +12,12 @@ gc.disable()
 
 import sys  # noqa: E402
 
-from harness.results import drawer  # noqa: E402  (the standard library only)
+from harness.results import drawer  # noqa: E402  (these two: the standard library only)
+from harness.tracking import early as early_tracking  # noqa: E402
 
-if __name__ == "__main__":  # before the imports below, which the drawing process need not wait for
+if __name__ == "__main__":  # before the imports below, which the helper processes need not wait for
     drawer.start_early(sys.argv[1:])
+    early_tracking.start_early(sys.argv[1:])
 
 import hydra  # noqa: E402
 from omegaconf import DictConfig  # noqa: E402
@@ -43,7 +45,8 @@ def main(cfg: DictConfig) -> float:
 
 def run() -> None:
     """`python -m harness` and the `hostbound` command: check the overrides, then let Hydra run."""
-    drawer.start_early(sys.argv[1:])  # the `hostbound` command (here, `python -m harness` did it above)
+    drawer.start_early(sys.argv[1:])  # the `hostbound` command (`python -m harness` did it above)
+    early_tracking.start_early(sys.argv[1:])
     try:
         sys.argv[1:] = normalize_argv(sys.argv[1:])
         preflight(sys.argv[1:])

@@ -17,6 +17,7 @@ from harness.results.resume import config_hash, find_finished, reuse
 from harness.results.drawer import BackgroundDrawer
 from harness.sim.outcome import RunResult
 from harness.sim.simulate import simulate_run
+from harness.tracking import early as early_tracking
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +54,8 @@ def execute(
                 except Exception as exc:  # the store is down: as for a simulated run, the files are what matters
                     outcome.tracking_error = TrackingError(f"tracking failed for the resumed run in {run_dir} ({exc})", str(exc)[:300])
             return outcome
+    if run.tracking.enabled:
+        early_tracking.open_store(run.tracking)  # by the logging process, if the command started one
     timeline_steps = run.output.steps_drawn()
     # The timeline's process imports matplotlib while this one simulates (results.drawer.BackgroundDrawer).
     with BackgroundDrawer() if timeline_steps > 0 else contextlib.nullcontext() as drawer:
@@ -62,11 +65,9 @@ def execute(
         names = run.names
         write_outputs(run_dir, outcome, names, trace_steps=run.output.trace_steps, timeline_steps=timeline_steps, drawer=drawer)
     if run.tracking.enabled:
-        from harness.tracking.store import log_run_or_mark  # mlflow takes ~1 s to import: only when tracking
-
         measured = {k: v for k, v in outcome.summary.items() if k not in what_ran}  # the config is logged as params
         try:
-            log_run_or_mark(run.tracking, run_dir, measured, outcome.step_columns, params, names, what_ran["overrides"])
+            early_tracking.log_run_or_mark(run.tracking, run_dir, measured, outcome.step_columns, params, names, what_ran["overrides"])
         except TrackingError as exc:  # the files are written: the caller says so and exits non-zero
             outcome.tracking_error = exc
     return outcome

@@ -13,10 +13,10 @@ import atexit
 import os
 import pickle
 import signal
-import sys
-import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
+
+from harness.base.forking import can_fork, fork_keeping
 
 if TYPE_CHECKING:
     from harness.sim.outcome import RunResult
@@ -30,7 +30,7 @@ def start_early(argv: list[str]) -> None:
     jobs draw none unless asked), Hydra's information flags or `output.timeline_steps=0`. A child that
     no run takes is ended when the process exits."""
     global _early
-    if _early is not None or not hasattr(os, "fork") or threading.active_count() != 1:
+    if _early is not None or not can_fork():
         return
     for arg in argv:
         flat = arg.replace(" ", "")
@@ -42,11 +42,8 @@ def start_early(argv: list[str]) -> None:
 
 def _fork_child() -> tuple[int, int]:
     read_end, write_end = os.pipe()
-    for stream in (sys.stdout, sys.stderr):  # nothing buffered twice
-        stream.flush()
-    pid = os.fork()
+    pid = fork_keeping(read_end)
     if pid == 0:  # the child: never returns
-        os.close(write_end)
         _draw_what_arrives(read_end)
     os.close(read_end)
     return pid, write_end
@@ -90,7 +87,7 @@ class BackgroundDrawer:
         global _early
         if _early is not None:
             (self._pid, self._to_child), _early = _early, None
-        elif hasattr(os, "fork") and threading.active_count() == 1:
+        elif can_fork():
             self._pid, self._to_child = _fork_child()
         return self
 

@@ -1,0 +1,41 @@
+"""Helper processes forked beside a run: the one that draws timeline.png, the one that logs to MLflow.
+
+A command forks them as its first act, so that their imports (matplotlib, MLflow: seconds on two cores)
+run beside its own. Each child keeps only the descriptors it was given: one that held a copy of another
+child's pipe would keep that pipe open, and the other child would never see its end of input.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import threading
+
+
+def can_fork() -> bool:
+    """fork is there and no other thread runs (forking a process with threads is unsafe)."""
+    return hasattr(os, "fork") and threading.active_count() == 1
+
+
+def fork_keeping(*keep_fds: int) -> int:
+    """os.fork, after flushing the standard streams (nothing buffered is written twice); in the child,
+    every descriptor above stderr except `keep_fds` is closed. Returns the child's pid, or 0 in the child."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    pid = os.fork()
+    if pid == 0:
+        low = 3
+        for fd in sorted(keep_fds):
+            os.closerange(low, fd)
+            low = fd + 1
+        os.closerange(low, _max_fd())
+    return pid
+
+
+def _max_fd() -> int:
+    try:
+        return os.sysconf("SC_OPEN_MAX")
+    except (OSError, ValueError):
+        return 65536
