@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import signal
 import threading
+import time
 
 import pytest
 
@@ -101,3 +102,19 @@ def test_a_drawer_takes_the_early_child_and_it_draws(outcome, tmp_path, monkeypa
         drawer.draw(outcome, tmp_path / "child.png", 1)
         drawer.wait()
     assert (tmp_path / "child.png").read_bytes() == (tmp_path / "here.png").read_bytes()
+
+
+def test_a_child_ended_while_drawing_leaves_no_temporary_file(outcome, tmp_path):
+    """A run that fails after sending its window (a full disk writing trace.json) ends the drawing
+    process: SIGTERM unwinds it, and whatever it had half-written is gone."""
+    for attempt in range(3):  # the child may be importing, drawing or done: none may leave a temporary file
+        folder = tmp_path / str(attempt)
+        folder.mkdir()
+        with pytest.raises(RuntimeError):
+            with BackgroundDrawer() as drawer:
+                if not forked(drawer):
+                    pytest.skip("no fork here")
+                drawer.draw(outcome, folder / "timeline.png", 1)
+                time.sleep(0.05 * attempt)
+                raise RuntimeError("trace.json: File too large")
+        assert not [p for p in folder.iterdir() if ".tmp" in p.name]

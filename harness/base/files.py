@@ -22,7 +22,7 @@ def atomic_write(path: Path, write: Callable[[Path], Any]) -> None:
     """Call `write(tmp)` to fill a temporary file next to `path`, then rename it to `path`.
     The temporary name keeps the suffix: writers that pick a format by it (matplotlib) still can."""
     path = Path(path)
-    tmp = path.with_name(f".{path.stem}.{os.getpid()}.tmp{path.suffix}")
+    tmp = temporary_path(path, os.getpid())
     try:
         write(tmp)
         with open(tmp, "rb+") as written:  # on disk before the rename: a crash cannot leave an empty file
@@ -33,6 +33,11 @@ def atomic_write(path: Path, write: Callable[[Path], Any]) -> None:
         if isinstance(exc, OSError) and not isinstance(exc, WriteError):
             raise WriteError(exc.errno, f"cannot write {path}: {exc.strerror or exc}") from exc
         raise
+
+
+def temporary_path(path: Path, pid: int) -> Path:
+    """The temporary file atomic_write fills for `path` in process `pid`."""
+    return path.with_name(f".{path.stem}.{pid}.tmp{path.suffix}")
 
 
 def write_text(path: Path, text: str) -> None:

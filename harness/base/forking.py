@@ -16,6 +16,16 @@ def can_fork() -> bool:
     return hasattr(os, "fork") and threading.active_count() == 1
 
 
+def single_run(argv: list[str], *off: str) -> bool:
+    """Whether a command line asks for one run a helper may serve: no flag (-m, --cfg, --help ...), no
+    sweep (a value with a comma), none of the `off` overrides (`tracking.enabled=false`)."""
+    for arg in argv:
+        flat = arg.replace(" ", "")
+        if arg.startswith("-") or flat == "hydra.mode=MULTIRUN" or flat in off or "," in arg.partition("=")[2]:
+            return False
+    return True
+
+
 def fork_keeping(*keep_fds: int) -> int:
     """os.fork, after flushing the standard streams (nothing buffered is written twice); in the child,
     every descriptor above stderr except `keep_fds` is closed. Returns the child's pid, or 0 in the child."""

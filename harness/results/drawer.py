@@ -13,10 +13,13 @@ import atexit
 import os
 import pickle
 import signal
+import sys
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
-from harness.base.forking import can_fork, fork_keeping
+from harness.base.files import temporary_path
+from harness.base.forking import can_fork, fork_keeping, single_run
 
 if TYPE_CHECKING:
     from harness.sim.outcome import RunResult
@@ -30,12 +33,8 @@ def start_early(argv: list[str]) -> None:
     jobs draw none unless asked), Hydra's information flags or `output.timeline_steps=0`. A child that
     no run takes is ended when the process exits."""
     global _early
-    if _early is not None or not can_fork():
+    if _early is not None or not can_fork() or not single_run(argv, "output.timeline_steps=0"):
         return
-    for arg in argv:
-        flat = arg.replace(" ", "")
-        if arg.startswith("-") or flat in ("hydra.mode=MULTIRUN", "output.timeline_steps=0") or "," in arg.partition("=")[2]:
-            return  # a flag (-m, --cfg, --help ...) or a sweep
     _early = _fork_child()
     atexit.register(_end_early)
 
@@ -58,14 +57,32 @@ def _end_early() -> None:
         _kill(pid, write_end)
 
 
-def _kill(pid: int, write_end: int | None) -> None:
-    try:
-        os.kill(pid, signal.SIGKILL)
-    except OSError:
-        pass
+def _kill(pid: int, write_end: int | None, drawing: Path | None = None) -> None:
+    """End the drawing process: SIGTERM unwinds it (a picture half-written is removed by atomic_write),
+    SIGKILL if it has not ended within a second; then no temporary file of it is left."""
+    for sig, wait_s in ((signal.SIGTERM, 1.0), (signal.SIGKILL, None)):
+        try:
+            os.kill(pid, sig)
+        except OSError:
+            pass
+        if _reaped(pid, wait_s):
+            break
     if write_end is not None:
         os.close(write_end)
-    os.waitpid(pid, 0)
+    if drawing is not None:
+        temporary_path(drawing, pid).unlink(missing_ok=True)
+
+
+def _reaped(pid: int, wait_s: float | None) -> bool:
+    deadline = time.monotonic() + (wait_s or 0.0)
+    while True:
+        try:
+            done, _ = os.waitpid(pid, 0 if wait_s is None else os.WNOHANG)
+        except ChildProcessError:  # reaped already
+            return True
+        if done or time.monotonic() >= deadline:
+            return bool(done)
+        time.sleep(0.01)
 
 
 class BackgroundDrawer:
@@ -123,7 +140,7 @@ class BackgroundDrawer:
         if self._pid is not None:  # left by an error or a stop: the child's picture is not wanted
             pid, write_end = self._pid, self._to_child
             self._pid = self._to_child = None
-            _kill(pid, write_end)
+            _kill(pid, write_end, self._sent[1] if self._sent else None)
 
 
 def _draw_what_arrives(read_end: int) -> NoReturn:
@@ -132,7 +149,7 @@ def _draw_what_arrives(read_end: int) -> NoReturn:
     status = 1
     try:
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle; it ends this one
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))  # unwinds: no half-written file
         import matplotlib
 
         matplotlib.use("Agg")

@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from harness.base.forking import can_fork, fork_keeping
+from harness.base.forking import can_fork, fork_keeping, single_run
 
 if TYPE_CHECKING:
     from harness.config.schema import TrackingConfig
@@ -51,12 +51,8 @@ def start_early(argv: list[str]) -> None:
     """Fork the logging process, for a single run that may be tracked: not for sweeps (their workers
     log), Hydra's information flags or `tracking.enabled=false`."""
     global _child
-    if _child is not None or not can_fork():
+    if _child is not None or not can_fork() or not single_run(argv, "tracking.enabled=false"):
         return
-    for arg in argv:
-        flat = arg.replace(" ", "")
-        if arg.startswith("-") or flat in ("hydra.mode=MULTIRUN", "tracking.enabled=false") or "," in arg.partition("=")[2]:
-            return
     mine, theirs = socket.socketpair()
     pid = fork_keeping(theirs.fileno())
     if pid == 0:  # never returns
