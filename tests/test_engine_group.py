@@ -21,7 +21,7 @@ MODEL_ALONE = LAUNCH + FRAMEWORK + LAUNCH + KERNEL  # token copy issue, then the
 BASE = (
     "hardware=h100", "workload.card=null", "workload.ops=[{name:k,kind:cube,device_us:100}]", f"workload.batch_size={B}",
     "workload.steps=8", "hardware.host.framework_us=10", "hardware.host.launch_us=5", "hardware.host.sync_us=0",
-    "hardware.link.pcie_latency_us=0", "hardware.link.pcie_gbps=1e5", "tracking.enabled=false",
+    "hardware.link.pcie_latency_us=0", "hardware.link.pcie_gbps=1e5", "hardware.device.kernel_gap_us=0", "tracking.enabled=false",
 )
 
 

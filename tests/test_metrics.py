@@ -198,7 +198,7 @@ STAGE_COLUMNS = "framework_us,infer_shape_us,tiling_us,alloc_us,launch_us,free_u
 def test_summaries_of_tiny_and_empty_windows(tmp_path, framework_us, device_us, expected):
     path = tmp_path / "ops.csv"
     path.write_text(f"step,name,kind,device_us,{STAGE_COLUMNS}\n0,k,vector,{device_us},{framework_us},0,0,0,0,0\n")
-    summary = simulate_run(compose_run("workload=trace", f"workload.path={path}", "workload.steps=1")).summary
+    summary = simulate_run(compose_run("workload=trace", f"workload.path={path}", "workload.steps=1", "hardware.device.kernel_gap_us=0")).summary
     assert {key: summary[key] for key in expected} == pytest.approx(expected)
     assert summary["window_ms"] == pytest.approx((framework_us + device_us) / 1e3)
 

@@ -279,15 +279,37 @@ def test_frees_on_another_thread_raise_peak_memory():
     assert without_wall_clock(peak("strategy=eager", "strategy.free_on_main=true")) == without_wall_clock(eager)
 
 
-@pytest.mark.parametrize("flags, refresh_us", [("0,0", 0.0), ("1,0", 50.0), ("1,1", 0.0)])
-def test_a_replay_refreshes_dynamic_ops_but_not_routed_ones(tmp_path, flags, refresh_us):
-    """Inside a captured graph a dynamic op's arguments are refreshed before each replay (50 µs on the
-    A2); a routed (MoE) op runs at padded static shapes and is not."""
+@pytest.mark.parametrize(
+    "flags, after_launch, refresh_us",
+    # Before the launch: 50 µs (the A2's param_update_us) ahead of all device work. After it (vllm-ascend):
+    # r waits for its own refresh, which overlaps a's 2 µs + 0.6 µs of device-side dispatch.
+    [("0,0", "false", 0.0), ("1,0", "false", 50.0), ("1,1", "false", 0.0), ("0,0", "true", 0.0), ("1,0", "true", 50.0 - 2.6),
+     ("1,1", "true", 0.0)],
+)
+def test_a_replay_refreshes_dynamic_ops_but_not_routed_ones(tmp_path, flags, after_launch, refresh_us):
+    """Inside a captured graph a dynamic op's arguments are refreshed for each replay (50 µs on the A2),
+    before the launch or after it; a routed (MoE) op runs at padded static shapes and is not."""
     path = tmp_path / "ops.csv"
     path.write_text(f"name,kind,device_us,dynamic,routed\na,vector,2,0,0\nr,vector,10,{flags}\nc,vector,3,0,0\n")
     static = tmp_path / "static.csv"
     static.write_text("name,kind,device_us,dynamic,routed\na,vector,2,0,0\nr,vector,10,0,0\nc,vector,3,0,0\n")
     step = {}
     for name, csv in (("mine", path), ("static", static)):
-        step[name] = simulate_run(compose_run("workload=trace", f"workload.path={csv}", "strategy=acl_graph", "workload.steps=3")).summary["step_ms_mean"]
+        step[name] = simulate_run(compose_run("workload=trace", f"workload.path={csv}", "strategy=acl_graph", "workload.steps=3",
+                                              f"strategy.graph.refresh_after_launch={after_launch}")).summary["step_ms_mean"]
     assert (step["mine"] - step["static"]) * 1e3 == pytest.approx(refresh_us)
+
+
+def test_an_eager_kernel_pays_the_front_end_gap_a_graph_task_its_dispatch_hand_computed():
+    """Eager (test_semantics' three ops, device a 2, b 10, c 3 µs; launches end at 6, 12, 18): with a 1 µs
+    front-end gap per kernel, a [6,9] ends before b is launched; b [12,23]; c, queued, [23,27]: the
+    step is 2 µs longer (b's and c's gaps; a's hides behind host work). A replayed graph pays its
+    0.5 µs dispatch per task instead, whatever the gap."""
+    eager_us = 25 + TOKEN_BACK_US + 2
+    run = three_op_run("eager")
+    gapped = dataclasses.replace(run, hardware=dataclasses.replace(run.hardware, device=dataclasses.replace(run.hardware.device, kernel_gap_us=1.0)))
+    assert simulate_run(gapped).summary["step_ms_mean"] * 1e3 == pytest.approx(eager_us + 2.0)
+    graph = graph_run("capture")
+    graph_gapped = dataclasses.replace(graph, hardware=dataclasses.replace(graph.hardware, device=dataclasses.replace(graph.hardware.device, kernel_gap_us=1.0)))
+    replay_us = 1 + 10 + 15 + 1.5 + TOKEN_BACK_US + 2  # test_capture_once_then_replay_hand_computed
+    assert simulate_run(graph_gapped).steps["latency_ms"][1:].to_numpy() * 1e3 == pytest.approx([replay_us] * 3)

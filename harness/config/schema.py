@@ -121,6 +121,9 @@ class DeviceConfig:
     vector_fixed_us: float = 2.0
     comm_fixed_us: float = 10.0
     block_quantum_us: float = 10.0  # time base of "one core's capacity" in the block-split rule
+    # The device front end's time for each kernel launched on its own (eager), between the previous
+    # kernel's end and its start when it was queued: graph tasks pay hardware.graph.task_dispatch_us instead.
+    kernel_gap_us: float = 0.0
 
     def __post_init__(self) -> None:
         check_limits(self)
@@ -290,6 +293,10 @@ class GraphStrategyConfig:
     buckets: List[int] = field(default_factory=vllm_capture_sizes)  # capture sizes (batch buckets)
     phases: List[Phase] = field(default_factory=lambda: [Phase.decode])  # prefill stays eager by default
     dynamic_fallback: Fallback = Fallback.host  # when graph mode cannot apply (dynamic shapes, too many graphs)
+    # Capture mode: dynamic tasks' arguments are refreshed after the replay is launched, each task waiting
+    # for its own refresh (an event), so the host refreshes layer i + 1 while the device runs layer i;
+    # false: all of them before the launch.
+    refresh_after_launch: bool = False
 
     def __post_init__(self) -> None:
         check_limits(self)

@@ -33,7 +33,9 @@ stream-local pools make them cheaper.
 Graph steps (policies.py decides the mode of each step): BUILD = host scheduling plus the one-time
 capture (or sink load) on the main thread; REPLAY = the host refreshes the arguments of dynamic tasks
 (capture) or the graph's addresses (sink), then issues one launch; the device schedules every task
-itself at `task_dispatch_us` each, keeping streams and events (so communication still overlaps).
+itself at `task_dispatch_us` each, keeping streams and events (so communication still overlaps). A
+kernel launched on its own pays the device front end's `kernel_gap_us` instead (counted, like a graph
+task's dispatch, in the task's device time).
 
 A bounded queue of capacity C between two threads is a dependency edge: the producer's first task
 for item i waits for the consumer's first task of item i − C to end (the slot is taken by then).
@@ -412,16 +414,24 @@ class _Body:
     def replay(self) -> int:
         tpl, workload, strategy = self.tpl, self.workload, self.strategy
         g = self.hardware.graph
+        refreshes: dict[int, int] = {}  # op → its refresh, when each waits for its own (refresh_after_launch)
         if strategy.graph.mode == GraphMode.capture:
             # In-place argument refresh of every task whose arguments change (attention's KV length); routed
             # MoE ops run at padded static shapes inside a graph, with no refresh.
-            for j in np.flatnonzero(((workload.flags & FLAG_DYNAMIC) > 0) & ((workload.flags & FLAG_ROUTED) == 0)):
-                tpl.add(0, "graph", int(j), _FIXED, g.param_update_us, host=True)
+            dynamic = np.flatnonzero(((workload.flags & FLAG_DYNAMIC) > 0) & ((workload.flags & FLAG_ROUTED) == 0))
+            after_launch = strategy.graph.refresh_after_launch
+            if not after_launch:
+                for j in dynamic:
+                    tpl.add(0, "graph", int(j), _FIXED, g.param_update_us, host=True)
             trigger_us = g.replay_launch_us
         else:
+            dynamic, after_launch = np.empty(0, dtype=np.int64), False
             tpl.add(0, "graph", -1, _FIXED, g.address_update_us, host=True)
             trigger_us = g.sink_trigger_us
         trigger = tpl.add(0, "launch", -1, _FIXED, trigger_us, host=True, stage=HOST_STAGES.index("launch") + 1)
+        if after_launch:
+            for j in dynamic:
+                refreshes[int(j)] = tpl.add(0, "graph", int(j), _FIXED, g.param_update_us, host=True)
         device_task = np.full(workload.n_ops, -1, dtype=np.int64)
         for j in range(workload.n_ops):
             producers = [int(device_task[d]) for d in workload.after[j]]
@@ -430,6 +440,8 @@ class _Body:
                 continue
             launch = self.start if workload.flags[j] & FLAG_CARRIED_IN else trigger
             device_task[j] = self.device_task(j, producers, launch, True)
+            if j in refreshes:
+                tpl.edge(refreshes[j], int(device_task[j]))
         return int(device_task[-1])
 
 
@@ -464,7 +476,7 @@ def _read_back(tpl, device_tasks: list[int], d2h_lane: int, op: int, source: int
 @njit(cache=True)
 def _fill_records(
     out, steps, lane, category, op, stage, source, value, host_slot,
-    device_us, device_cores, graph_dispatch_us, tiling_us, stage_us, not_before_us, engine_us, h2d_us, d2h_us, cpu_flops_per_us, flops,
+    device_us, device_cores, eager_gap_us, graph_dispatch_us, tiling_us, stage_us, not_before_us, engine_us, h2d_us, d2h_us, cpu_flops_per_us, flops,
     cpu_copy_latency_us, cpu_copy_bytes_per_us, op_bytes, jitter,
 ):
     """Write the records of `steps` (template repeated) into `out`, in one pass.
@@ -493,9 +505,8 @@ def _fill_records(
             units = 0
             if src == _DEVICE or src == _DEVICE_GRAPH:
                 k = np.int64(value[j])
-                duration = device_us[s, k]
-                if src == _DEVICE_GRAPH:
-                    duration += graph_dispatch_us
+                # The device front end's time per task: a graph's own scheduling, or a kernel launched alone.
+                duration = device_us[s, k] + (graph_dispatch_us if src == _DEVICE_GRAPH else eager_gap_us)
                 units = device_cores[s, k]
                 if units > 0:  # collectives and copies hold no AI core
                     pool = POOL_AI_CORES
@@ -595,6 +606,7 @@ class Lowering:
             host_slot,
             self.device_us,
             self.device_cores,
+            float(hardware.device.kernel_gap_us),
             float(hardware.graph.task_dispatch_us),
             self.tiling_us,
             self.stage_us,
