@@ -41,6 +41,9 @@ TORCH_NPU_QUEUE = 4096
 # Hardware presets whose platform costs (graph launch, capture) fit the trace's runtime; the op
 # list carries the measured device and host times, so nothing else of the preset prices a replay.
 HARDWARE_OF_SOURCE = {"kineto": "h100", "torch_npu": "atlas_a2"}
+# The graph capture/replay preset by the name the platform's users look for (CUDA/HIP graphs refresh
+# arguments before the replay, vllm-ascend's ACL graphs after launching it).
+GRAPH_OF_SOURCE = {"kineto": "cuda_graph", "torch_npu": "acl_graph"}
 
 
 def replay_overrides(imported: Imported, ops_path: Path) -> list[str]:
@@ -116,7 +119,7 @@ def what_if(imported: Imported, overrides: list[str], measured: dict) -> pd.Data
         ("eager: one host thread", ["strategy=eager"]),
         ("async: launch thread", ["strategy=async", *queue]),
         ("pipeline: 3 host threads", ["strategy=pipeline", *queue]),
-        ("graph capture/replay", ["strategy=acl_graph", *second_pass]),
+        ("graph capture/replay", [f"strategy={GRAPH_OF_SOURCE[imported.profile.source]}", *second_pass]),
         ("tiling cache", [*traced, "strategy.tiling_cache=true", *second_pass]),
         ("fusion of vector ops", [*traced, "strategy.fusion=true"]),
     ]
