@@ -46,7 +46,7 @@ HOST_COSTS = ("framework_us", "infer_shape_us", "tiling_us", "alloc_us", "launch
               "packed_params_us", "driver_alloc_us", "tiling_lookup_us")
 
 
-@pytest.mark.parametrize("strategy", ["eager", "async", "pipeline", "graph"])
+@pytest.mark.parametrize("strategy", ["eager", "async", "graph"])  # pipeline: async's queue plus threads (below)
 @pytest.mark.parametrize("hardware", HARDWARE)
 def test_a_faster_host_is_never_slower(hardware, strategy):
     strategy = graph_strategy(hardware) if strategy == "graph" else strategy
@@ -61,7 +61,7 @@ def test_a_faster_host_is_never_slower(hardware, strategy):
         assert times[0] >= times[1] * (1 - SLACK) >= times[2] * (1 - SLACK) ** 2, f"batch {batch}: {times}"
 
 
-@pytest.mark.parametrize("strategy", ["eager", "async", "pipeline", "graph"])
+@pytest.mark.parametrize("strategy", ["async", "pipeline", "graph"])  # eager uses one host thread whatever the count
 @pytest.mark.parametrize("hardware", HARDWARE)
 def test_fewer_host_threads_are_never_faster(hardware, strategy):
     strategy = graph_strategy(hardware) if strategy == "graph" else strategy
