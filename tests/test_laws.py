@@ -31,6 +31,7 @@ def step_ms(*overrides: str) -> float:
     return simulate_run(compose_run(*overrides, STEPS)).summary["step_ms_p50"]
 
 
+@lru_cache(maxsize=None)
 def graph_strategy(hardware: str) -> str:
     return GRAPH_STRATEGY_OF[compose_run(f"hardware={hardware}").hardware.platform]
 

@@ -7,8 +7,10 @@ child's pipe would keep that pipe open, and the other child would never see its 
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import threading
+import time
 
 
 def can_fork() -> bool:
@@ -42,6 +44,35 @@ def fork_keeping(*keep_fds: int) -> int:
             low = fd + 1
         os.closerange(low, _max_fd())
     return pid
+
+
+def end_child(pid: int, wait_s: float, first: signal.Signals | None = None) -> None:
+    """Send `first` (if any) to a helper child, give it `wait_s` to end, then SIGKILL; reaped either way."""
+    if first is not None:
+        _signal(pid, first)
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            done, _ = os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:  # reaped already
+            return
+        if done:
+            return
+        if time.monotonic() >= deadline:
+            break
+        time.sleep(0.01)
+    _signal(pid, signal.SIGKILL)
+    try:
+        os.waitpid(pid, 0)
+    except ChildProcessError:
+        pass
+
+
+def _signal(pid: int, sig: signal.Signals) -> None:
+    try:
+        os.kill(pid, sig)
+    except OSError:  # ended already
+        pass
 
 
 def _max_fd() -> int:

@@ -14,12 +14,11 @@ import os
 import pickle
 import signal
 import sys
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
 from harness.base.files import temporary_path
-from harness.base.forking import can_fork, fork_keeping, single_run
+from harness.base.forking import can_fork, end_child, fork_keeping, single_run
 
 if TYPE_CHECKING:
     from harness.sim.outcome import RunResult
@@ -60,29 +59,11 @@ def _end_early() -> None:
 def _kill(pid: int, write_end: int | None, drawing: Path | None = None) -> None:
     """End the drawing process: SIGTERM unwinds it (a picture half-written is removed by atomic_write),
     SIGKILL if it has not ended within a second; then no temporary file of it is left."""
-    for sig, wait_s in ((signal.SIGTERM, 1.0), (signal.SIGKILL, None)):
-        try:
-            os.kill(pid, sig)
-        except OSError:
-            pass
-        if _reaped(pid, wait_s):
-            break
+    end_child(pid, 1.0, signal.SIGTERM)
     if write_end is not None:
         os.close(write_end)
     if drawing is not None:
         temporary_path(drawing, pid).unlink(missing_ok=True)
-
-
-def _reaped(pid: int, wait_s: float | None) -> bool:
-    deadline = time.monotonic() + (wait_s or 0.0)
-    while True:
-        try:
-            done, _ = os.waitpid(pid, 0 if wait_s is None else os.WNOHANG)
-        except ChildProcessError:  # reaped already
-            return True
-        if done or time.monotonic() >= deadline:
-            return bool(done)
-        time.sleep(0.01)
 
 
 class BackgroundDrawer:

@@ -21,11 +21,10 @@ import pickle
 import signal
 import socket
 import struct
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from harness.base.forking import can_fork, fork_keeping, single_run
+from harness.base.forking import can_fork, end_child, fork_keeping, single_run
 
 if TYPE_CHECKING:
     from harness.config.schema import TrackingConfig
@@ -108,7 +107,7 @@ def _drop() -> None:
     child, _child = _child, None
     if child is not None:
         child.sock.close()
-        _reap(child.pid, 0.0)
+        end_child(child.pid, 0.0)
 
 
 def _end() -> None:
@@ -119,32 +118,11 @@ def _end() -> None:
     if child is None:
         return
     if not child.opened:
-        _reap(child.pid, 0.0)
+        end_child(child.pid, 0.0)
         child.sock.close()
         return
     child.sock.close()
-    _reap(child.pid, child.wait_s)
-
-
-def _reap(pid: int, wait_s: float) -> None:
-    deadline = time.monotonic() + wait_s
-    while True:
-        try:
-            done, _ = os.waitpid(pid, os.WNOHANG)
-        except ChildProcessError:
-            return
-        if done or time.monotonic() >= deadline:
-            break
-        time.sleep(0.02)
-    if not done:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except OSError:
-            pass
-        try:
-            os.waitpid(pid, 0)
-        except ChildProcessError:
-            pass
+    end_child(child.pid, child.wait_s)
 
 
 def _send(sock: socket.socket, message: object) -> None:
