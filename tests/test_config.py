@@ -215,7 +215,7 @@ def test_the_memory_limit_is_the_machines(monkeypatch):
     ops_per_step = run_module.check_size(small).op_steps // 32
     big = compose_run("workload=deepseek_v3", "workload.steps=20000")
     fitting = int((2e9 - run_module.BASE_MEMORY_BYTES) / run_module.BYTES_PER_OP_STEP / ops_per_step)
-    expected = (f"workload.steps=20000: needs about 3.4 GB of memory ({ops_per_step} ops/step × 20000 steps),"
+    expected = (f"workload.steps=20000: needs about 3.5 GB of memory ({ops_per_step} ops/step × 20000 steps),"
                 f" 2.0 GB available (about {fitting:,} steps fit)")
     with pytest.raises(ConfigError) as refused:
         run_module.check_size(big)

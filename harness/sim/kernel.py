@@ -1,7 +1,8 @@
 """The discrete-event engine (Numba), plus the jitted passes over its result that metrics need.
 
 Other jitted passes live next to their wrappers: the record fill in lowering.py, the lane merges in
-metrics.py. Kernels never raise: they return arrays or status codes, and their wrappers raise.
+metrics.py. Kernels never raise: they return arrays or status codes, and their wrappers raise. They
+release the GIL (`nogil`): a long run lowers and measures one chunk in a thread while it simulates another.
 
 Semantics (the plain-Python oracle in tests/oracle.py implements the same, and must agree exactly):
 
@@ -56,7 +57,7 @@ def load_numba_target() -> None:
             del sys.modules["scipy.linalg"]
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _heap_push(heap_t, heap_k, size, t, k):
     i = size
     while i > 0:
@@ -72,7 +73,7 @@ def _heap_push(heap_t, heap_k, size, t, k):
     return size + 1
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _heap_pop(heap_t, heap_k, size):
     """Remove the root; the caller has read heap_t[0], heap_k[0] before. Returns the new size."""
     size -= 1
@@ -99,7 +100,7 @@ def _heap_pop(heap_t, heap_k, size):
     return size
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _simulate(tasks, lane_prev, lane_next, dep_ptr, succ_ptr, succ_idx, pool_capacity, start, end, decider):
     n = tasks.shape[0]
     n_pools = pool_capacity.shape[0]
@@ -189,7 +190,7 @@ def _simulate(tasks, lane_prev, lane_next, dep_ptr, succ_ptr, succ_idx, pool_cap
     return STATUS_OK
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _critical_path(end, decider):
     """Task ids of the critical path, last task first: follow deciders back from the last end."""
     n = end.shape[0]
@@ -207,7 +208,7 @@ def _critical_path(end, decider):
     return path[:length]
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _lru_hits(keys, capacity, hits):
     """hits[i] = whether access i of `keys` hits an LRU cache of `capacity` entries (program order).
 
@@ -249,7 +250,7 @@ def _lru_hits(keys, capacity, hits):
     return 0
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _links(lanes, n_lanes, dep_ptr, dep_idx):
     """Lane neighbours (lanes are FIFO in id order) and successor lists (CSR), in O(n + edges)."""
     n = lanes.shape[0]
@@ -282,7 +283,7 @@ def links(graph: TaskGraph) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndar
     return _links(graph.tasks["lane"], len(graph.lane_names), graph.dep_ptr.astype(np.int64, copy=False), graph.dep_idx.astype(np.int64, copy=False))
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _step_category_us(start, end, decider, step, category, first_step, n_steps, n_categories):
     """Two (n_steps, n_categories) tables for steps first_step, …: time per category on each step's
     critical path (from its last task back to its first, following deciders), and in all its tasks."""
@@ -311,7 +312,7 @@ def lru_hits(keys: np.ndarray, capacity: int) -> np.ndarray:
     return hits
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _integer_columns(tasks):
     """lane, step, op, category, stage of every task as contiguous arrays, reading each record once."""
     n = tasks.shape[0]
@@ -370,7 +371,7 @@ class SimulationResult:
 _BAD_DEP, _BAD_LANE, _BAD_POOL, _TOO_MANY_UNITS, _BAD_DURATION, _BAD_RELEASE = 1, 2, 3, 4, 5, 6
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _check_graph(tasks, dep_ptr, dep_idx, n_lanes, pool_capacity):
     """(code, task) of the first invalid task, in one pass over the records (a numpy expression per
     field would read every record again: they are 48 bytes apart)."""

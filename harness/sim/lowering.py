@@ -473,7 +473,7 @@ def _read_back(tpl, device_tasks: list[int], d2h_lane: int, op: int, source: int
     return copy
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _fill_records(
     out, steps, lane, category, op, stage, source, value, host_slot,
     device_us, device_cores, eager_gap_us, graph_dispatch_us, tiling_us, stage_us, not_before_us, engine_us, h2d_us, d2h_us, cpu_flops_per_us, flops,

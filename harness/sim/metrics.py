@@ -26,7 +26,7 @@ US_PER_MS = 1e3
 HOST_CATEGORIES = ("framework", "infer_shape", "tiling", "alloc", "launch", "sync", "graph", "cpu", "engine")
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _merge_lanes(lane, take, key, n_lanes):
     """Ids of the taken tasks in increasing `key`, for a key that increases along each lane (start or
     end times: lanes are FIFO). A merge of the lanes: O(tasks × lanes), no sort."""
@@ -54,7 +54,7 @@ def _merge_lanes(lane, take, key, n_lanes):
     return order
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _lanes_union(start, end, lane, selected):
     """The union of the intervals of the tasks on the selected lanes, as disjoint groups in order."""
     if np.sum(selected) == 1:  # one FIFO lane: its tasks in id order are already in start order
@@ -283,7 +283,7 @@ def summarize(measures: StepMeasures, workload: Workload, plan: StepPlan | None 
 ALLOC_STAGE, LAUNCH_STAGE, FREE_STAGE = (HOST_STAGES.index(s) + 1 for s in ("alloc", "launch", "free"))
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _peak_live_bytes(end, lane, stage, step, op, size, n_lanes, alloc_stage, free_stage):
     """Most bytes live at once, given alloc/free tasks (an op's outputs live from its alloc's end to its
     free's end); events at one time count together, frees before allocs."""

@@ -8,6 +8,8 @@ import dataclasses
 import logging
 import os
 import time
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,6 +20,7 @@ from harness.config.schema import RunConfig
 from harness.sim.kernel import SimulationResult, load_numba_target, simulate
 from harness.sim.lowering import Lowering
 from harness.sim.metrics import StepMeasures, measured_steps, summarize
+from harness.sim.task_graph import TaskGraph
 from harness.sim.serving import ServingBatches, batch_requests, serving_summary
 from harness.sim.policies import StepPlan, prepare
 from harness.base.progress import Progress
@@ -38,10 +41,12 @@ TASKS_PER_OP_GUESS = 8  # sizes the first chunk (host stages + device task); lat
 # What a run costs this process, measured on a 2-core machine: peak RSS (`/usr/bin/time -f %M`) of
 # llama2_7b_prefill and deepseek_v3 runs at 1000 and 40000 steps grows by 55–78 bytes per op and step
 # (the per-step op arrays and their temporaries; the simulation itself works in bounded chunks) above
-# ~0.6–0.8 GB of libraries; end to end a run goes at 5.6–6.6 M tasks/s (benchmarks/bench_scaling.py).
-# The estimate takes the high or low end, whichever refuses sooner.
+# ~0.6–0.8 GB of libraries and chunks in flight (a long run lowers one chunk ahead and measures one behind:
+# deepseek_v3 at 1000 and 3000 steps peaked at 0.86 and 1.12 GB); end to end a run goes at 5.6–6.6 M tasks/s
+# on one core, faster on two (benchmarks/bench_scaling.py). The estimate takes the high or low end,
+# whichever refuses sooner.
 BYTES_PER_OP_STEP = 80
-BASE_MEMORY_BYTES = 0.7e9
+BASE_MEMORY_BYTES = 0.8e9
 TASKS_PER_S = 5e6
 # Lowering builds one step's tasks op by op in Python before replicating them over the steps: ~40 µs an
 # op of a step (a 100,000-op trace step: ~4.5 s; a 1,000,000-op one: ~40 s), nothing for a preset's few
@@ -227,21 +232,28 @@ def _simulate_prepared(run: RunConfig, prepared: PreparedRun, chunk_tasks: int) 
 
     lowering = Lowering(workload, run.hardware, run.strategy, run.seed, plan, run.engine)
 
-    def simulate_steps(steps: np.ndarray, start_after_us: float) -> SimulationResult:
-        release = release_us.copy()
-        release[steps[0]] = max(release[steps[0]], start_after_us)
-        return simulate(lowering.graph(steps, release))
+    def lowered_chunks() -> Iterator[tuple[np.ndarray, TaskGraph]]:
+        """Consecutive chunks of steps of about chunk_tasks tasks each (the first sized by a guess, the
+        next by the tasks a step of the previous one had), lowered."""
+        first, count = 0, max(1, chunk_tasks // (TASKS_PER_OP_GUESS * workload.n_ops))
+        while first < workload.steps:
+            steps = np.arange(first, min(first + count, workload.steps))
+            graph = lowering.graph(steps, release_us)
+            yield steps, graph
+            count = max(1, chunk_tasks * steps.size // graph.n_tasks)
+            first += steps.size
 
-    parts: list[StepMeasures] = []
-    chunk_steps = max(1, chunk_tasks // (TASKS_PER_OP_GUESS * workload.n_ops))
-    first = 0
-    while first < workload.steps:
-        steps = np.arange(first, min(first + chunk_steps, workload.steps))
-        progress.update(f"simulating steps {first}–{steps[-1]} of {workload.steps} ({workload.n_ops} ops each)", force=True)
-        result = simulate_steps(steps, parts[-1].end_us[-1] if parts else 0.0)
-        parts.append(StepMeasures.of(result, workload))
-        chunk_steps = max(1, chunk_tasks * steps.size // result.graph.n_tasks)
-        first += steps.size
+    def simulate_steps(steps: np.ndarray, start_after_us: float) -> SimulationResult:
+        return _simulate_after(lowering.graph(steps, release_us), start_after_us)
+
+    chunks = lowered_chunks()
+    steps, graph = next(chunks)
+    if steps.size == workload.steps:
+        progress.update(f"simulating {workload.steps} steps ({workload.n_ops} ops each)", force=True)
+        result = _simulate_after(graph, 0.0)
+        parts = [StepMeasures.of(result, workload)]
+    else:
+        parts = _simulate_chunks(steps, graph, chunks, workload, progress)
     progress.update("computing metrics", force=True)
     measures = StepMeasures.concat(parts)
     summary, steps_table = summarize(measures, workload, plan)
@@ -263,3 +275,39 @@ def _simulate_prepared(run: RunConfig, prepared: PreparedRun, chunk_tasks: int) 
     if serving is not None:
         summary.update(serving_summary(serving))
     return RunResult(summary=summary, step_columns=steps_table, result=result, workload=workload)
+
+
+def _simulate_after(graph: TaskGraph, start_after_us: float) -> SimulationResult:
+    """Simulate a chunk of steps that starts once the previous chunk ended (steps end in a barrier):
+    its first task, its first step's, is released then at the earliest."""
+    release = graph.tasks["release_us"]
+    release[0] = max(release[0], start_after_us)
+    return simulate(graph)
+
+
+def _simulate_chunks(
+    steps: np.ndarray, graph: TaskGraph, chunks: Iterator[tuple[np.ndarray, TaskGraph]], workload: Workload, progress: Progress
+) -> list[StepMeasures]:
+    """Simulate a run chunk after chunk, in order (each starts when the previous ended); a helper thread
+    lowers the next chunk and measures the previous one meanwhile. The kernels release the GIL
+    (`nogil`), so the two cores share the work: lowering and metrics took as long as the simulation
+    itself. At most one chunk is lowered ahead and one waits to be measured."""
+    helper = ThreadPoolExecutor(1, thread_name_prefix="hostbound-chunks")
+    try:
+        upcoming: Future | None = helper.submit(next, chunks, None)
+        measured: list[Future] = []
+        end_us = 0.0
+        while True:
+            progress.update(f"simulating steps {steps[0]}–{steps[-1]} of {workload.steps} ({workload.n_ops} ops each)", force=True)
+            result = _simulate_after(graph, end_us)
+            end_us = result.makespan_us  # the last step's end: the barriers make it the chunk's
+            measured.append(helper.submit(StepMeasures.of, result, workload))
+            del result, graph  # the helper holds the result until it is measured
+            lowered = upcoming.result() if upcoming is not None else None
+            if lowered is None:
+                break
+            steps, graph = lowered
+            upcoming = helper.submit(next, chunks, None)
+        return [part.result() for part in measured]
+    finally:
+        helper.shutdown(wait=True, cancel_futures=True)  # Ctrl-C or an error: what runs ends, nothing more starts
