@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from conftest import compose_run
 from harness.sim.task_graph import CATEGORIES, LANE_DEVICE
-from harness.sim.metrics import BusyTime
+from harness.sim.busy import BusyTime
 from harness.sim.simulate import simulate_run
 
 
@@ -82,9 +82,9 @@ def test_throughput_counts_tokens_per_phase():
     ],
 )
 def test_lane_merges_agree_with_sorting(overrides):
-    """BusyTime.of_lanes and the peak-activation merge rely on FIFO lanes instead of sorting: they must
+    """busy_of_lanes and the peak-activation merge rely on FIFO lanes instead of sorting: they must
     give what sorting every interval/event gives."""
-    from harness.sim.metrics import ALLOC_STAGE, FREE_STAGE, peak_activation_bytes
+    from harness.sim.metrics import ALLOC_STAGE, FREE_STAGE, busy_of_lanes, peak_activation_bytes
 
     outcome = simulate_run(compose_run(*overrides, "workload.steps=4"))
     result, graph = outcome.result, outcome.result.graph
@@ -93,7 +93,7 @@ def test_lane_merges_agree_with_sorting(overrides):
     for lanes in [np.flatnonzero(graph.lane_kinds == LANE_DEVICE), *[[k] for k in np.unique(lane)]]:
         mine = np.isin(lane, lanes)
         reference = BusyTime(result.start_us[mine], result.end_us[mine])
-        merged = BusyTime.of_lanes(result, lanes)
+        merged = busy_of_lanes(result, lanes)
         assert np.array_equal(merged.starts, reference.starts) and np.array_equal(merged.ends, reference.ends)
         assert np.allclose(merged.covered_until(probe), reference.covered_until(probe))
     # Peak live activation bytes by sorting all alloc (+) and free (−) events, frees first at equal times.

@@ -15,7 +15,7 @@ import numpy as np
 
 from harness.base.files import atomic_write
 from harness.sim.task_graph import CATEGORIES, LANE_DEVICE, LANE_HOST
-from harness.sim.metrics import BusyTime
+from harness.sim.busy import BusyTime
 
 if TYPE_CHECKING:
     from harness.sim.outcome import RunResult

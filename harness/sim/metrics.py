@@ -16,6 +16,7 @@ import numpy as np
 from numba import njit
 
 from harness.config.schema import Phase
+from harness.sim.busy import BusyTime
 from harness.sim.kernel import SimulationResult
 from harness.sim.task_graph import CATEGORIES, CATEGORY, LANE_DEVICE, LANE_HOST
 from harness.sim.lowering import HOST_STAGES
@@ -77,48 +78,11 @@ def _lanes_union(start, end, lane, selected):
     return group_start[: g + 1], group_end[: g + 1]
 
 
-class BusyTime:
-    """Cumulative busy time of a set of intervals: busy(a, b) = time covered by any interval in [a, b]."""
-
-    def __init__(self, starts: np.ndarray, ends: np.ndarray):
-        order = np.argsort(starts, kind="stable")
-        s, e = starts[order], ends[order]
-        if s.size:
-            reach = np.maximum.accumulate(e)
-            new_group = np.ones(s.size, dtype=bool)
-            new_group[1:] = s[1:] > reach[:-1]
-            group_start = s[new_group]
-            group_end = np.maximum.reduceat(e, np.flatnonzero(new_group))
-        else:
-            group_start = group_end = np.zeros(0)
-        self._set_groups(group_start, group_end)
-
-    @classmethod
-    def of_lanes(cls, result: SimulationResult, lanes) -> "BusyTime":
-        """Busy time of the tasks on `lanes` (lane ids) of a simulated graph, without sorting them."""
-        selected = np.zeros(len(result.graph.lane_names), dtype=np.bool_)
-        selected[np.asarray(lanes, dtype=np.int64)] = True
-        busy = cls.__new__(cls)
-        busy._set_groups(*_lanes_union(result.start_us, result.end_us, result.column("lane"), selected))
-        return busy
-
-    def _set_groups(self, group_start: np.ndarray, group_end: np.ndarray) -> None:
-        self.starts = group_start
-        self.ends = group_end
-        self.before = np.concatenate([[0.0], np.cumsum(group_end - group_start)])
-
-    def covered_until(self, t: np.ndarray) -> np.ndarray:
-        """Busy time in [-inf, t] for each t."""
-        t = np.asarray(t, dtype=np.float64)
-        if self.starts.size == 0:
-            return np.zeros_like(t)
-        k = np.searchsorted(self.starts, t, side="right")  # intervals starting at or before t
-        last = np.maximum(k - 1, 0)
-        partial = np.where(k > 0, np.clip(t - self.starts[last], 0.0, self.ends[last] - self.starts[last]), 0.0)
-        return self.before[last] * (k > 0) + partial
-
-    def between(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
-        return self.covered_until(b) - self.covered_until(a)
+def busy_of_lanes(result: SimulationResult, lanes) -> BusyTime:
+    """Busy time of the tasks on `lanes` (lane ids) of a simulated graph, without sorting them."""
+    selected = np.zeros(len(result.graph.lane_names), dtype=np.bool_)
+    selected[np.asarray(lanes, dtype=np.int64)] = True
+    return BusyTime.of_groups(*_lanes_union(result.start_us, result.end_us, result.column("lane"), selected))
 
 
 def step_bounds(result: SimulationResult) -> tuple[np.ndarray, np.ndarray]:
@@ -150,10 +114,10 @@ class StepMeasures:
     def of(result: SimulationResult, workload: Workload) -> "StepMeasures":
         graph = result.graph
         step_start, step_end = step_bounds(result)
-        device_busy = BusyTime.of_lanes(result, np.flatnonzero(graph.lane_kinds == LANE_DEVICE))
+        device_busy = busy_of_lanes(result, np.flatnonzero(graph.lane_kinds == LANE_DEVICE))
         used_lanes = np.bincount(result.column("lane"), minlength=len(graph.lane_names)) > 0
         host_busy = {
-            graph.lane_names[lane]: BusyTime.of_lanes(result, [lane]).between(step_start, step_end)
+            graph.lane_names[lane]: busy_of_lanes(result, [lane]).between(step_start, step_end)
             for lane in np.flatnonzero((graph.lane_kinds == LANE_HOST) & used_lanes)
         }
         step = result.column("step")
