@@ -12,12 +12,13 @@ from typing import TYPE_CHECKING, Optional
 
 import numpy as np
 
-from harness.sim.kernel import SimulationResult
 from harness.base.errors import TrackingError
-from harness.model.ops import Workload
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # annotations only: the MLflow logging process imports this module, and needs no Numba
     import pandas as pd
+
+    from harness.model.ops import Workload
+    from harness.sim.kernel import SimulationResult
 
 
 # Summary keys measured on the wall clock (how long this process took, compilation included): the
