@@ -11,6 +11,13 @@ Reads a PyTorch-profiler (Kineto) trace (`.json` / `.json.gz`, CUDA or HIP) or a
   times, streams, host costs per op, syncs, dependencies and graph membership;
 * `replay.txt` — the one `python -m harness …` line that replays it (also printed).
 
+`--fit NAME` also writes a hardware preset of the traced machine, `conf/hardware/NAME.yaml` in the
+folder the command starts in (searched after the shipped presets): its host costs per launch, device
+front-end gaps and graph task gap are the trace's, each commented with what it was fitted from; the rest
+is the shipped preset of the same device (`--base`). `python -m harness hardware=NAME workload=…
+strategy=…` then predicts other models, batch sizes and strategies on that machine
+(harness/importers/fit.py).
+
 `--what-if` then simulates the replay and the alternatives (async dispatch, the host pipeline,
 graph capture/replay, a tiling cache, fusion) on the same op list and hardware, and writes
 `whatif.csv` / `whatif.md`. A bad file stops with one line naming it and what is missing (exit 2)
@@ -19,6 +26,7 @@ before anything is written.
 from __future__ import annotations
 
 import argparse
+import re
 import shlex
 import sys
 from pathlib import Path
@@ -29,6 +37,8 @@ import pandas as pd
 
 from harness.base.errors import HarnessError, fail
 from harness.importers import load_profile
+from harness.config.paths import CONF_DIR, LAUNCH_FOLDER_CONF
+from harness.importers.fit import base_preset, eager_kernel_gaps_us, fit_machine, graph_task_gaps_us, preset_yaml
 from harness.importers.steps import Imported, import_profile, ops_table
 from harness.model.ops_csv import write_ops_table
 from harness.importers.measure import linkage, measured_summary, peer_breakdown, step_table
@@ -58,44 +68,14 @@ def replay_overrides(imported: Imported, ops_path: Path) -> list[str]:
         overrides += ["strategy=async", f"strategy.queue_capacity={TORCH_NPU_QUEUE}"]
     else:
         overrides.append("strategy=eager")
-    gap = graph_dispatch_us(imported)
-    if gap is not None:
-        overrides.append(f"hardware.graph.task_dispatch_us={gap:.6g}")
+    graph_gaps = graph_task_gaps_us(imported)
+    if graph_gaps.size:
+        overrides.append(f"hardware.graph.task_dispatch_us={graph_gaps.mean():.6g}")
     # The op list holds the kernels' measured durations; the simulator counts a front-end gap in a kernel's
     # device time, which a profiler shows idle: a replay leaves it out (profile.json says what the trace
     # measured, `kernel_gap_us`, for a machine fitted from it).
     overrides.append("hardware.device.kernel_gap_us=0")
     return overrides
-
-
-def graph_dispatch_us(imported: Imported) -> Optional[float]:
-    """Mean device-side gap between consecutive tasks of a graph launch (the per-task dispatch a
-    replay adds to graph tasks), or None when no replayed step launched a graph."""
-    gaps = []
-    for i in imported.kept:
-        ops = imported.found[i].ops
-        for leader in {op["group"] for op in ops if op["in_graph"] and op["group"] >= 0}:
-            members = sorted((op["start_us"], op["end_us"]) for op in ops if op["group"] == leader)
-            gaps += [max(0.0, b[0] - a[1]) for a, b in zip(members, members[1:])]
-    return float(np.mean(gaps)) if gaps else None
-
-
-def eager_gap_us(imported: Imported) -> float:
-    """Mean device-side gap between a kernel launched on its own and the one before it on its stream,
-    over the pairs where it was launched before that one ended (queued: the gap is the device front
-    end's, not the host's); 0 when no kernel was queued."""
-    gaps = []
-    for i in imported.kept:
-        last_on_stream: dict[int, dict] = {}
-        for op in imported.found[i].ops:
-            if not np.isfinite(op["start_us"]):
-                continue
-            previous = last_on_stream.get(op["trace_stream"])
-            last_on_stream[op["trace_stream"]] = op
-            alone = not op["in_graph"] and op["group"] < 0 and not op["carried_in"]
-            if previous is not None and alone and op.get("ready_us", np.inf) <= previous["end_us"]:  # when the device could first see it
-                gaps.append(max(0.0, op["start_us"] - previous["end_us"]))
-    return float(np.mean(gaps)) if gaps else 0.0
 
 
 def command_line(overrides: list[str]) -> str:
@@ -166,7 +146,10 @@ def main(argv: Optional[list[str]] = None) -> None:
     )
     parser.add_argument("--keep", default=None, metavar="A:B", help="keep only steps A..B-1 of those found (Python slice)")
     parser.add_argument("--what-if", action="store_true", help="also simulate the replay and the alternative strategies")
+    parser.add_argument("--fit", metavar="NAME", help="also write conf/hardware/NAME.yaml here: a hardware preset of the traced machine")
+    parser.add_argument("--base", metavar="PRESET", help="with --fit: the shipped hardware preset it starts from (default: the trace's device)")
     args = parser.parse_args(argv)
+    fit_path = check_fit(args.fit, args.base)
     keep = None
     if args.keep is not None:
         try:
@@ -193,6 +176,7 @@ def main(argv: Optional[list[str]] = None) -> None:
             file=sys.stderr,
         )
     replay = command_line(overrides)
+    eager_gaps = eager_kernel_gaps_us(imported)
     record = {
         "trace": str(args.trace),
         "source": profile.source,
@@ -204,7 +188,7 @@ def main(argv: Optional[list[str]] = None) -> None:
         "steps_found": len(imported.found),
         "steps_replayed": imported.kept,
         **summary,
-        "kernel_gap_us": eager_gap_us(imported),  # the device front end between queued kernels launched alone
+        "kernel_gap_us": float(np.mean(eager_gaps)) if eager_gaps.size else 0.0,  # the device front end between queued kernels launched alone
         "linkage": links,
         "peer": peer_breakdown(imported),
         "steps": step_table(imported),
@@ -226,6 +210,48 @@ def main(argv: Optional[list[str]] = None) -> None:
         shown = results.drop(columns=["bound_reason"]).round({"step_ms": 3, "speedup": 2, "device_busy": 3, "bubble": 3})
         write_text(args.out / WHATIF_MD, shown.to_markdown(index=False) + "\n")
         print(shown.to_markdown(index=False))
+    if fit_path is not None:
+        write_fit(fit_path, args, imported, table, summary)
+
+
+def check_fit(name: Optional[str], base: Optional[str]) -> Optional[Path]:
+    """Where --fit NAME writes, refused (before anything is written) when the name is not a preset name,
+    is a shipped preset's, or is taken in the launch folder; --base must be a shipped preset."""
+    shipped = sorted(p.stem for p in (CONF_DIR / "hardware").glob("*.yaml"))
+    if name is None:
+        if base is not None:
+            fail(f"--base {base}: only with --fit NAME")
+        return None
+    if not re.fullmatch(r"[A-Za-z][A-Za-z0-9_]*", name):
+        fail(f"--fit {name!r}: a preset name is a letter, then letters, digits or _")
+    if name in shipped:
+        fail(f"--fit {name}: a shipped hardware preset has that name; choose another")
+    if base is not None and base not in shipped:
+        fail(f"--base {base}: no such hardware preset; choose from {', '.join(shipped)}")
+    path = Path(LAUNCH_FOLDER_CONF) / "hardware" / f"{name}.yaml"
+    if path.exists():
+        fail(f"--fit {name}: {path} exists; remove it or choose another name")
+    return path
+
+
+def write_fit(path: Path, args: argparse.Namespace, imported: Imported, table: pd.DataFrame, summary: dict) -> None:
+    profile = imported.profile
+    base, named = base_preset(profile.device, HARDWARE_OF_SOURCE[profile.source])
+    if args.base is not None:
+        base = args.base
+    elif not named:
+        print(
+            f"hostbound: warning: the trace does not name its device ({profile.device or 'blank'}): the fitted preset starts from"
+            f" {base}; pass --base PRESET for another device",
+            file=sys.stderr,
+        )
+    fitted = fit_machine(imported, table, summary.get("host_ms_sync", 0.0))
+    if not fitted:
+        fail(f"{args.trace}: no kernel launch in the replayed steps: nothing to fit a machine from")
+    origin = " ".join(shlex.quote(a) for a in [args.trace.name, *(["--steps", args.steps] if args.steps != "auto" else []), *(["--keep", args.keep] if args.keep else [])])
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_text(path, preset_yaml(args.fit, base, fitted, origin))
+    print(f"fitted machine {path} (from {base}): python -m harness hardware={args.fit} workload=... strategy=...")
 
 
 def describe(record: dict) -> str:

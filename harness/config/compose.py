@@ -6,22 +6,37 @@ import os
 import time
 import warnings
 
+from hydra.core.config_search_path import ConfigSearchPath
 from hydra.core.config_store import ConfigStore
+from hydra.core.plugins import Plugins
+from hydra.plugins.search_path_plugin import SearchPathPlugin
 from omegaconf import DictConfig, OmegaConf
 
 from harness.base.errors import ConfigError
 from harness.config.messages import one_line
-from harness.config.paths import CONF_DIR
+from harness.config.paths import CONF_DIR, launch_folder_conf
 from harness.config.schema import RunConfig
 
 
 _PROCESS_ID = f"{os.getpid()}{time.time_ns() // 1000 % 1000:03d}"  # unique among processes started together
 
 
+class LaunchFolderConfigs(SearchPathPlugin):
+    """The launch folder's own conf/ (a machine fitted by `python -m harness.profile TRACE --fit NAME`
+    writes conf/hardware/NAME.yaml there), searched after the shipped presets: `hardware=NAME` finds it
+    wherever the command starts."""
+
+    def manipulate_search_path(self, search_path: ConfigSearchPath) -> None:
+        folder = launch_folder_conf()
+        if folder is not None:
+            search_path.append("hostbound-launch-folder", f"file://{folder}")
+
+
 def register_configs() -> None:
-    """Register the schema so conf/config.yaml's defaults list starts from `run_schema`, and the
+    """Register the schema so conf/config.yaml's defaults list starts from `run_schema`, the
     `hostbound_id` resolver that makes run and sweep folders unique (two runs started in the same second
-    used to share one)."""
+    used to share one), and the launch folder's conf/ in the search path."""
+    Plugins.instance().register(LaunchFolderConfigs)
     cs = ConfigStore.instance()
     cs.store(name="run_schema", node=RunConfig)
     if not OmegaConf.has_resolver("hostbound_id"):

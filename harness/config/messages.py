@@ -8,7 +8,7 @@ from typing import Optional, Sequence
 
 from omegaconf import OmegaConf
 
-from harness.config.paths import CONF_DIR
+from harness.config.paths import CONF_DIR, launch_folder_conf
 from harness.config.schema import RunConfig, flatten
 
 
@@ -46,7 +46,9 @@ def did_you_mean(word: str, choices: Sequence[str]) -> str:
 
 
 def group_options(group: str) -> list[str]:
-    return sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
+    """The presets of a config group: shipped, and in the launch folder's conf/."""
+    folders = [CONF_DIR, launch_folder_conf()]
+    return sorted({p.stem for folder in folders if folder is not None for p in (folder / group).glob("*.yaml")})
 
 
 def config_keys() -> list[str]:

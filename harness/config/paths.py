@@ -11,3 +11,15 @@ _PACKAGE = Path(__file__).resolve().parents[1]  # harness/
 # them inside the package (pyproject.toml maps them to harness/conf, harness/workloads).
 CONF_DIR = _PACKAGE / "conf" if (_PACKAGE / "conf").is_dir() else REPO_ROOT / "conf"
 WORKLOADS_DIR = _PACKAGE / "workloads" if (_PACKAGE / "workloads").is_dir() else REPO_ROOT / "workloads"
+
+
+LAUNCH_FOLDER_CONF = "conf"  # relative to the folder a command starts in
+
+
+def launch_folder_conf() -> Path | None:
+    """The conf/ of the folder a command starts in, when it has one of its own (presets a user made, such
+    as a machine fitted by `python -m harness.profile TRACE --fit NAME`); None otherwise."""
+    folder = Path.cwd() / LAUNCH_FOLDER_CONF
+    if folder.is_dir() and folder.resolve() != CONF_DIR.resolve():
+        return folder.resolve()
+    return None

@@ -1,0 +1,77 @@
+"""A machine fitted from a profile (`python -m harness.profile TRACE --fit NAME`): the preset's values
+are the trace's, by hand on a synthetic trace, and `hardware=NAME` finds it from the launch folder."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+from harness.cli.profile import main as profile_main
+from harness.config.compose import compose_run
+from harness.sim.simulate import simulate_run
+from synthetic_trace import Layout, kineto_trace
+
+
+@pytest.fixture
+def synthetic(tmp_path, monkeypatch):
+    """Two steps of two ops (tests/test_profile_import.py: test_synthetic_trace_measures_by_hand): a step's
+    framework time is 10 + 12 + 2 µs, each launch 5 µs, the sync's own time 3 µs; kernel 1 is launched
+    while kernel 0 runs and starts as it ends (a gap of 0)."""
+    monkeypatch.chdir(tmp_path)
+    path = tmp_path / "synthetic.json"
+    path.write_text(json.dumps(kineto_trace(Layout(steps=2, ops=2))))
+    return path
+
+
+def test_a_fitted_machine_holds_the_traces_costs_and_the_base_presets_rest(synthetic, tmp_path, capsys):
+    profile_main([str(synthetic), "--out", "profiled", "--fit", "lab_box", "--base", "a100"])
+    said = capsys.readouterr().out
+    assert "fitted machine conf/hardware/lab_box.yaml (from a100): python -m harness hardware=lab_box" in said
+    preset = yaml.safe_load((tmp_path / "conf" / "hardware" / "lab_box.yaml").read_text())
+    assert preset["defaults"] == ["a100", "_self_"] and preset["name"] == "lab_box"
+    assert preset["host"] == {
+        "framework_us": pytest.approx(24 / 2),  # per launch: 24 µs a step over its 2 launches
+        "infer_shape_us": 0, "tiling_us": 0, "alloc_us": 0, "free_us": 0,  # inside the framework op in a Kineto trace
+        "launch_us": pytest.approx(5.0),
+        "sync_us": pytest.approx(3.0),  # one sync a step, 3 µs of its own
+    }
+    assert preset["device"] == {"kernel_gap_us": 0.0}
+    assert "graph" not in preset  # no graph launched
+    measured = json.loads((tmp_path / "profiled" / "profile.json").read_text())
+    assert preset["device"]["kernel_gap_us"] == measured["kernel_gap_us"]
+
+    run = compose_run(["hardware=lab_box", "workload.steps=2"])  # found in the launch folder's conf/
+    base = compose_run(["hardware=a100", "workload.steps=2"])
+    assert run.hardware.name == "lab_box"
+    assert (run.hardware.host.framework_us, run.hardware.host.launch_us, run.hardware.host.sync_us) == (12.0, 5.0, 3.0)
+    assert run.hardware.device == base.hardware.device.__class__(**{**vars(base.hardware.device), "kernel_gap_us": 0.0})
+    assert run.hardware.link == base.hardware.link and run.hardware.graph == base.hardware.graph
+    # The fitted costs reach the simulation: a kernel's host time is 12 + 5 µs here against a100's
+    # 6.1 + 3.3 µs, so the host works ~1.8× as long a step.
+    fitted, shipped = simulate_run(run).summary, simulate_run(base).summary
+    host_ms = {name: s["host_busy_max"] * s["step_ms_mean"] for name, s in (("fitted", fitted), ("shipped", shipped))}
+    assert 1.6 < host_ms["fitted"] / host_ms["shipped"] < 1.9
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--fit", "9box"], "--fit '9box': a preset name is a letter, then letters, digits or _"),
+        (["--fit", "h100"], "--fit h100: a shipped hardware preset has that name; choose another"),
+        (["--fit", "box", "--base", "h900"], "--base h900: no such hardware preset; choose from a100, atlas_a2, b200, h100, h200, mi300x"),
+        (["--base", "h100"], "--base h100: only with --fit NAME"),
+        (["--fit", "taken"], "--fit taken: conf/hardware/taken.yaml exists; remove it or choose another name"),
+    ],
+)
+def test_a_bad_fit_request_is_refused_in_one_line_before_anything_is_written(synthetic, tmp_path, capsys, extra, message):
+    taken = tmp_path / "conf" / "hardware" / "taken.yaml"
+    taken.parent.mkdir(parents=True)
+    taken.write_text("name: taken\n")
+    with pytest.raises(SystemExit) as stopped:
+        profile_main([str(synthetic), "--out", "profiled", *extra])
+    assert stopped.value.code == 2
+    assert capsys.readouterr().err.strip() == f"hostbound: error: {message}"
+    assert not (tmp_path / "profiled").exists()
+    assert taken.read_text() == "name: taken\n"
+    assert sorted(p.name for p in taken.parent.iterdir()) == ["taken.yaml"]
