@@ -289,3 +289,25 @@ def test_dispatch_strategies_on_a_tiling_bound_step(dispatch, last_kernel_end_us
     ops = [OpSpec(name=f"op{i}", device_us=0.1) for i in range(4)]
     outcome = simulate_run(three_op_run(dispatch, ops=ops, tiling_us=3.0))
     assert outcome.summary["step_ms_mean"] * 1e3 == pytest.approx(last_kernel_end_us + TOKEN_BACK_US + 2, abs=1e-9)
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ("strategy=eager",),
+        ("hardware=h100", "workload=llama31_8b_decode", "strategy=cuda_graph", "engine=vllm_v1"),  # engine work, graph calls
+        ("strategy=eager", "hardware.host.jitter_cv=0.2"),  # jitter and speed multiply
+    ],
+)
+def test_a_host_twice_as_fast_halves_every_host_task_and_nothing_else(overrides):
+    """hardware.host.speed divides the duration of every task on a host thread, whatever its kind, and
+    leaves device and copy tasks as they were (same graph, task for task)."""
+    from harness.sim.lowering import POOL_HOST
+
+    base = simulate_run(compose_run(*overrides, "workload.steps=3")).result.graph.tasks
+    fast = simulate_run(compose_run(*overrides, "workload.steps=3", "hardware.host.speed=2")).result.graph.tasks
+    on_host = base["pool"] == POOL_HOST
+    assert on_host.sum() > 100 and (~on_host).sum() > 100
+    assert np.array_equal(fast["lane"], base["lane"]) and np.array_equal(fast["category"], base["category"])
+    assert np.allclose(fast["duration_us"][on_host], base["duration_us"][on_host] / 2, rtol=1e-12, atol=0)
+    assert np.array_equal(fast["duration_us"][~on_host], base["duration_us"][~on_host])

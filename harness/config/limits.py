@@ -69,6 +69,7 @@ LIMITS: dict[str, Limit] = {
     "hardware.host.kernel_params": Limit(0, 10_000, "parameters"),
     "hardware.host.stream_pool_speedup": Limit(0, 0.999),
     "hardware.host.cpu_gflops": Limit(1e-3, 1e6, "GFLOPS"),
+    "hardware.host.speed": Limit(1e-3, 1e3),
     "hardware.device.ai_cores": Limit(1, 65_536, "cores"),
     "hardware.device.rated_cores": Limit(0, 65_536, "cores"),
     "hardware.device.cube_tflops": TFLOPS,

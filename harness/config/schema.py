@@ -87,6 +87,10 @@ class HostConfig:
     stream_pool_speedup: float = 0.2  # a stream-local pool's alloc/free is this much cheaper than the global pool's
     tiling_lookup_us: float = 1.0  # a tiling-cache hit: hash the run-time parameters and look up
     cpu_gflops: float = 50.0  # host compute rate for ops run on the CPU (heterogeneous execution)
+    # Per-thread speed of this host's CPU against the one its costs were measured on (1: that one). Every
+    # task on a host thread (the stages above, syncs, the engine's work, graph calls, CPU ops, a card's
+    # or a trace's host time) takes its cost / speed: sim/lowering.py applies it with the jitter.
+    speed: float = 1.0
 
     def __post_init__(self) -> None:
         check_limits(self)

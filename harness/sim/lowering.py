@@ -619,7 +619,9 @@ class Lowering:
             float(link.pcie_latency_us),
             link.pcie_gbps * 1e3,
             self.bytes,
-            _jitter(self.seed, steps + self.first_step, hardware.host.jitter_cv, int(is_host.sum())),
+            # A task on a host thread takes its cost × its jitter / the host's speed: the one place the
+            # host CPU's speed applies, to every kind of host work alike.
+            _jitter(self.seed, steps + self.first_step, hardware.host.jitter_cv, int(is_host.sum())) / hardware.host.speed,
         )
         if step_release_us is not None:
             out["release_us"][offsets[:, 0]] = step_release_us[steps]

@@ -161,7 +161,7 @@ def prepare(
             startup_graphs = sizes[:max_graphs]
             mode[np.isin(keys, startup_graphs)] = REPLAY
             info["graph_captures"] = len(startup_graphs)
-            info["capture_ms"] = len(startup_graphs) * (hardware.graph.capture_ms + 0.0)
+            info["capture_ms"] = len(startup_graphs) * hardware.graph.capture_ms / hardware.host.speed  # as a simulated capture (host work)
             info["graph_note"] = f"{len(startup_graphs)} graphs captured at start-up, before the first request (not in the request times)"
         elif not fallback:
             # In program order: a new shape set builds a graph while the budget lasts, else runs eagerly.
