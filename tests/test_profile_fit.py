@@ -35,6 +35,7 @@ def test_a_fitted_machine_holds_the_traces_costs_and_the_base_presets_rest(synth
         "infer_shape_us": 0, "tiling_us": 0, "alloc_us": 0, "free_us": 0,  # inside the framework op in a Kineto trace
         "launch_us": pytest.approx(5.0),
         "sync_us": pytest.approx(3.0),  # one sync a step, 3 µs of its own
+        "speed": 1.0,
     }
     assert preset["device"] == {"kernel_gap_us": 0.0}
     assert "graph" not in preset  # no graph launched

@@ -102,6 +102,7 @@ def fit_machine(imported: Imported, ops: pd.DataFrame, sync_host_ms: float) -> l
         if total_us > 0:
             note += f"; per launch {_spread(launched[f'{stage}_us'].fillna(0.0).to_numpy())}"
         fitted.append(Fitted(f"host.{stage}_us", value, note))
+    fitted.append(Fitted("host.speed", 1.0, "the costs above are this host's own (the base preset's speed does not apply)"))
     syncs = int((ops["kind"] == "sync").sum())
     if syncs:
         fitted.append(Fitted("host.sync_us", sync_host_ms * 1e3 * steps / syncs, f"{syncs} synchronisation calls, their wait for the device left out"))
