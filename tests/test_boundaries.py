@@ -318,3 +318,37 @@ def test_warmup_leaves_at_least_one_measured_step(warmup, measured):
     assert outcome.steps["measured"].tolist() == [False] * warmup + [True] * measured
     with pytest.raises(ConfigError, match="workload.warmup_steps=4: must be < workload.steps=4"):
         compose_run("workload.steps=4", "workload.warmup_steps=4")
+
+
+# Llama-2-7B decode, one sequence of 1,024 prompt tokens, on atlas_a2's 64 GB (the defaults). By hand:
+# weights 6,738,415,616 parameters × 2 B = 13.476831232 GB; the KV cache 2 (K, V) × 32 layers × 32 heads ×
+# 128 × 2 B = 524,288 B a token; the workspace twice the largest op's activations, one layer's K and V read
+# by attention: 2 × (2 × 32 × 128 × 2 B) = 32,768 B a token, over KV + 1 tokens. Step s attends over
+# 1,024 + s + 1 tokens, so 13.476831232e9 + 524,288 kv + 32,768 (kv + 1) <= 64e9 holds up to kv = 90,696:
+# s <= 89,671, 89,672 steps.
+KV_STEPS_FIT = 89_672
+
+
+@pytest.mark.parametrize("steps, fits", [(KV_STEPS_FIT - 1, True), (KV_STEPS_FIT, True), (KV_STEPS_FIT + 1, False)])
+def test_a_decode_run_is_refused_when_its_kv_cache_outgrows_hbm_by_its_last_step(steps, fits):
+    from harness.sim.simulate import steps_the_kv_cache_allows
+
+    run = compose_run(f"workload.steps={steps}")
+    if fits:
+        assert steps_the_kv_cache_allows(run) == KV_STEPS_FIT
+    else:
+        with pytest.raises(ConfigError) as refused:
+            steps_the_kv_cache_allows(run)
+        assert str(refused.value) == (
+            f"workload.steps={steps}: the KV cache grows by a token a step, to {1024 + steps:,} tokens a sequence at the last"
+            f" step: 64.0 GB with hardware.device.hbm_gb=64 (about {KV_STEPS_FIT:,} steps fit)"
+        )
+
+
+def test_the_memory_hint_never_suggests_steps_the_kv_cache_refuses(monkeypatch):
+    import harness.sim.simulate as run_module
+
+    monkeypatch.setattr(run_module, "available_memory_bytes", lambda: 1e12)  # the host holds ~10 M steps of arrays
+    monkeypatch.setattr(run_module, "steps_the_kv_cache_allows", lambda run: KV_STEPS_FIT)  # as if the KV check passed
+    with pytest.raises(ConfigError, match=f"about {KV_STEPS_FIT:,} steps fit"):
+        run_module.check_size(compose_run("workload.steps=100000000"))

@@ -134,6 +134,9 @@ def test_preflight_turns_hydra_errors_into_one_line_exit_2(override, fragments, 
         ("+experiment=a2_llama_host", "experiment=a2_llama_host: no such experiment preset (did you mean a2_llama2_host?); choose from "),
         ("hardware=h100 strategy=ge_sink", "strategy=ge_sink: runs on ascend hardware, hardware=h100 is cuda (graph capture/replay there: strategy=cuda_graph)"),
         ("strategy=cuda_graph", "strategy=cuda_graph: runs on cuda hardware, hardware=atlas_a2 is ascend (graph capture/replay there: strategy=acl_graph)"),
+        ("hardware=a2", "hardware=a2: no such hardware preset (did you mean atlas_a2?); choose from a100, atlas_a2,"),
+        ("model=llama", "model=llama: no such key; the config groups are engine, hardware, strategy, workload (e.g. workload=llama2_7b_decode), and +experiment=NAME"),
+        ("seed=1 strategy=eager,async", "strategy=eager,async: several values make a sweep: add -m (python -m harness -m seed=1 strategy=eager,async); for a list write strategy=[...]"),
     ],
 )
 def test_errors_say_what_was_written_and_what_was_meant(override, line, capsys):
@@ -198,13 +201,22 @@ def test_flatten_keeps_dotted_keys():
     assert flat == {"a.b": 1, "a.c": [1, 2], "d.0.e": 1}
 
 
-def test_a_run_too_large_for_memory_is_refused_before_anything_is_built(capsys):
-    # A billion steps would need ~40 TB of arrays: refused from a one-step build, naming the key.
+@pytest.mark.parametrize(
+    "workload, start",
+    [
+        # Prefill steps do not grow: a billion of them would need ~40 TB of arrays.
+        ("llama2_7b_prefill", "workload.steps=1000000000: needs about "),
+        # Decode steps grow the KV cache a token each: HBM refuses first (tests/test_boundaries.py has the edge).
+        ("llama2_7b_decode", "workload.steps=1000000000: the KV cache grows by a token a step, to 1,000,001,024 tokens"),
+    ],
+)
+def test_a_run_too_large_for_memory_is_refused_before_anything_is_built(capsys, workload, start):
+    # Refused from one-step builds, naming the key.
     with pytest.raises(SystemExit) as stopped:
-        preflight(["workload.steps=1000000000"])
+        preflight([f"workload={workload}", "workload.steps=1000000000"])
     assert stopped.value.code == 2
     line = capsys.readouterr().err.strip()
-    assert line.startswith("hostbound: error: workload.steps=1000000000: needs about ") and "steps fit)" in line
+    assert line.startswith(f"hostbound: error: {start}") and "steps fit)" in line
 
 
 def test_the_memory_limit_is_the_machines(monkeypatch):

@@ -180,8 +180,15 @@ def preflight(argv: list[str]) -> None:
         return
     try:
         variants, total = sweep_combinations(overrides)
+        _, sweeps = _sweep_axes(overrides)
     except Exception as exc:
         fail(f"cannot parse overrides {' '.join(overrides)!r}: {one_line(exc)}")
+    if sweeps and not _is_multirun(argv):  # Hydra's own message takes six lines and names --multirun last
+        position, key, _ = sweeps[0]
+        fail(
+            f"{overrides[position]}: several values make a sweep: add -m (python -m harness -m {' '.join(overrides)});"
+            f" for a list write {key}=[...]"
+        )
     if total > len(variants):
         print(f"hostbound: note: {total} combinations: each value of each axis is checked before the sweep;"
               " a combination that fails stops only its own job", file=sys.stderr)

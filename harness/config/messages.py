@@ -41,8 +41,11 @@ def _written(key: str, overrides: Sequence[str], fallback: str) -> str:
 
 
 def did_you_mean(word: str, choices: Sequence[str]) -> str:
+    """The closest choice by spelling, else the only one that holds the word (`a2` → `atlas_a2`)."""
     close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
-    return f" (did you mean {close[0]}?)" if close else ""
+    if not close and len(word) >= 2:
+        close = [c for c in choices if word.lower() in c.lower()]
+    return f" (did you mean {close[0]}?)" if len(close) == 1 else ""
 
 
 def group_options(group: str) -> list[str]:
@@ -69,7 +72,11 @@ def _explain(raw: str, overrides: Sequence[str]) -> Optional[str]:
         return f"{group}={value}: no such {group} preset{did_you_mean(value, options)}; choose from {', '.join(options)}"
     if m := re.search(r"Key '[^']+' not in '\w+'; full_key: (?P<key>\S+)", raw):
         key = m["key"]
-        return f"{_written(key, overrides, '...')}: no such key{did_you_mean(key, config_keys())}"
+        hint = did_you_mean(key, config_keys())
+        if not hint and "." not in key:  # a word at the top, like model=...: say what the groups are
+            groups = sorted(p.name for p in CONF_DIR.iterdir() if p.is_dir() and p.name not in ("hydra", "experiment"))
+            hint = f"; the config groups are {', '.join(groups)} (e.g. workload=llama2_7b_decode), and +experiment=NAME"
+        return f"{_written(key, overrides, '...')}: no such key{hint}"
     if m := re.search(r"Value '(?P<value>.*?)' of type '\w+' could not be converted to (?P<to>\w+); full_key: (?P<key>[^;\s]+)", raw):
         return f"{_written(m['key'], overrides, m['value'])}: must be {_TYPE_WORDS.get(m['to'], m['to'])}"
     if m := re.search(r"Value '(?P<value>.*?)' is not a valid bool \(type \w+\); full_key: (?P<key>[^;\s]+)", raw):

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 from numba.core import event
 
-from harness.config.schema import RunConfig
+from harness.config.schema import Phase, RunConfig
 from harness.sim.kernel import SimulationResult, load_numba_target, simulate
 from harness.sim.lowering import Lowering
 from harness.sim.metrics import StepMeasures, measured_steps, summarize
@@ -100,9 +100,45 @@ def estimate_size(run: RunConfig, workload: Workload | None = None) -> SizeEstim
     )
 
 
+def steps_the_kv_cache_allows(run: RunConfig) -> int | None:
+    """A card's decode run of a fixed batch grows every sequence's KV cache by a token a step: refuse,
+    naming workload.steps, a run whose last step's memory outgrows HBM (before anything large is built),
+    and return how many steps fit; None where the KV cache does not grow with steps (prefill, serving,
+    op lists) or the first step alone does not fit (check_memory then names the batch and context)."""
+    cfg = run.workload
+    if cfg.card is None or cfg.serving.enabled or cfg.phase != Phase.decode:
+        return None
+
+    def memory_gb(kv_len: int) -> float:
+        one = build_workload(
+            dataclasses.replace(cfg, steps=1, warmup_steps=0), devices_per_node=run.hardware.link.devices_per_node,
+            kv_len=np.array([float(kv_len)]), engine_layer_us=run.engine.layer_overhead_us,
+        )
+        return one.memory.total_gb
+
+    hbm_gb = run.hardware.device.hbm_gb
+    first_kv, last_kv = cfg.context_len + 1, cfg.context_len + cfg.steps  # default_kv_len of the first and last step
+    first_gb = memory_gb(first_kv)
+    if first_gb > hbm_gb:
+        return None
+    if last_kv == first_kv:
+        return cfg.steps
+    last_gb = memory_gb(last_kv)
+    per_token_gb = (last_gb - first_gb) / (last_kv - first_kv)  # weights and workspace stay; the KV cache grows
+    fitting = cfg.steps if per_token_gb <= 0 else int((hbm_gb - first_gb) / per_token_gb) + 1
+    if last_gb > hbm_gb:
+        raise ConfigError(
+            f"workload.steps={cfg.steps}: the KV cache grows by a token a step, to {last_kv:,} tokens a sequence at the last"
+            f" step: {last_gb:.1f} GB with hardware.device.hbm_gb={hbm_gb:g} (about {min(fitting, cfg.steps - 1):,} steps fit)"
+        )
+    return fitting
+
+
 def check_size(run: RunConfig, workload: Workload | None = None) -> SizeEstimate:
     """Refuse, naming workload.steps (or the op-list file), a run whose arrays cannot fit in this
-    machine's memory. `workload`: an op list already read (see estimate_size)."""
+    machine's memory, or whose KV cache outgrows HBM by its last step. `workload`: an op list already
+    read (see estimate_size)."""
+    kv_steps = steps_the_kv_cache_allows(run) if workload is None else None
     estimate = estimate_size(run, workload)
     available = available_memory_bytes()
     steps = workload.steps if workload is not None else run.workload.steps
@@ -110,6 +146,8 @@ def check_size(run: RunConfig, workload: Workload | None = None) -> SizeEstimate
     if available is not None and estimate.memory_bytes > available:
         one_step_extra = estimate.memory_bytes - BASE_MEMORY_BYTES - BYTES_PER_OP_STEP * estimate.op_steps
         fitting = max(0, int((available - BASE_MEMORY_BYTES - one_step_extra) / BYTES_PER_OP_STEP / ops_per_step))
+        if kv_steps is not None:  # a hint the HBM check would refuse is no hint
+            fitting = min(fitting, kv_steps)
         what = f"workload.steps={steps}" if workload is None else f"workload.path={run.workload.path!r}" if run.workload.path else "workload.ops"
         raise ConfigError(
             f"{what}: needs about {estimate.memory_bytes / 1e9:.1f} GB of memory"
