@@ -304,7 +304,9 @@ def test_a_run_fits_hbm_at_its_exact_footprint(strategy):
     graphs = 26 * MIB / 1e9 if strategy == "acl_graph" else 0.0
     assert workload.memory.graphs_gb == pytest.approx(graphs)
     simulate_run(compose_run(*base, f"hardware.device.hbm_gb={footprint!r}"))
-    with pytest.raises(ConfigError, match=r"^hardware\.device\.hbm_gb="):
+    # Eager: the last step's KV cache is what overflows, refused naming the steps; with graphs, their memory.
+    refusal = r"^workload\.steps=3: the KV cache grows .* hardware\.device\.hbm_gb=" if strategy == "eager" else r"^hardware\.device\.hbm_gb="
+    with pytest.raises(ConfigError, match=refusal):
         simulate_run(compose_run(*base, f"hardware.device.hbm_gb={footprint - 1e-6!r}"))
 
 
@@ -352,3 +354,24 @@ def test_the_memory_hint_never_suggests_steps_the_kv_cache_refuses(monkeypatch):
     monkeypatch.setattr(run_module, "steps_the_kv_cache_allows", lambda run: KV_STEPS_FIT)  # as if the KV check passed
     with pytest.raises(ConfigError, match=f"about {KV_STEPS_FIT:,} steps fit"):
         run_module.check_size(compose_run("workload.steps=100000000"))
+
+
+@pytest.mark.parametrize(
+    "max_graphs, tp, dp, expected",
+    [
+        # vllm-ascend's accounting (vllm_ascend/utils.py update_aclgraph_sizes, v0.10.2rc1-v0.20.2rc1), 48
+        # layers: a graph takes 49 streams, tripled by one communication group (TP 4), plus 40 held apart.
+        (1800, 4, 1, 11),  # floor((1800 - 40) / 49 / 3) = floor(11.97): the 11 of vllm-ascend#4807's log
+        (40 + 11 * 49 * 3, 4, 1, 11),  # 1657 streams: exactly 11 graphs
+        (40 + 11 * 49 * 3 - 1, 4, 1, 10),  # one stream fewer: 10
+        (1800, 4, 4, 7),  # TP and DP: two groups, floor((1800 - 80) / 49 / 5) = floor(7.02)
+        (1800, 1, 1, 36),  # no group: floor(1800 / 49)
+        (10, 4, 4, 1),  # never fewer than one graph
+    ],
+)
+def test_the_graph_budget_counts_communication_groups(max_graphs, tp, dp, expected):
+    from harness.config.schema import GraphCostConfig, WorkloadConfig
+    from harness.sim.policies import graph_budget
+
+    costs = GraphCostConfig(max_graphs=max_graphs, comm_group_streams=2, comm_group_reserved_streams=40)
+    assert graph_budget(costs, 48, WorkloadConfig(tp=tp, dp=dp)) == expected

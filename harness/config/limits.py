@@ -97,6 +97,8 @@ LIMITS: dict[str, Limit] = {
     "hardware.graph.sink_load_ms": MS,
     "hardware.graph.graph_mem_mib": Limit(0, 1e6, "MiB"),
     "hardware.graph.max_graphs": COUNT,
+    "hardware.graph.comm_group_streams": Limit(0, 1e4, "streams"),
+    "hardware.graph.comm_group_reserved_streams": Limit(0, 1e6, "streams"),
     "workload.ops[].flops": Limit(0, 1e18, "FLOP"),
     "workload.ops[].bytes": Limit(0, 1e15, "bytes"),
     "workload.ops[].device_us": US,

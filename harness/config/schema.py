@@ -168,6 +168,11 @@ class GraphCostConfig:
     sink_trigger_us: float = 10.0  # one execution trigger of a sunk graph
     address_update_us: float = 5.0  # updating input/output addresses of a sunk graph per execution
     max_graphs: int = 1800  # graph resources (streams) available; a graph of L layers uses L + 1
+    # Communication groups (TP, DP of more than one rank) take streams too: each holds
+    # `comm_group_reserved_streams` apart and multiplies a graph's use by 1 + `comm_group_streams`
+    # (sim/policies.py: graph_budget).
+    comm_group_streams: int = 0
+    comm_group_reserved_streams: int = 0
 
     def __post_init__(self) -> None:
         check_limits(self)

@@ -12,7 +12,8 @@ ops before lowering (the serving loop calls it again for each prefix of steps, w
   scheduling), BUILD (host scheduling plus the one-time capture or sink load of its graph) or REPLAY.
   Capture keys a graph by its batch bucket (dynamic arguments such as the KV length are refreshed in
   place); a batch above the largest bucket runs eagerly; the bucket list is trimmed evenly to the
-  graphs the platform's stream resources allow (`hardware.graph.max_graphs` / (layers + 1)). Sink keys a
+  graphs the platform's stream resources allow (`graph_budget`: `hardware.graph.max_graphs` / (layers + 1),
+  less what communication groups take where the platform counts them). Sink keys a
   graph by all its shapes: it refuses dynamic ops unless shape bucketing makes them static, and
   falls back to host scheduling or stops (`strategy.graph.dynamic_fallback`), saying which ops are
   dynamic. Graphs are built in program order while the budget lasts (a step whose new graph would
@@ -30,7 +31,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from harness.config.schema import Fallback, GraphMode, OpKind, RunConfig
+from harness.config.schema import Fallback, GraphCostConfig, GraphMode, OpKind, RunConfig, WorkloadConfig
 from harness.sim.kernel import lru_hits
 from harness.model.device import device_times
 from harness.base.errors import ConfigError
@@ -98,6 +99,17 @@ def bucket_batch(batch: np.ndarray, buckets: list[int]) -> tuple[np.ndarray, np.
     return np.where(fits, np.array(buckets)[np.minimum(slot, len(buckets) - 1)], batch), fits
 
 
+def graph_budget(costs: GraphCostConfig, layers: int, workload: WorkloadConfig) -> int:
+    """How many graphs (capture sizes) the platform's stream resources hold, as vllm-ascend counts them
+    (vllm_ascend/utils.py update_aclgraph_sizes, v0.10.2rc1 to v0.20.2rc1, HCCL's default FFTS+ mode on
+    A2): a graph of L layers takes L + 1 streams, each communication group with more than one rank (TP,
+    DP) multiplies that by 1 + `comm_group_streams` and holds `comm_group_reserved_streams` apart:
+    floor((max_graphs − G × reserved) / (L + 1) / (1 + G × comm_group_streams)), at least 1."""
+    groups = int(workload.tp > 1) + int(workload.dp > 1)
+    streams = costs.max_graphs - groups * costs.comm_group_reserved_streams
+    return max(1, streams // (layers + 1) // (1 + groups * costs.comm_group_streams))
+
+
 def layer_count(workload: Workload) -> int:
     layers = {name.split(".")[1] for name in workload.op_names if name.startswith("layers.")}
     return max(1, len(layers))
@@ -132,7 +144,7 @@ def prepare(
     padded = host_padded
     info: dict = {}
     graph_on = graph.mode != GraphMode.none and cfg.phase in graph.phases
-    max_graphs = max(1, hardware.graph.max_graphs // (layer_count(real) + 1))
+    max_graphs = graph_budget(hardware.graph, layer_count(real), cfg)
     fallback = ""
     if graph_on and np.any(real.flags & FLAG_COMPUTE_DEPENDENT):
         names = [real.op_names[j] for j in np.flatnonzero(real.flags & FLAG_COMPUTE_DEPENDENT)[:3]]
