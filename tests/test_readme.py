@@ -118,6 +118,10 @@ def _run_harness(args: list[str], capsys) -> str:
         check_run(run)
         outcome = simulate_run(run)
         assert outcome.summary["throughput_tok_s"] > 0, job
+        if run.workload.serving.enabled:  # an example of serving serves: enough requests for its percentiles
+            from harness.sim.serving import MIN_REQUESTS_FOR_PERCENTILES
+
+            assert outcome.summary["requests_completed"] >= MIN_REQUESTS_FOR_PERCENTILES, job
     return ""
 
 
