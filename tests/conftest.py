@@ -51,3 +51,26 @@ def comparable_results(results: pd.DataFrame) -> pd.DataFrame:
 @pytest.fixture
 def repo_root() -> Path:
     return REPO_ROOT
+
+
+# The suite leaves the checkout's outputs/ as it found it: a test that runs or checks a command does so
+# from a scratch folder (preflight probes the run folder's parents, outputs/runs/<date>, under the launch
+# folder). Checked once, in the process that ran the session (xdist workers skip it).
+_CHECKOUT_OUTPUTS = REPO_ROOT / "outputs"
+
+
+def _outputs_entries() -> set[str]:
+    return {str(p.relative_to(_CHECKOUT_OUTPUTS)) for p in _CHECKOUT_OUTPUTS.rglob("*")} if _CHECKOUT_OUTPUTS.is_dir() else set()
+
+
+def pytest_sessionstart(session) -> None:
+    session.config._outputs_before = _outputs_entries()
+
+
+def pytest_sessionfinish(session, exitstatus) -> None:
+    if hasattr(session.config, "workerinput") or not hasattr(session.config, "_outputs_before"):
+        return
+    left = sorted(_outputs_entries() - session.config._outputs_before)
+    if left:
+        print(f"\nthe tests left {len(left)} entries in the checkout's outputs/: {', '.join(left[:5])}", file=sys.stderr)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED

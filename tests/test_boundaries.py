@@ -332,28 +332,21 @@ KV_STEPS_FIT = 89_672
 
 
 @pytest.mark.parametrize("steps, fits", [(KV_STEPS_FIT - 1, True), (KV_STEPS_FIT, True), (KV_STEPS_FIT + 1, False)])
-def test_a_decode_run_is_refused_when_its_kv_cache_outgrows_hbm_by_its_last_step(steps, fits):
-    from harness.sim.simulate import steps_the_kv_cache_allows
+def test_a_decode_run_is_refused_when_its_kv_cache_outgrows_hbm_by_its_last_step(steps, fits, monkeypatch):
+    import harness.sim.simulate as run_module
 
+    monkeypatch.setattr(run_module, "available_memory_bytes", lambda: 1e15)  # the host's memory is not the question
     run = compose_run(f"workload.steps={steps}")
+    assert run_module.steps_the_kv_cache_allows(run) == KV_STEPS_FIT
     if fits:
-        assert steps_the_kv_cache_allows(run) == KV_STEPS_FIT
+        run_module.check_size(run)
     else:
         with pytest.raises(ConfigError) as refused:
-            steps_the_kv_cache_allows(run)
+            run_module.check_size(run)
         assert str(refused.value) == (
             f"workload.steps={steps}: the KV cache grows by a token a step, to {1024 + steps:,} tokens a sequence at the last"
             f" step: 64.0 GB with hardware.device.hbm_gb=64 (about {KV_STEPS_FIT:,} steps fit)"
         )
-
-
-def test_the_memory_hint_never_suggests_steps_the_kv_cache_refuses(monkeypatch):
-    import harness.sim.simulate as run_module
-
-    monkeypatch.setattr(run_module, "available_memory_bytes", lambda: 1e12)  # the host holds ~10 M steps of arrays
-    monkeypatch.setattr(run_module, "steps_the_kv_cache_allows", lambda run: KV_STEPS_FIT)  # as if the KV check passed
-    with pytest.raises(ConfigError, match=f"about {KV_STEPS_FIT:,} steps fit"):
-        run_module.check_size(compose_run("workload.steps=100000000"))
 
 
 @pytest.mark.parametrize(

@@ -16,6 +16,13 @@ TINY_TRACE = Path(__file__).parent / "data" / "tiny_ops.csv"
 GROUPS = {group: sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml")) for group in ("hardware", "workload", "strategy")}
 
 
+@pytest.fixture(autouse=True)
+def _launched_from_a_scratch_folder(tmp_path, monkeypatch):
+    """preflight probes the run folder's parents (outputs/runs/<date>) under the launch folder: a scratch
+    one here, not the checkout."""
+    monkeypatch.chdir(tmp_path)
+
+
 def test_every_group_has_the_issue_presets():
     assert "atlas_a2" in GROUPS["hardware"]
     assert {"llama2_7b_decode", "llama2_7b_prefill"} <= set(GROUPS["workload"])

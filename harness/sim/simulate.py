@@ -79,17 +79,36 @@ def available_memory_bytes() -> float | None:
         return None
 
 
-def estimate_size(run: RunConfig, workload: Workload | None = None) -> SizeEstimate:
-    """Ops per step × steps → memory and time, before anything large is built: from a one-step build
-    of a model card, or from `workload` when given (an op list read from a file: its size is the file's)."""
+def one_step(run: RunConfig, kv_len: float | None = None) -> Workload:
+    """One step of a card's run, built alone (what sizes a run before anything large is built); at
+    `kv_len` tokens of KV a sequence, or the first step's."""
+    return build_workload(
+        dataclasses.replace(run.workload, steps=1, warmup_steps=0),
+        devices_per_node=run.hardware.link.devices_per_node,
+        kv_len=None if kv_len is None else np.array([float(kv_len)]),
+        engine_layer_us=run.engine.layer_overhead_us,
+    )
+
+
+def kv_grows(run: RunConfig) -> bool:
+    """A card's decode run of a fixed batch: every sequence's KV cache grows a token a step (its last step
+    holds the most: default_kv_len)."""
+    cfg = run.workload
+    return cfg.card is not None and not cfg.serving.enabled and cfg.phase == Phase.decode and cfg.steps > 1
+
+
+def last_step(run: RunConfig) -> Workload:
+    """The last step of a card's run, built alone: where the KV cache is largest."""
+    return one_step(run, run.workload.context_len + run.workload.steps if kv_grows(run) else None)
+
+
+def estimate_size(run: RunConfig, workload: Workload | None = None, step: Workload | None = None) -> SizeEstimate:
+    """Ops per step × steps → memory and time, before anything large is built: from one step of a
+    model card (`step`, else built here), or from `workload` when given (an op list read from a file:
+    its size is the file's)."""
     if workload is None:
-        cfg = run.workload
-        workload = build_workload(
-            dataclasses.replace(cfg, steps=1, warmup_steps=0),
-            devices_per_node=run.hardware.link.devices_per_node,
-            engine_layer_us=run.engine.layer_overhead_us,
-        )
-        op_steps = workload.n_ops * cfg.steps
+        workload = step or one_step(run)
+        op_steps = workload.n_ops * run.workload.steps
     else:
         op_steps = workload.n_ops * workload.steps
     return SizeEstimate(
@@ -100,54 +119,55 @@ def estimate_size(run: RunConfig, workload: Workload | None = None) -> SizeEstim
     )
 
 
-def steps_the_kv_cache_allows(run: RunConfig) -> int | None:
-    """A card's decode run of a fixed batch grows every sequence's KV cache by a token a step: refuse,
-    naming workload.steps, a run whose last step's memory outgrows HBM (before anything large is built),
-    and return how many steps fit; None where the KV cache does not grow with steps (prefill, serving,
-    op lists) or the first step alone does not fit (check_memory then names the batch and context)."""
-    cfg = run.workload
-    if cfg.card is None or cfg.serving.enabled or cfg.phase != Phase.decode:
+def steps_the_kv_cache_allows(run: RunConfig, last: Workload | None = None) -> int | None:
+    """How many steps of a run whose KV cache grows (kv_grows) fit in HBM, whatever its own steps: its
+    memory is linear in the KV length between the first step and the last (`last`: the last step, built
+    alone, if at hand). None where the KV cache does not grow or the first step alone does not fit
+    (check_memory then names the batch and context)."""
+    if not kv_grows(run):
         return None
-
-    def memory_gb(kv_len: int) -> float:
-        one = build_workload(
-            dataclasses.replace(cfg, steps=1, warmup_steps=0), devices_per_node=run.hardware.link.devices_per_node,
-            kv_len=np.array([float(kv_len)]), engine_layer_us=run.engine.layer_overhead_us,
-        )
-        return one.memory.total_gb
-
-    hbm_gb = run.hardware.device.hbm_gb
-    first_kv, last_kv = cfg.context_len + 1, cfg.context_len + cfg.steps  # default_kv_len of the first and last step
-    first_gb = memory_gb(first_kv)
+    cfg, hbm_gb = run.workload, run.hardware.device.hbm_gb
+    first_kv, last_kv = cfg.context_len + 1, cfg.context_len + cfg.steps  # default_kv_len's first and last
+    first_gb = one_step(run).memory.total_gb
     if first_gb > hbm_gb:
         return None
-    if last_kv == first_kv:
-        return cfg.steps
-    last_gb = memory_gb(last_kv)
-    per_token_gb = (last_gb - first_gb) / (last_kv - first_kv)  # weights and workspace stay; the KV cache grows
-    fitting = cfg.steps if per_token_gb <= 0 else int((hbm_gb - first_gb) / per_token_gb) + 1
-    if last_gb > hbm_gb:
-        raise ConfigError(
-            f"workload.steps={cfg.steps}: the KV cache grows by a token a step, to {last_kv:,} tokens a sequence at the last"
-            f" step: {last_gb:.1f} GB with hardware.device.hbm_gb={hbm_gb:g} (about {min(fitting, cfg.steps - 1):,} steps fit)"
-        )
-    return fitting
+    last_gb = (last or last_step(run)).memory.total_gb
+    per_token_gb = (last_gb - first_gb) / (last_kv - first_kv)  # weights stay; the KV cache and workspace grow
+    if per_token_gb <= 0:
+        return None
+    return int((hbm_gb - first_gb) / per_token_gb) + 1
+
+
+def _refuse_kv_overflow(run: RunConfig, last: Workload) -> None:
+    """Refuse, naming workload.steps, a run whose last step's memory outgrows HBM (the first fits)."""
+    hbm_gb = run.hardware.device.hbm_gb
+    if not kv_grows(run) or last.memory.total_gb <= hbm_gb:
+        return
+    fitting = steps_the_kv_cache_allows(run, last)
+    if fitting is None:  # the first step alone does not fit: check_memory says so, naming batch and context
+        return
+    cfg = run.workload
+    raise ConfigError(
+        f"workload.steps={cfg.steps}: the KV cache grows by a token a step, to {cfg.context_len + cfg.steps:,} tokens a sequence"
+        f" at the last step: {last.memory.total_gb:.1f} GB with hardware.device.hbm_gb={hbm_gb:g} (about {fitting:,} steps fit)"
+    )
 
 
 def check_size(run: RunConfig, workload: Workload | None = None) -> SizeEstimate:
     """Refuse, naming workload.steps (or the op-list file), a run whose arrays cannot fit in this
     machine's memory, or whose KV cache outgrows HBM by its last step. `workload`: an op list already
     read (see estimate_size)."""
-    kv_steps = steps_the_kv_cache_allows(run) if workload is None else None
-    estimate = estimate_size(run, workload)
+    step = None
+    if workload is None:
+        step = last_step(run)  # sizes the run (ops per step) and holds the largest KV cache
+        _refuse_kv_overflow(run, step)
+    estimate = estimate_size(run, workload, step)
     available = available_memory_bytes()
     steps = workload.steps if workload is not None else run.workload.steps
     ops_per_step = max(1, estimate.op_steps // steps)
     if available is not None and estimate.memory_bytes > available:
         one_step_extra = estimate.memory_bytes - BASE_MEMORY_BYTES - BYTES_PER_OP_STEP * estimate.op_steps
         fitting = max(0, int((available - BASE_MEMORY_BYTES - one_step_extra) / BYTES_PER_OP_STEP / ops_per_step))
-        if kv_steps is not None:  # a hint the HBM check would refuse is no hint
-            fitting = min(fitting, kv_steps)
         what = f"workload.steps={steps}" if workload is None else f"workload.path={run.workload.path!r}" if run.workload.path else "workload.ops"
         raise ConfigError(
             f"{what}: needs about {estimate.memory_bytes / 1e9:.1f} GB of memory"
