@@ -102,7 +102,7 @@ def test_a_tracked_command_is_logged_by_the_process_as_its_own_would(tmp_path):
 
     done = run_cli("workload.steps=3", "hydra.run.dir=run", cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-2000:]
-    assert "[harness.tracking.early][INFO] - logged MLflow run" in (tmp_path / "run" / "__main__.log").read_text()
+    assert "[harness.tracking.early][INFO] - logged MLflow run" in (tmp_path / "run" / "hostbound.log").read_text()
     client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'outputs' / 'mlflow.db'}")
     (run,) = [r for e in client.search_experiments() for r in client.search_runs(e.experiment_id)]
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
