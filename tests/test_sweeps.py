@@ -390,3 +390,20 @@ def test_a_sweeps_checks_build_each_distinct_workload_once(tmp_path, monkeypatch
     monkeypatch.chdir(tmp_path)
     preflight(["-m", "seed=0,1,2", "strategy=eager,async", "workload.batch_size=1,4", "workload.steps=2", "hydra.sweep.dir=sw"])
     assert sorted(built) == [1, 1, 4, 4]  # per batch size: the one-step probe and the build, not 6 times each
+
+
+def test_a_sweep_ends_with_its_comparison_table_and_where_results_md_is(tmp_path):
+    """The sweep's answer is its last words: the table results.md holds (one row per job) and its path;
+    with output.print_summary=false the sweep prints nothing of it."""
+    proc = run_cli("-m", "strategy=eager,async", "workload.steps=2", "tracking.enabled=false", "hydra.sweep.dir=sw", cwd=tmp_path, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    results_md = tmp_path / "sw" / "results.md"
+    head, _, tail = proc.stdout.rpartition("\nhostbound sweep: 2 jobs\n")
+    assert head, proc.stdout[-2000:]
+    table, results_line = tail.rstrip("\n").rsplit("\n", 1)
+    assert table + "\n" == results_md.read_text()
+    assert [line.split("|")[3].strip() for line in table.splitlines()[2:]] == ["eager", "async"]
+    assert results_line.startswith(f"  results      {results_md} (every summary key: results.csv)")
+    quiet = run_cli("-m", "strategy=eager,async", "workload.steps=2", "tracking.enabled=false", "output.print_summary=false",
+                    "hydra.sweep.dir=quiet", cwd=tmp_path, timeout=300)
+    assert quiet.returncode == 0 and "hostbound sweep:" not in quiet.stdout

@@ -115,7 +115,15 @@ class SweepTracking(Callback):
         table = load_run_dirs([sweep_dir])
         if not table.empty:
             atomic_write(sweep_dir / RESULTS_CSV, lambda tmp: table.to_csv(tmp, index=False))  # every summary key of every job
-            write_text(sweep_dir / RESULTS_MD, to_markdown(comparison(table)) + "\n")
+            compared = to_markdown(comparison(table))
+            write_text(sweep_dir / RESULTS_MD, compared + "\n")
+            if OmegaConf.select(config, "output.print_summary", default=True):  # the sweep's answer, after its jobs'
+                print(
+                    f"\nhostbound sweep: {len(table)} jobs\n{compared}\n"
+                    f"  results      {sweep_dir.absolute() / RESULTS_MD} (every summary key: {RESULTS_CSV});"
+                    f" plots: python -m harness.report {sweep_dir}",
+                    flush=True,
+                )
         failed_jobs = sorted(p.parent for p in sweep_dir.glob(f"*/{JOB_FAILED_FILE}"))
         tracking = _tracking(config)
         if tracking.enabled:
