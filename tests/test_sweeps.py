@@ -37,9 +37,11 @@ def test_joblib_sweep_makes_one_parent_and_four_finished_children(sweep):
         names = dict(con.execute("select run_uuid, name from runs").fetchall())
     assert len(runs) == 5 and all(status == "FINISHED" for _, status in runs)
     assert len(children) == 4
-    # Named by what the sweep varies; each child by its own choices and values.
-    assert names[parent].startswith("sweep strategy=eager,acl_graph × workload=llama2_7b_decode,qwen25_7b_decode · ")
-    assert {names[c] for c in children} == {f"{w}·{s}·atlas_a2·steps=4" for w in ("llama2_7b_decode", "qwen25_7b_decode") for s in ("eager", "acl_graph")}
+    # The parent is named by what its jobs share, then what they vary; each child leads with its values of
+    # what varies (in command-line order), where the UI's table cuts a long name.
+    assert names[parent].startswith("sweep atlas_a2·steps=4 · strategy=eager,acl_graph × workload=llama2_7b_decode,qwen25_7b_decode · ")
+    assert {names[c] for c in children} == {f"{s}·{w}·atlas_a2·steps=4" for w in ("llama2_7b_decode", "qwen25_7b_decode") for s in ("eager", "acl_graph")}
+    assert (sweep / "sweep" / "swept_keys").read_text().split() == ["strategy", "workload"]
     for values in metrics.values():
         assert {"throughput_tok_s", "bubble_ratio", "breakdown_launch"} <= values.keys()
     artifacts = list((sweep / "outputs" / "mlartifacts").rglob("summary.json"))

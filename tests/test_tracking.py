@@ -45,6 +45,19 @@ def test_a_run_is_named_by_its_presets_and_the_values_set_on_top(names, override
     assert run_name(names, overrides) == expected
 
 
+@pytest.mark.parametrize(
+    "overrides, swept, expected",
+    [
+        ("strategy=acl_graph workload=qwen3_30b_decode workload.steps=4", {"strategy", "workload"}, "acl_graph·qwen3_30b_decode·atlas_a2·steps=4"),
+        ("workload.steps=4 workload.batch_size=8 seed=1", {"workload.batch_size", "seed"}, "batch_size=8·seed=1·llama2_7b_decode·eager·atlas_a2·steps=4"),
+        ("workload.batch_size=8", set(), "llama2_7b_decode·eager·atlas_a2·batch_size=8"),  # a single run: presets first
+    ],
+)
+def test_a_sweeps_job_is_named_by_what_its_sweep_varies_first(overrides, swept, expected):
+    names = {**NAMES, "workload": "qwen3_30b_decode", "strategy": "acl_graph"} if "strategy=acl_graph" in overrides else NAMES
+    assert run_name(names, overrides, frozenset(swept)) == expected
+
+
 def test_a_run_name_fits_mlflows_limit():
     assert len(run_name(NAMES, " ".join(f"workload.k{i}={'9' * 20}" for i in range(40)))) == 250
 

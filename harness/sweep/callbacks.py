@@ -26,7 +26,7 @@ from harness.base.errors import EXIT_BAD_INPUT, EXIT_TRACKING_FAILED
 from harness.base.files import atomic_write, write_text
 from harness.base.progress import Progress
 from harness.base.stopping import SweepStopped, stop_with, store_call
-from harness.tracking.store import PARENT_FILE
+from harness.tracking.store import PARENT_FILE, SWEPT_FILE
 
 log = logging.getLogger(__name__)
 
@@ -97,7 +97,9 @@ class SweepTracking(Callback):
         bound_requests(tracking)
         try:
             with store_call():
-                name = sweep_name(list(config.hydra.overrides.task), sweep_dir.name)
+                overrides = list(config.hydra.overrides.task)
+                write_text(sweep_dir / SWEPT_FILE, "\n".join(sorted(swept_keys_of(overrides))) + "\n")
+                name = sweep_name(overrides, sweep_dir.name, dict(config.hydra.runtime.choices))
                 parent_id = start_parent_run(tracking, name, sweep_dir, " ".join(config.hydra.overrides.task))
                 write_text(sweep_dir / PARENT_FILE, parent_id)  # with the run: a stop between them would leave it RUNNING unseen
         except Exception as exc:  # the store is down: the jobs run (their files are what matters) without it
@@ -231,14 +233,30 @@ def finish_stopped_sweep(stopped: SweepStopped) -> None:
     os.kill(os.getpid(), stopped.signum)
 
 
-def sweep_name(overrides: list[str], folder: str) -> str:
-    """A parent run's name: what the sweep varies, e.g. `sweep strategy=eager,async × batch_size=1,8
-    · 03-10-00_1234` (the folder tells apart two sweeps of the same values)."""
+def swept_keys_of(overrides: list[str]) -> set[str]:
+    """The keys a sweep's command line varies (`strategy`, `workload.batch_size`), without +/~."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
-    swept = [
-        f"{o.get_key_element().lstrip('+~').rsplit('.', 1)[-1]}={o.input_line.split('=', 1)[1]}"
+    return {
+        o.get_key_element().lstrip("+~")
         for o in OverridesParser.create().parse_overrides(overrides)
         if o.is_sweep_override() and not o.is_hydra_override()
-    ]
-    return f"sweep {' × '.join(swept) or 'of one job'} · {folder}"[:250]
+    }
+
+
+def sweep_name(overrides: list[str], folder: str, choices: dict | None = None) -> str:
+    """A parent run's name: what its jobs share, then what they vary, e.g. `sweep atlas_a2·steps=4 ·
+    strategy=eager,async × batch_size=1,8 · 03-10-00_1234` (the folder tells apart two sweeps of the same
+    values). `choices`: the presets Hydra chose (hydra.runtime.choices)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    from harness.tracking.store import name_parts
+
+    parsed = OverridesParser.create().parse_overrides(overrides)
+    sweeps = [o for o in parsed if o.is_sweep_override() and not o.is_hydra_override()]
+    swept = [f"{o.get_key_element().lstrip('+~').rsplit('.', 1)[-1]}={o.input_line.split('=', 1)[1]}" for o in sweeps]
+    keys = frozenset(o.get_key_element().lstrip("+~") for o in sweeps)
+    shared = {k: str(v) for k, v in (choices or {}).items() if k not in keys}  # the presets every job runs
+    single = " ".join(o.input_line for o in parsed if not (o.is_sweep_override() or o.is_hydra_override()))
+    fixed = name_parts(shared, single)[1]
+    return f"sweep {'·'.join(fixed) or 'of the defaults'} · {' × '.join(swept) or 'of one job'} · {folder}"[:250]

@@ -58,6 +58,9 @@ MAX_PARAM_CHARS = 6000  # MLflow 3 rejects longer param values
 # A sweep's parent run id, in the sweep directory (harness.sweep.callbacks writes it before the jobs start): a
 # job's run is logged as its child.
 PARENT_FILE = "mlflow_parent_run_id"
+# The keys a sweep varies (one a line), in the sweep directory next to PARENT_FILE: a job's run name
+# leads with their values.
+SWEPT_FILE = "swept_keys"
 
 
 def launch_dir() -> Path:
@@ -237,19 +240,31 @@ def _no_stray_folders(uri: str):
                 break
 
 
-def run_name(names: dict, overrides: str = "") -> str:
-    """`workload·strategy·hardware[·engine]` and the values set on top, e.g. `llama2_7b_decode·pipeline·
-    atlas_a2·batch_size=8`: the runs of a sweep tell apart by name in the UI's table."""
-    base = [names[k] for k in ("workload", "strategy", "hardware")]
-    if names.get("engine", "none") != "none":
-        base.append(names["engine"])
-    values = []
+def name_parts(names: dict, overrides: str, swept: frozenset[str] = frozenset()) -> tuple[list[str], list[str]]:
+    """(what varies, what is fixed) of a run's name: each preset (workload, strategy, hardware, engine
+    unless none) by its name and each value set on top by its last key part (`batch_size=8`), those
+    whose key is in `swept` (the keys its sweep varies) in the first list, in command-line order."""
+    varying: dict[str, str] = {}
+    fixed = []
     for override in overrides.split():
         key, _, value = override.lstrip("+~").partition("=")
-        if key in _GROUP_CHOICES or key.startswith(_WHERE_THINGS_GO):
+        if key.startswith(_WHERE_THINGS_GO) or (key in _GROUP_CHOICES and key not in swept):
             continue
-        values.append(f"{key.rsplit('.', 1)[-1]}={value}")
-    return "·".join(base + values)[:250]
+        part = names.get(key, value) if key in _GROUP_CHOICES else f"{key.rsplit('.', 1)[-1]}={value}"
+        if key in swept:
+            varying[key] = part
+        else:
+            fixed.append(part)
+    presets = [names[k] for k in ("workload", "strategy", "hardware", "engine") if k not in varying and names.get(k, "none") != "none"]
+    return list(varying.values()), presets + fixed
+
+
+def run_name(names: dict, overrides: str = "", swept: frozenset[str] = frozenset()) -> str:
+    """`workload·strategy·hardware[·engine]` and the values set on top, e.g. `llama2_7b_decode·pipeline·
+    atlas_a2·batch_size=8`; a sweep's job leads with what its sweep varies (`acl_graph·qwen3_30b_decode·
+    atlas_a2`), which the UI's table then shows where it cuts a long name."""
+    varying, fixed = name_parts(names, overrides, swept)
+    return "·".join(varying + fixed)[:250]
 
 
 def artifact_files(run_dir: Path, policy: ArtifactPolicy) -> list[Path]:
@@ -293,7 +308,7 @@ def log_run(
     with store_call():  # a stop (SIGTERM) waits for the run to be logged or ended FAILED: see harness.base.stopping
         client = mlflow.MlflowClient(tracking_uri=resolve_uri(tracking))
         tags = resolve_tags(tags)  # user and source, as mlflow.start_run adds them
-        created = client.create_run(experiment_id, run_name=run_name(names, overrides), tags=tags).info
+        created = client.create_run(experiment_id, run_name=run_name(names, overrides, swept_keys()), tags=tags).info
         run_id = created.run_id
         try:
             now_ms = int(time.time() * 1000)
@@ -330,6 +345,20 @@ def log_run(
 def _param_value(value: object) -> str:
     text = str(value)
     return text if len(text) <= MAX_PARAM_CHARS else text[: MAX_PARAM_CHARS - 3] + "..."
+
+
+def swept_keys() -> frozenset[str]:
+    """The keys this process's sweep varies (SWEPT_FILE), when it runs a job of a multirun with tracking."""
+    try:
+        from hydra.core.hydra_config import HydraConfig
+        from hydra.types import RunMode
+
+        if not HydraConfig.initialized() or HydraConfig.get().mode != RunMode.MULTIRUN:
+            return frozenset()
+        path = Path(HydraConfig.get().sweep.dir) / SWEPT_FILE
+        return frozenset(path.read_text().split()) if path.exists() else frozenset()
+    except Exception:  # no Hydra context
+        return frozenset()
 
 
 def parent_run_id() -> str | None:
