@@ -144,6 +144,8 @@ def test_preflight_turns_hydra_errors_into_one_line_exit_2(override, fragments, 
         ("hardware=a2", "hardware=a2: no such hardware preset (did you mean atlas_a2?); choose from a100, atlas_a2,"),
         ("model=llama", "model=llama: no such key; the config groups are engine, hardware, strategy, workload (e.g. workload=llama2_7b_decode), and +experiment=NAME"),
         ("seed=1 strategy=eager,async", "strategy=eager,async: several values make a sweep: add -m (python -m harness -m seed=1 strategy=eager,async); for a list write strategy=[...]"),
+        # Hydra takes a long key for a config group's file name: too long for the file system.
+        ("workload." + "x" * 260 + "=1", "workload." + "x" * 51 + "… (269 characters): no such key"),
     ],
 )
 def test_errors_say_what_was_written_and_what_was_meant(override, line, capsys):
@@ -319,3 +321,26 @@ def test_physical_edges_of_the_ranges(key, fine, refused):
     compose_run(f"{key}={fine}")
     with pytest.raises(ConfigError, match=rf"^{re.escape(key)}(\[0\])?=\S+: must "):
         compose_run(f"{key}={refused}")
+
+
+@pytest.mark.parametrize(
+    "uri, shown",
+    [
+        ("http://alice:s3cret@mlflow-host:5000", "http://alice:***@mlflow-host:5000"),
+        ("postgresql+psycopg2://mlflow:s3cret@db:5432/mlflow", "postgresql+psycopg2://mlflow:***@db:5432/mlflow"),
+    ],
+)
+def test_a_tracking_uri_with_a_password_is_refused_without_showing_it(uri, shown, tmp_path, capsys):
+    """summary.json, .hydra/, the logs and MLflow's params would all keep it: refused before anything is
+    written, naming MLflow's own variables for credentials."""
+    with pytest.raises(SystemExit) as stopped:
+        preflight([f"tracking.uri={uri}"])
+    assert stopped.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"hostbound: error: tracking.uri='{shown}': holds a user name and password") and err.count("\n") == 1
+    assert "s3cret" not in err and "MLFLOW_TRACKING_PASSWORD" in err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_tracking_uri_without_a_password_is_taken():
+    assert compose_run("tracking.uri=http://alice@mlflow-host:5000").tracking.uri == "http://alice@mlflow-host:5000"

@@ -92,3 +92,15 @@ def test_a_machine_fitted_from_one_public_trace_predicts_another_groups_measurem
     compiled = simulate_run(compose_run(["+experiment=a100_gptfast_compiled", "hardware=hf_host"])).summary
     assert eager["throughput_tok_s"] == pytest.approx(25.5, rel=0.25)
     assert eager["step_ms_mean"] / compiled["step_ms_mean"] == pytest.approx(107.0 / 25.5, rel=0.25)
+
+
+@pytest.mark.parametrize(
+    "keep, message",
+    [("::0", "--keep '::0': a slice's step cannot be 0"), ("a:b", "--keep 'a:b': not a slice A:B of step numbers")],
+)
+def test_a_bad_keep_is_refused_in_one_line_before_anything_is_written(synthetic, tmp_path, capsys, keep, message):
+    with pytest.raises(SystemExit) as stopped:
+        profile_main([str(synthetic), "--out", "profiled", "--keep", keep])
+    assert stopped.value.code == 2
+    assert capsys.readouterr().err.strip() == f"hostbound: error: {message}"
+    assert not (tmp_path / "profiled").exists()

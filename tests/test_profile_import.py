@@ -529,3 +529,15 @@ def test_graph_launches_without_annotations_split_steps(tmp_path):
     replayed = replay(im, tmp_path)
     assert replayed["step_ms_mean"] == pytest.approx(measured["step_ms_mean"], rel=0.02)
     assert replayed["launches_per_step"] == 2
+
+
+@pytest.mark.parametrize("field, value", [("ts", "nan"), ("ts", "12abc"), ("ts", float("inf")), ("dur", "abc"), ("dur", -5.0), ("ts", [1])])
+def test_an_event_whose_time_is_not_a_time_is_refused_in_one_line(tmp_path, field, value):
+    """A malformed timestamp or duration in a duration event: one line naming the file and the event."""
+    trace_data = kineto_trace(Layout(steps=2, ops=2))
+    event = next(e for e in trace_data["traceEvents"] if e.get("ph") == "X" and e.get("cat") == "kernel")
+    event[field] = value
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(trace_data))
+    with pytest.raises(ProfileError, match=rf"^{path}: event '.*' has ts=.*, dur=.*: not a time in µs$"):
+        load_profile(path)

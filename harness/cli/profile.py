@@ -156,6 +156,8 @@ def main(argv: Optional[list[str]] = None) -> None:
             keep = slice(*[int(p) if p else None for p in args.keep.split(":")])
         except (TypeError, ValueError):
             fail(f"--keep {args.keep!r}: not a slice A:B of step numbers")
+        if keep.step == 0:
+            fail(f"--keep {args.keep!r}: a slice's step cannot be 0")
     try:
         profile = load_profile(args.trace, args.rank)
         imported = import_profile(profile, args.steps, keep)

@@ -70,6 +70,11 @@ def _explain(raw: str, overrides: Sequence[str]) -> Optional[str]:
         if not options:
             return None
         return f"{group}={value}: no such {group} preset{did_you_mean(value, options)}; choose from {', '.join(options)}"
+    if m := re.search(r"File name too long: '[^']*/conf/(?P<path>[^']+?)(\.yaml)?'", raw):
+        # Hydra looked for a config group of that name: a key too long for a file name is no key at all
+        key = m["path"].replace("/", ".")
+        written = next((o for o in overrides if o.lstrip("+~").partition("=")[0] == key), f"{key}=...")
+        return f"{written[:60]}… ({len(key)} characters): no such key"
     if m := re.search(r"Key '[^']+' not in '\w+'; full_key: (?P<key>\S+)", raw):
         key = m["key"]
         hint = did_you_mean(key, config_keys())

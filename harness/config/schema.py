@@ -417,6 +417,12 @@ class TrackingConfig:
         check_limits(self)
         check_field(self, bool(self.experiment.strip()), "experiment", "must name an experiment")
         if self.uri is not None:
+            if credentials_in(self.uri):  # every record of the run would keep it: summary, .hydra/, logs, MLflow
+                raise ConfigError(
+                    f"tracking.uri={redacted(self.uri)!r}: holds a user name and password, which every record of the run would keep;"
+                    " give them to MLflow as MLFLOW_TRACKING_USERNAME / MLFLOW_TRACKING_PASSWORD (a database: its own"
+                    " password file or environment, e.g. PGPASSFILE) and write the URI without them"
+                )
             scheme = tracking_scheme(self.uri)
             check_field(
                 self, scheme in TRACKING_SCHEMES, "uri",
@@ -426,6 +432,28 @@ class TrackingConfig:
 
 # Stores MLflow opens: its SQLAlchemy databases, a tracking server, a local folder (file store).
 TRACKING_SCHEMES = ("sqlite", "postgresql", "mysql", "mssql", "http", "https", "file", "databricks", "")
+
+
+def credentials_in(uri: str) -> bool:
+    """Whether a URI carries a password (`scheme://user:password@host…`)."""
+    from urllib.parse import urlsplit
+
+    try:
+        return urlsplit(uri).password is not None
+    except ValueError:  # not a URL (a folder): nothing to hide
+        return False
+
+
+def redacted(uri: str) -> str:
+    """The URI with its password as `***` (to name it in a message)."""
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(uri)
+    if parts.password is None:
+        return uri
+    host = parts.hostname or ""
+    port = f":{parts.port}" if parts.port else ""
+    return parts._replace(netloc=f"{parts.username}:***@{host}{port}").geturl()
 
 
 def tracking_scheme(uri: str) -> str:

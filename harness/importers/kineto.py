@@ -13,6 +13,7 @@ are the same host time seen twice: only the outer call is kept.
 from __future__ import annotations
 
 import functools
+import math
 import re
 from collections import Counter
 from pathlib import Path
@@ -140,7 +141,7 @@ def read_kineto(path: Path, data: Any, rank: Optional[int]) -> Profile:
             stamps_text = True
         if e.get("ph") != "X":
             continue
-        whole = int(ts.split(".", 1)[0]) if kind is str else int(ts)
+        whole = _checked_stamp(path, e)
         if first is None or whole < first:
             first = whole
         cat = e.get("cat")
@@ -231,6 +232,26 @@ def read_kineto(path: Path, data: Any, rank: Optional[int]) -> Profile:
         span_us=(0.0, float(ends.max()) - shift),
         peer_rows=_peer_rows(peer_rows, host_start, first, shift, rounding) if isinstance(data, dict) else None,
     )
+
+
+def _checked_stamp(path: Path, event: dict) -> int:
+    """The whole µs of a duration event's `ts`, after checking `ts` and `dur` are times (a number or a
+    numeric string, finite, a duration not negative): one line naming the file and the event otherwise."""
+    ts, dur = event.get("ts"), event.get("dur", 0)
+    if (type(ts) is int or (type(ts) is float and math.isfinite(ts))) and type(dur) in (int, float) and 0 <= dur < math.inf:
+        return int(ts)  # the common case, cheaply (a trace holds up to millions of events)
+    try:
+        whole = Clock.whole_part(ts)
+        if isinstance(ts, str):
+            float(ts)  # "12abc" has no whole part either; "1e400" overflows below
+        duration = float(dur)
+        if not (math.isfinite(float(ts)) and math.isfinite(duration) and duration >= 0):
+            raise ValueError
+    except (TypeError, ValueError, OverflowError):
+        raise ProfileError(
+            f"{path}: event {str(event.get('name', '?'))[:60]!r} has ts={str(ts)[:40]!r}, dur={str(dur)[:40]!r}: not a time in µs"
+        ) from None
+    return whole
 
 
 def _calls(calls: _Group, ops: _Group, op_start: np.ndarray, op_end: np.ndarray, syncs: _Group, origin: int) -> pd.DataFrame:
