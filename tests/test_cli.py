@@ -84,7 +84,10 @@ def test_mlflow_run_is_logged_to_the_given_store(tmp_path):
     assert tags["files_only_in_run_dir"] == "trace.json" and tags["run_dir"] == str(run_dir)
     assert (run_dir / "trace.json").exists()
     experiment = mlflow.MlflowClient().get_experiment_by_name("hostbound")
-    assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"  # opens in the runs table
+    assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"
+    # The shared view the README's address opens (tests/test_mlflow_ui.py sees it in a browser).
+    assert json.loads(experiment.tags["mlflow.sharedViewState.hostbound"])["selectedColumns"][:2] == [
+        "attributes.`Run Name`", "metrics.`throughput_tok_s`"]
 
 
 def test_mlflow_run_names_its_values_and_keeps_build_steps_apart(tmp_path):

@@ -151,6 +151,21 @@ def resolve_uri(tracking: TrackingConfig) -> str:
 # MLflow 3's UI opens an experiment without this tag in its GenAI view (traces, an assistant); with it,
 # in the runs table and the compare view that a sweep needs.
 EXPERIMENT_KIND_TAG = ("mlflow.experimentKind", "custom_model_development")
+# MLflow 3.17's UI opens an experiment on its GenAI overview whatever that tag says (a browser-side
+# "workflow type", GenAI by default) and shows no metric column until chosen. A shared view (an experiment
+# tag the UI reads as `?viewStateShareKey=`) picks the runs table's columns: view_url opens both.
+HEADLINE_VIEW = "hostbound"
+HEADLINE_COLUMNS = (
+    "attributes.`Run Name`", "metrics.`throughput_tok_s`", "metrics.`step_ms_p50`", "metrics.`step_ms_p99`", "metrics.`bubble_ratio`",
+    "tags.`bound`", "metrics.`ttft_ms`", "metrics.`median_ttft_ms`", "metrics.`median_tpot_ms`",
+)
+VIEW_TAG = (f"mlflow.sharedViewState.{HEADLINE_VIEW}", json.dumps({"selectedColumns": list(HEADLINE_COLUMNS)}))
+
+
+def view_url(server: str, experiment_id: str) -> str:
+    """The MLflow UI's page of an experiment's runs table with the headline columns (the runs, not the
+    GenAI overview)."""
+    return f"{server.rstrip('/')}/#/experiments/{experiment_id}/runs?workflowType=machine_learning&viewStateShareKey={HEADLINE_VIEW}"
 # Group choices are in a run's name already; the other keys only say where files and runs go.
 _GROUP_CHOICES = {"hardware", "workload", "strategy", "engine"}
 _WHERE_THINGS_GO = ("tracking.", "output.", "hydra", "resume")
@@ -197,13 +212,14 @@ def _ensure_experiment(tracking: TrackingConfig, uri: str) -> str:
         experiment = mlflow.get_experiment_by_name(tracking.experiment)
     _write_ahead_log(uri)
     if experiment is not None:
-        if experiment.tags.get(EXPERIMENT_KIND_TAG[0]) is None:  # made by an older harness
-            mlflow.MlflowClient().set_experiment_tag(experiment.experiment_id, *EXPERIMENT_KIND_TAG)
+        for key, value in (EXPERIMENT_KIND_TAG, VIEW_TAG):
+            if experiment.tags.get(key) != value:  # made by an older harness
+                mlflow.MlflowClient().set_experiment_tag(experiment.experiment_id, key, value)
         return experiment.experiment_id
     artifact_location = None
     if tracking.uri is None:
         artifact_location = (launch_dir() / "outputs" / "mlartifacts").as_uri()
-    return mlflow.create_experiment(tracking.experiment, artifact_location=artifact_location, tags=dict([EXPERIMENT_KIND_TAG]))
+    return mlflow.create_experiment(tracking.experiment, artifact_location=artifact_location, tags=dict([EXPERIMENT_KIND_TAG, VIEW_TAG]))
 
 
 def _write_ahead_log(uri: str) -> None:

@@ -1,0 +1,136 @@
+"""The MLflow UI as a user sees it, in a real browser (Chromium driven by Playwright): a 2 × 2 sweep's
+store served by `mlflow ui` on 127.0.0.1.
+
+What is checked is what a user reads: the page the harness points to (store.view_url) is the runs table,
+not MLflow 3.17's GenAI overview; its columns are the headline metrics; the sweep's jobs, under their
+parent, are named by what the sweep varies and show their throughput; comparing two jobs shows the
+throughput of both; the parent run's artifacts hold the sweep's comparison table. Screenshots of every
+page go to the test's folder (kept by pytest), named in the failure. Every process started is stopped.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import sqlite3
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from conftest import free_port, run_cli
+from harness.tracking.store import view_url
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+playwright = pytest.importorskip("playwright.sync_api", reason="playwright is a test extra: pip install -e '.[test]'")
+pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="no Chromium (Debian: apt-get install chromium; .ci/run installs it)")
+
+SWEEP = ["-m", "strategy=eager,acl_graph", "workload=llama2_7b_decode,qwen3_30b_decode", "workload.steps=4",
+         "output.print_summary=false", "hydra.sweep.dir=sweep"]
+JOBS = {f"{s}·{w}·atlas_a2·steps=4" for s in ("eager", "acl_graph") for w in ("llama2_7b_decode", "qwen3_30b_decode")}
+
+
+@pytest.fixture(scope="module")
+def ui(tmp_path_factory):
+    """(server address, store path, screenshot folder): the sweep's store, served until the module ends."""
+    folder = tmp_path_factory.mktemp("ui")
+    proc = run_cli(*SWEEP, cwd=folder, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    port = free_port()
+    server = subprocess.Popen(
+        [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", "sqlite:///outputs/mlflow.db", "--host", "127.0.0.1",
+         "--port", str(port), "--workers", "1"],
+        cwd=folder, env={**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"},
+        stdout=subprocess.DEVNULL, stderr=open(folder / "server.log", "w"), start_new_session=True,
+    )
+    address = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                urllib.request.urlopen(f"{address}/health", timeout=2)
+                break
+            except OSError:
+                if time.monotonic() > deadline or server.poll() is not None:
+                    pytest.fail(f"mlflow ui did not come up: {(folder / 'server.log').read_text()[-2000:]}")
+                time.sleep(0.5)
+        yield address, folder / "outputs" / "mlflow.db", folder
+    finally:
+        os.killpg(server.pid, 15)
+        try:
+            server.wait(20)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.pid, 9)
+            server.wait()
+
+
+@pytest.fixture(scope="module")
+def browser():
+    with playwright.sync_playwright() as p:
+        chromium = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        try:
+            yield chromium
+        finally:
+            chromium.close()
+
+
+def opened(browser, url: str, shots: Path, name: str, ready: str):
+    """A new page at `url`, once `ready` (a text) shows; a screenshot of it in `shots`."""
+    page = browser.new_page(viewport={"width": 1600, "height": 1000})
+    page.goto(url)
+    try:
+        page.get_by_text(ready).first.wait_for(timeout=60_000)
+    finally:
+        page.screenshot(path=str(shots / f"{name}.png"))
+    return page
+
+
+def cells(page, column: str) -> list[str]:
+    return page.locator(f'[role="gridcell"][col-id="{column}"]').all_inner_texts()
+
+
+def test_the_runs_table_opens_with_the_headline_metrics_and_jobs_named_by_what_varies(ui, browser):
+    address, _, shots = ui
+    page = opened(browser, view_url(address, "1"), shots, "runs", "matching runs")
+    headers = set(page.locator('[role="columnheader"]').all_inner_texts())
+    assert {"Run Name", "throughput_tok_s", "step_ms_p50", "step_ms_p99", "bubble_ratio", "bound"} <= headers, f"{headers}; see {shots}"
+    names = cells(page, "attributes.`Run Name`")
+    assert len(names) == 1 and "sweep atlas_a2·steps=4 · strategy=eager,acl_graph × workload=" in names[0], f"{names}; see {shots}"
+    # The parent folds its jobs: open it.
+    page.locator('[role="gridcell"][col-id="attributes.`Run Name`"]').first.locator("button").first.click()
+    page.get_by_text("eager·llama2_7b_decode").first.wait_for(timeout=30_000)
+    page.screenshot(path=str(shots / "runs_expanded.png"))
+    names = [n.splitlines()[-1] for n in cells(page, "attributes.`Run Name`")]
+    assert set(names[1:]) == JOBS, f"{names}; see {shots}"
+    throughput = cells(page, "metrics.`throughput_tok_s`")[1:]
+    assert len(throughput) == 4 and all(float(t) > 0 for t in throughput), f"{throughput}; see {shots}"
+    page.close()
+
+
+def test_comparing_two_jobs_shows_the_throughput_of_both(ui, browser):
+    """MLflow's compare page plots the runs on parallel coordinates with throughput_tok_s as the metric: its
+    axis reads both runs' values (its metrics table sits below 120 parameters, in a scroll box)."""
+    address, store, shots = ui
+    with sqlite3.connect(store) as con:
+        jobs = dict(con.execute("select name, run_uuid from runs where name like 'eager·%'").fetchall())
+        throughput = dict(con.execute("select run_uuid, value from latest_metrics where key='throughput_tok_s'").fetchall())
+    ids = [jobs["eager·llama2_7b_decode·atlas_a2·steps=4"], jobs["eager·qwen3_30b_decode·atlas_a2·steps=4"]]
+    runs = ",".join(f'"{i}"' for i in ids)
+    page = opened(browser, f'{address}/#/compare-runs?runs=[{runs}]&experiments=["1"]', shots, "compare", "Run details")
+    plotted = " ".join(page.inner_text("body").split())
+    plot = plotted[: plotted.index("Run details")]
+    axis = plot[plot.rindex("throughput_tok_s"):]  # the metric axis's name, then its top and bottom values
+    for run_id in ids:
+        assert f"{throughput[run_id]:.5f}" in axis, f"{axis!r} lacks {throughput[run_id]:.5f}; see {shots}"
+    page.close()
+
+
+def test_the_sweeps_parent_holds_its_comparison_table(ui, browser):
+    address, store, shots = ui
+    with sqlite3.connect(store) as con:
+        (parent,) = con.execute("select run_uuid from runs where name like 'sweep %'").fetchone()
+    page = opened(browser, f"{address}/#/experiments/1/runs/{parent}/artifacts", shots, "parent_artifacts", "results.md")
+    assert page.get_by_text("results.csv").count() >= 1, f"see {shots}"
+    page.close()
