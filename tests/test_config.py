@@ -144,6 +144,10 @@ def test_preflight_turns_hydra_errors_into_one_line_exit_2(override, fragments, 
         ("hardware=a2", "hardware=a2: no such hardware preset (did you mean atlas_a2?); choose from a100, atlas_a2,"),
         ("model=llama", "model=llama: no such key; the config groups are engine, hardware, strategy, workload (e.g. workload=llama2_7b_decode), and +experiment=NAME"),
         ("seed=1 strategy=eager,async", "strategy=eager,async: several values make a sweep: add -m (python -m harness -m seed=1 strategy=eager,async); for a list write strategy=[...]"),
+        # MLflow 3.17 refuses to log to a folder: refused before the run, not after it (exit 3).
+        ("tracking.uri=file:/srv/runs", "tracking.uri='file:/srv/runs': a folder store, which MLflow 3 no longer writes to"),
+        ("tracking.uri=/srv/runs", "tracking.uri='/srv/runs': a folder store, which MLflow 3 no longer writes to"),
+        ("tracking.uri=ftp://host/x", "tracking.uri='ftp://host/x': unknown scheme 'ftp' (use sqlite:///PATH, http(s)://HOST:PORT, postgresql://…, mysql://…)"),
         # Hydra takes a long key for a config group's file name: too long for the file system.
         ("workload." + "x" * 260 + "=1", "workload." + "x" * 51 + "… (269 characters): no such key"),
     ],

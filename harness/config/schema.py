@@ -425,13 +425,20 @@ class TrackingConfig:
                 )
             scheme = tracking_scheme(self.uri)
             check_field(
+                self, scheme not in FOLDER_STORES, "uri",
+                "a folder store, which MLflow 3 no longer writes to (its filesystem backend is in maintenance mode):"
+                " use a database, e.g. sqlite:///PATH/mlflow.db",
+            )
+            check_field(
                 self, scheme in TRACKING_SCHEMES, "uri",
-                f"unknown scheme {scheme!r} (use sqlite:///PATH, http(s)://HOST:PORT, postgresql://…, mysql://…, file:PATH or a folder)",
+                f"unknown scheme {scheme!r} (use sqlite:///PATH, http(s)://HOST:PORT, postgresql://…, mysql://…)",
             )
 
 
-# Stores MLflow opens: its SQLAlchemy databases, a tracking server, a local folder (file store).
-TRACKING_SCHEMES = ("sqlite", "postgresql", "mysql", "mssql", "http", "https", "file", "databricks", "")
+# Stores MLflow logs to: its SQLAlchemy databases, a tracking server.
+TRACKING_SCHEMES = ("sqlite", "postgresql", "mysql", "mssql", "http", "https", "databricks")
+# A local folder (file:PATH, or a plain path): MLflow 3.17 refuses to log there.
+FOLDER_STORES = ("file", "")
 
 
 def credentials_in(uri: str) -> bool:
