@@ -147,6 +147,8 @@ def test_preflight_turns_hydra_errors_into_one_line_exit_2(override, fragments, 
         # MLflow 3.17 refuses to log to a folder: refused before the run, not after it (exit 3).
         ("tracking.uri=file:/srv/runs", "tracking.uri='file:/srv/runs': a folder store, which MLflow 3 no longer writes to"),
         ("tracking.uri=/srv/runs", "tracking.uri='/srv/runs': a folder store, which MLflow 3 no longer writes to"),
+        # A sqlite store that is a folder: MLflow would retry it for minutes, past tracking.timeout_s.
+        ("tracking.uri=sqlite:////tmp", "tracking.uri='sqlite:////tmp': names a folder: a sqlite store is a file, e.g. sqlite:///PATH/mlflow.db"),
         ("tracking.uri=ftp://host/x", "tracking.uri='ftp://host/x': unknown scheme 'ftp' (use sqlite:///PATH, http(s)://HOST:PORT, postgresql://…, mysql://…)"),
         # Hydra takes a long key for a config group's file name: too long for the file system.
         ("workload." + "x" * 260 + "=1", "workload." + "x" * 51 + "… (269 characters): no such key"),

@@ -433,6 +433,9 @@ class TrackingConfig:
                 self, scheme in TRACKING_SCHEMES, "uri",
                 f"unknown scheme {scheme!r} (use sqlite:///PATH, http(s)://HOST:PORT, postgresql://…, mysql://…)",
             )
+            database = sqlite_path(self.uri)
+            # MLflow retries a folder for minutes, whatever tracking.timeout_s says: refused before the run.
+            check_field(self, database is None or not database.is_dir(), "uri", "names a folder: a sqlite store is a file, e.g. sqlite:///PATH/mlflow.db")
 
 
 # Stores MLflow logs to: its SQLAlchemy databases, a tracking server.
@@ -461,6 +464,15 @@ def redacted(uri: str) -> str:
     host = parts.hostname or ""
     port = f":{parts.port}" if parts.port else ""
     return parts._replace(netloc=f"{parts.username}:***@{host}{port}").geturl()
+
+
+def sqlite_path(uri: str) -> Path | None:
+    """The database file of a sqlite:/// URI (percent-escapes decoded, as SQLAlchemy does), else None."""
+    if not uri.startswith("sqlite:///"):
+        return None
+    from urllib.parse import unquote
+
+    return Path(unquote(uri.removeprefix("sqlite:///").split("?", 1)[0]))
 
 
 def tracking_scheme(uri: str) -> str:

@@ -30,12 +30,11 @@ import sys
 import time
 from pathlib import Path
 from typing import Mapping
-from urllib.parse import unquote
 
 import numpy as np
 
 from harness.config.messages import one_line
-from harness.config.schema import ArtifactPolicy, TrackingConfig, flatten
+from harness.config.schema import ArtifactPolicy, TrackingConfig, flatten, sqlite_path
 from harness.base.errors import EXIT_BAD_INPUT, EXIT_TRACKING_FAILED, HarnessError, TrackingError, one_line_text
 from harness.base.files import write_text
 from harness.results.outputs import STEPS_FILE, SUMMARY_FILE, TRACE_FILE, read_steps, run_notes
@@ -87,13 +86,6 @@ def sqlite_uri(path: Path) -> str:
     (`ensure_experiment` removes it)."""
     text = str(Path(path).absolute())
     return "sqlite:///" + text.replace("%", "%25").replace("#", "%23").replace("?", "%3F")
-
-
-def sqlite_path(uri: str) -> Path | None:
-    """The database file of a sqlite:/// URI (percent-escapes decoded, as SQLAlchemy does), else None."""
-    if not uri.startswith("sqlite:///"):
-        return None
-    return Path(unquote(uri.removeprefix("sqlite:///").split("?", 1)[0]))
 
 
 FAILED_FILE = "TRACKING_FAILED.txt"
