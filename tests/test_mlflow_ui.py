@@ -14,13 +14,11 @@ import shutil
 import sqlite3
 import subprocess
 import sys
-import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 
-from conftest import free_port, run_cli
+from conftest import free_port, run_cli, wait_until_up
 from harness.tracking.store import view_url
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -47,15 +45,7 @@ def ui(tmp_path_factory):
     )
     address = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                urllib.request.urlopen(f"{address}/health", timeout=2)
-                break
-            except OSError:
-                if time.monotonic() > deadline or server.poll() is not None:
-                    pytest.fail(f"mlflow ui did not come up: {(folder / 'server.log').read_text()[-2000:]}")
-                time.sleep(0.5)
+        wait_until_up(f"{address}/health", server, 120)
         yield address, folder / "outputs" / "mlflow.db", folder
     finally:
         os.killpg(server.pid, 15)

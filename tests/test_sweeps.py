@@ -7,14 +7,13 @@ import os
 import sqlite3
 import subprocess
 import sys
-import time
 import urllib.request
 
 import numpy as np
 import pandas as pd
 import pytest
 
-from conftest import free_port, run_cli
+from conftest import free_port, run_cli, wait_until_up
 
 SWEEP = ["-m", "hydra/launcher=joblib", "strategy=eager,acl_graph", "workload=llama2_7b_decode,qwen25_7b_decode",
          "workload.steps=4", "output.print_summary=false"]
@@ -111,15 +110,7 @@ def test_mlflow_server_on_loopback_serves_the_runs(tmp_path):
     )
     try:
         base = f"http://127.0.0.1:{port}"
-        deadline = time.time() + 60
-        while True:
-            try:
-                urllib.request.urlopen(f"{base}/health", timeout=2)
-                break
-            except OSError:
-                if time.time() > deadline or server.poll() is not None:
-                    raise
-                time.sleep(0.5)
+        wait_until_up(f"{base}/health", server, 60)
         request = urllib.request.Request(
             f"{base}/api/2.0/mlflow/experiments/get-by-name?experiment_name=hostbound", method="GET"
         )

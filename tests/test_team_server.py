@@ -13,13 +13,12 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 import urllib.request
 from pathlib import Path
 
 import pytest
 
-from conftest import free_port, run_cli
+from conftest import free_port, run_cli, wait_until_up
 
 INITDB = shutil.which("initdb")
 pytestmark = [
@@ -37,18 +36,6 @@ def _as_postgres_user() -> list[str]:
     except KeyError:
         pytest.skip("running as root and there is no `postgres` user to run PostgreSQL as")
     return ["runuser", "-u", "postgres", "--"]
-
-
-def _wait_for(url: str, process: subprocess.Popen, seconds: float = 90) -> None:
-    deadline = time.monotonic() + seconds
-    while True:
-        try:
-            urllib.request.urlopen(url, timeout=2)
-            return
-        except OSError:
-            if time.monotonic() > deadline or process.poll() is not None:
-                raise AssertionError(f"{url} did not come up (exit {process.poll()})")
-            time.sleep(0.5)
 
 
 @pytest.fixture
@@ -82,7 +69,7 @@ def mlflow_server(postgres, tmp_path):
     )
     url = f"http://127.0.0.1:{port}"
     try:
-        _wait_for(f"{url}/health", server)
+        wait_until_up(f"{url}/health", server)
         yield url
     finally:
         server.terminate()
