@@ -56,8 +56,9 @@ HARDWARE_OF_SOURCE = {"kineto": "h100", "torch_npu": "atlas_a2"}
 GRAPH_OF_SOURCE = {"kineto": "cuda_graph", "torch_npu": "acl_graph"}
 
 
-def replay_overrides(imported: Imported, ops_path: Path) -> list[str]:
-    """Overrides of `python -m harness` that replay the op list as the trace ran it."""
+def replay_overrides(imported: Imported, ops_path: Path, graph_gaps: Optional[np.ndarray] = None) -> list[str]:
+    """Overrides of `python -m harness` that replay the op list as the trace ran it (`graph_gaps`: its
+    graph_task_gaps_us, when measured already)."""
     profile = imported.profile
     overrides = [
         "workload=trace",
@@ -68,7 +69,7 @@ def replay_overrides(imported: Imported, ops_path: Path) -> list[str]:
         overrides += ["strategy=async", f"strategy.queue_capacity={TORCH_NPU_QUEUE}"]
     else:
         overrides.append("strategy=eager")
-    graph_gaps = graph_task_gaps_us(imported)
+    graph_gaps = graph_task_gaps_us(imported) if graph_gaps is None else graph_gaps
     if graph_gaps.size:
         overrides.append(f"hardware.graph.task_dispatch_us={graph_gaps.mean():.6g}")
     # The op list holds the kernels' measured durations; the simulator counts a front-end gap in a kernel's
@@ -166,7 +167,8 @@ def main(argv: Optional[list[str]] = None) -> None:
             fail(f"{args.trace}: no device task is linked to a launch call (no shared correlation ids or flows): nothing to replay")
         table = ops_table(imported)
         summary = measured_summary(imported)
-        overrides = replay_overrides(imported, args.out / OPS_FILE)
+        eager_gaps, graph_gaps = eager_kernel_gaps_us(imported), graph_task_gaps_us(imported)
+        overrides = replay_overrides(imported, args.out / OPS_FILE, graph_gaps)
     except HarnessError as exc:
         fail(str(exc))
     if links["device_tasks_linked"] < links["device_tasks"]:
@@ -178,7 +180,6 @@ def main(argv: Optional[list[str]] = None) -> None:
             file=sys.stderr,
         )
     replay = command_line(overrides)
-    eager_gaps = eager_kernel_gaps_us(imported)
     record = {
         "trace": str(args.trace),
         "source": profile.source,
@@ -213,7 +214,7 @@ def main(argv: Optional[list[str]] = None) -> None:
         write_text(args.out / WHATIF_MD, shown.to_markdown(index=False) + "\n")
         print(shown.to_markdown(index=False))
     if fit_path is not None:
-        write_fit(fit_path, args, imported, table, summary)
+        write_fit(fit_path, args, imported, table, summary, eager_gaps, graph_gaps)
 
 
 def check_fit(name: Optional[str], base: Optional[str]) -> Optional[Path]:
@@ -236,7 +237,9 @@ def check_fit(name: Optional[str], base: Optional[str]) -> Optional[Path]:
     return path
 
 
-def write_fit(path: Path, args: argparse.Namespace, imported: Imported, table: pd.DataFrame, summary: dict) -> None:
+def write_fit(
+    path: Path, args: argparse.Namespace, imported: Imported, table: pd.DataFrame, summary: dict, eager_gaps: np.ndarray, graph_gaps: np.ndarray
+) -> None:
     profile = imported.profile
     base, named = base_preset(profile.device, HARDWARE_OF_SOURCE[profile.source])
     if args.base is not None:
@@ -247,7 +250,7 @@ def write_fit(path: Path, args: argparse.Namespace, imported: Imported, table: p
             f" {base}; pass --base PRESET for another device",
             file=sys.stderr,
         )
-    fitted = fit_machine(imported, table, summary.get("host_ms_sync", 0.0))
+    fitted = fit_machine(table, len(imported.kept), summary.get("host_ms_sync", 0.0), eager_gaps, graph_gaps)
     if not fitted:
         fail(f"{args.trace}: no kernel launch in the replayed steps: nothing to fit a machine from")
     origin = " ".join(shlex.quote(a) for a in [args.trace.name, *(["--steps", args.steps] if args.steps != "auto" else []), *(["--keep", args.keep] if args.keep else [])])

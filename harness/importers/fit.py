@@ -85,10 +85,10 @@ def _spread(values: np.ndarray) -> str:
     return f"p10 {p10:.3g}, p50 {p50:.3g}, p90 {p90:.3g} us"
 
 
-def fit_machine(imported: Imported, ops: pd.DataFrame, sync_host_ms: float) -> list[Fitted]:
-    """The fitted values from the replayed steps (`ops`: their op list, ops.csv's rows) and the host
-    time of their synchronisation calls per step (measured without their wait for the device)."""
-    steps = len(imported.kept)
+def fit_machine(ops: pd.DataFrame, steps: int, sync_host_ms: float, eager_gaps: np.ndarray, graph_gaps: np.ndarray) -> list[Fitted]:
+    """The fitted values from the replayed steps (`ops`: their op list, ops.csv's rows, `steps` of them),
+    the host time of their synchronisation calls per step (measured without their wait for the device),
+    and the device gaps measured between them (eager_kernel_gaps_us, graph_task_gaps_us)."""
     launched = ops[ops["launch_us"].fillna(0) > 0]
     if launched.empty:
         return []
@@ -106,14 +106,12 @@ def fit_machine(imported: Imported, ops: pd.DataFrame, sync_host_ms: float) -> l
     syncs = int((ops["kind"] == "sync").sum())
     if syncs:
         fitted.append(Fitted("host.sync_us", sync_host_ms * 1e3 * steps / syncs, f"{syncs} synchronisation calls, their wait for the device left out"))
-    gaps = eager_kernel_gaps_us(imported)
-    if gaps.size:
-        note = f"mean device gap before {gaps.size} kernels launched alone and queued behind the one before; {_spread(gaps)}"
-        fitted.append(Fitted("device.kernel_gap_us", float(gaps.mean()), note))
-    gaps = graph_task_gaps_us(imported)
-    if gaps.size:
-        note = f"mean device gap between consecutive tasks of a graph launch, {gaps.size} pairs; {_spread(gaps)}"
-        fitted.append(Fitted("graph.task_dispatch_us", float(gaps.mean()), note))
+    if eager_gaps.size:
+        note = f"mean device gap before {eager_gaps.size} kernels launched alone and queued behind the one before; {_spread(eager_gaps)}"
+        fitted.append(Fitted("device.kernel_gap_us", float(eager_gaps.mean()), note))
+    if graph_gaps.size:
+        note = f"mean device gap between consecutive tasks of a graph launch, {graph_gaps.size} pairs; {_spread(graph_gaps)}"
+        fitted.append(Fitted("graph.task_dispatch_us", float(graph_gaps.mean()), note))
     return fitted
 
 

@@ -241,9 +241,7 @@ def _checked_stamp(path: Path, event: dict) -> int:
     if (type(ts) is int or (type(ts) is float and math.isfinite(ts))) and type(dur) in (int, float) and 0 <= dur < math.inf:
         return int(ts)  # the common case, cheaply (a trace holds up to millions of events)
     try:
-        whole = Clock.whole_part(ts)
-        if isinstance(ts, str):
-            float(ts)  # "12abc" has no whole part either; "1e400" overflows below
+        whole = Clock.whole_part(ts)  # "12abc", "nan" and [1] fail here, inf below
         duration = float(dur)
         if not (math.isfinite(float(ts)) and math.isfinite(duration) and duration >= 0):
             raise ValueError
