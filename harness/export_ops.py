@@ -1,7 +1,5 @@
 """`python -m harness.export_ops [overrides] --out ops.csv` (the command lives in harness.cli.export_ops)."""
-import sys
-
-from harness.cli.export_ops import main
+from harness.base.stopping import run_command
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_command("harness.cli.export_ops")  # Ctrl-C or SIGTERM at any moment: one line, ended by the signal

@@ -1,7 +1,5 @@
 """`python -m harness.profile TRACE --out DIR` (the command lives in harness.cli.profile)."""
-import sys
-
-from harness.cli.profile import main
+from harness.base.stopping import run_command
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_command("harness.cli.profile")  # Ctrl-C or SIGTERM at any moment: one line, ended by the signal

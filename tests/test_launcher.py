@@ -135,7 +135,7 @@ def test_ctrl_c_stops_the_sweep_and_its_workers_in_one_line(tmp_path):
     os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C: the terminal signals the whole group
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == -signal.SIGINT, err[-3000:]
-    assert err.strip().splitlines()[-1] == ("hostbound: error: sweep stopped by signal SIGINT; finished jobs keep their folders"
+    assert err.strip().splitlines()[-1] == ("hostbound: error: stopped by SIGINT (Ctrl-C); finished jobs keep their folders"
                                             " (resume=true finishes the rest)")
     assert "Traceback" not in err
     time.sleep(1)

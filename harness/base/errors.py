@@ -2,6 +2,8 @@
 statuses that tell them apart (docs/reliability.md), and `fail`, the one line that ends a command."""
 import sys
 
+from harness.base import stopping
+
 EXIT_BAD_INPUT = 2  # a key, value, preset, trace file or output folder: nothing written
 EXIT_TRACKING_FAILED = 3  # the tracking store failed: the run's files are complete
 EXIT_WRITE_FAILED = 4  # a file could not be written (disk full, file-size limit): files before it are complete
@@ -14,7 +16,9 @@ def one_line_text(message: str) -> str:
 
 
 def fail(message: str, status: int = EXIT_BAD_INPUT) -> None:
-    """End the command with `hostbound: error: <message>` on one line and exit status `status`."""
+    """End the command with `hostbound: error: <message>` on one line and exit status `status`. After a
+    stop (Ctrl-C, SIGTERM) the error is the stop's doing, not the user's input: the stop ends it instead."""
+    stopping.raise_if_stopped()
     if sys.stderr.isatty():  # a progress line may be showing: the error replaces it
         sys.stderr.write("\r\033[K")
     print(f"hostbound: error: {one_line_text(message)}", file=sys.stderr)

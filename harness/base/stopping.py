@@ -1,6 +1,9 @@
-"""Stopping a run or a sweep (SIGTERM, Ctrl-C, a sweep's workers told to end) between store calls, never inside one.
+"""Stopping a command (Ctrl-C, SIGTERM, a sweep's workers told to end) between store calls, never inside
+one, and ending it: by its exit status, or by the signal that stopped it after one line saying so.
 
-A stop unwinds the stack by an exception raised from a signal handler, so that an open MLflow run ends
+Every command installs `stop_on_signals` first (`python -m harness` and the `python -m harness.*` shims,
+through `run_command`): SIGINT and SIGTERM raise `Stopped`, which unwinds to the command's top. A stop
+unwinds the stack by an exception raised from a signal handler, so that an open MLflow run ends
 FAILED and no file is left half-written. Raised in the middle of an MLflow call, though, that exception
 can leave the store's connection inside its transaction, holding sqlite's write lock: the FAILED mark
 that follows then waited 20 s for it (MLflow's busy timeout), failed, and printed a page of traceback.
@@ -9,8 +12,15 @@ is bounded by `tracking.timeout_s`, which bounds the wait.
 """
 from __future__ import annotations
 
+import atexit
 import contextlib
-from typing import Iterator, Optional
+import importlib
+import logging
+import os
+import signal
+import sys
+import threading
+from typing import Iterator, NoReturn, Optional
 
 _depth = 0  # store calls under way in this process (they nest: a run's logging makes the experiment)
 _pending: Optional[BaseException] = None  # the stop that came during one
@@ -18,7 +28,9 @@ _pending: Optional[BaseException] = None  # the stop that came during one
 
 def stop_with(exc: BaseException) -> None:
     """From a signal handler: raise `exc` now, or at the end of the store call under way."""
-    global _pending
+    global _pending, _requested
+    if isinstance(exc, Stopped) and _requested is None:
+        _requested = exc
     if _depth:
         if _pending is None:
             _pending = exc
@@ -34,16 +46,132 @@ def store_call() -> Iterator[None]:
     try:
         yield
     finally:
-        _depth -= 1
+        _depth = max(0, _depth - 1)
         if _depth == 0 and _pending is not None:
             exc, _pending = _pending, None
             raise exc
 
 
-class SweepStopped(BaseException):
-    """SIGTERM reached a sweep: unwinds the stack (an open MLflow run ends, a transaction rolls back)
-    up to `python -m harness`, which then marks the parent run KILLED (`finish_stopped_sweep`)."""
+@contextlib.contextmanager
+def held() -> Iterator[None]:
+    """A block that a stop does not interrupt and that does not raise it either: a command's imports (a
+    module left half-imported by Ctrl-C broke what came after it: a false "bad input" line, an exception
+    swallowed and the run finished). The stop stays requested; the command's `raise_if_stopped` raises it."""
+    global _depth, _pending
+    _depth += 1
+    try:
+        yield
+    finally:
+        _depth = max(0, _depth - 1)
+        if _depth == 0:
+            _pending = None  # kept in _requested
+
+
+def _forget_in_child() -> None:
+    """A forked child (a helper, a sweep's worker) starts with no stop and no store call of its own."""
+    global _depth, _pending, _requested, _said
+    _depth, _pending, _requested, _said = 0, None, None, False
+
+
+os.register_at_fork(after_in_child=_forget_in_child)
+
+
+class Stopped(BaseException):
+    """SIGINT or SIGTERM reached a command: unwinds the stack (an open MLflow run ends, a transaction rolls
+    back, a file being written is dropped) up to the command's top, which says so and ends by the signal.
+    `where` is what the command leaves behind, for that line ("the run's files are complete in …")."""
 
     def __init__(self, signum: int):
         super().__init__(signum)
         self.signum = signum
+        self.where = ""
+
+
+class SweepStopped(Stopped):
+    """A stop that reached a sweep: `python -m harness` marks its parent run KILLED (`finish_stopped_sweep`)."""
+
+
+_requested: Optional[Stopped] = None  # the stop that reached this process, once one has
+_said = False  # its line was printed
+
+
+def requested() -> Optional[Stopped]:
+    """The stop that reached this process, if one has (raised or not yet)."""
+    return _requested
+
+
+def raise_if_stopped() -> None:
+    """At a point where stopping is safe: a stop whose exception was swallowed on its way up (raised inside
+    a `__del__` or a callback that ignores errors: 'Exception ignored in …') ends the command here."""
+    if _requested is not None:
+        raise _requested
+
+
+def _stop(signum: int, frame: object) -> None:
+    if _requested is not None:  # a second Ctrl-C while the first unwinds (a store call ending): once is enough
+        return
+    stop_with(Stopped(signum))
+
+
+def stop_on_signals() -> None:
+    """SIGINT and SIGTERM raise `Stopped` in this process (between store calls). The main thread only:
+    Python runs signal handlers there. A sweep replaces them with its own (harness.sweep.callbacks)."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, _stop)
+        signal.signal(signal.SIGTERM, _stop)
+
+
+def say_stopped(detail: str = "") -> None:
+    """The one line for a stop (once), e.g. `hostbound: error: stopped by SIGINT (Ctrl-C); …`."""
+    global _said
+    if _requested is None or _said:
+        return
+    _said = True
+    name = signal.Signals(_requested.signum).name
+    why = {"SIGINT": " (Ctrl-C)"}.get(name, "")
+    detail = detail or _requested.where
+    if sys.stderr.isatty():  # a progress line may be showing: the line replaces it
+        sys.stderr.write("\r\033[K")
+    print(f"hostbound: error: stopped by {name}{why}" + (f"; {detail}" if detail else ""), file=sys.stderr)
+
+
+def exit_now(code: object) -> NoReturn:
+    """End the process as `sys.exit(code)` would, without the interpreter's teardown: freeing every object
+    of numba, pandas, MLflow and Hydra one by one took ~1 s after each command. What teardown is for still
+    happens: other threads are waited for, exit handlers run, the streams are flushed. A command that a
+    signal stopped ends by that signal once its line is said (a shell sees 130 for SIGINT, 143 for
+    SIGTERM, and a script that ran it stops too), also when the stop's exception was swallowed on its way."""
+    if code is None or isinstance(code, int):
+        status = code or 0
+    else:  # SystemExit("text"), as sys.exit prints it
+        print(code, file=sys.stderr)
+        status = 1
+    with held():  # a stop now (a helper being waited for) ends the process once this is done, not in the middle
+        threading._shutdown()  # as the interpreter does first: executors' exit hooks, then other threads waited for
+        atexit._run_exitfuncs()
+        logging.shutdown()
+    say_stopped()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a closed pipe (`| head`): nothing more can reach it
+            pass
+    if _requested is not None:
+        signal.signal(_requested.signum, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, [_requested.signum])
+        os.kill(os.getpid(), _requested.signum)
+        status = 128 + _requested.signum  # not reached, unless the signal is ignored by whoever started us
+    os._exit(status)
+
+
+def run_command(module: str) -> NoReturn:
+    """`python -m harness.<command>`: stops on signals from the first moment, imports `module` and runs its
+    `main()` (an exit status, or None), and ends by `exit_now`."""
+    stop_on_signals()
+    try:
+        code = importlib.import_module(module).main()
+    except Stopped:
+        code = None
+    except SystemExit as exit_:  # argparse's usage errors, fail()
+        code = exit_.code
+    exit_now(code)

@@ -6,7 +6,6 @@ itself first (each value of a sweep in turn) and validates it; only then does Hy
 """
 from __future__ import annotations
 
-import atexit
 import importlib.util
 import itertools
 import logging
@@ -16,7 +15,6 @@ import signal
 import sys
 import threading
 from pathlib import Path
-from typing import NoReturn
 
 import numpy as np
 from hydra import compose, initialize_config_dir
@@ -32,7 +30,7 @@ from harness.config.paths import CONF_DIR
 from harness.config.schema import RunConfig, flatten
 from harness.base.errors import EXIT_TRACKING_FAILED, EXIT_WRITE_FAILED, ConfigError, HarnessError, fail, one_line_text
 from harness.model.ops import check_memory
-from harness.base.stopping import stop_with
+from harness.base.stopping import Stopped, stop_with
 from harness.model.workload import build_workload
 
 log = logging.getLogger(__name__)
@@ -40,26 +38,6 @@ log = logging.getLogger(__name__)
 # Hydra flags that take a value, and flags after which there is nothing to check.
 _FLAGS_WITH_VALUE = {"--config-path", "-cp", "--config-name", "-cn", "--config-dir", "-cd", "--experimental-rerun"}
 _INFO_FLAGS = {"--help", "-h", "--hydra-help", "--info", "-i", "--shell-completion", "-sc", "--version", "--cfg", "-c", "--resolve", "-p", "--package"}
-
-
-def exit_now(code: object) -> NoReturn:
-    """End the process as `sys.exit(code)` would, without the interpreter's teardown: freeing every object
-    of numba, pandas, MLflow and Hydra one by one took ~1 s after each command. What teardown is for still
-    happens: other threads are waited for, exit handlers run, the streams are flushed."""
-    if code is None or isinstance(code, int):
-        status = code or 0
-    else:  # SystemExit("text"), as sys.exit prints it
-        print(code, file=sys.stderr)
-        status = 1
-    threading._shutdown()  # as the interpreter does first: executors' exit hooks, then other threads waited for
-    atexit._run_exitfuncs()
-    logging.shutdown()
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (OSError, ValueError):  # a closed pipe (`| head`): nothing more can reach it
-            pass
-    os._exit(status)
 
 
 def _is_multirun(argv: list[str]) -> bool:
@@ -325,9 +303,9 @@ def check_run(run: RunConfig, prepare: bool = False) -> None:
 
 
 def _end_runs_on_sigterm() -> None:
-    """SIGTERM to a job (a sweep's worker, or a single run) unwinds instead of dying on the spot: an open
+    """SIGTERM to a job in a process of its own (a joblib or Ray launcher's worker) unwinds instead of dying on the spot: an open
     MLflow run ends FAILED, not RUNNING forever (between store calls: harness.base.stopping). A handler
-    already there (the sweep's) stays."""
+    already there (the command's, harness.base.stopping; a worker's of ours) stays."""
     if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
         def stop(signum: int, frame: object) -> None:
             stop_with(SystemExit(128 + signum))
@@ -337,6 +315,23 @@ def _end_runs_on_sigterm() -> None:
 
 def run_from_hydra(cfg: DictConfig) -> float:
     """The body of the @hydra.main task: validate, run, print; returns throughput (for optimisers)."""
+    _end_runs_on_sigterm()
+    try:
+        return _run_job(cfg)
+    except Stopped as stopped:  # the stop's line says what the run's folder holds
+        from harness.results.outputs import SUMMARY_FILE
+
+        run_dir = Path(HydraConfig.get().runtime.output_dir)
+        if stopped.where:
+            pass
+        elif (run_dir / SUMMARY_FILE).exists():
+            stopped.where = f"{run_dir} holds the finished run"
+        elif run_dir.exists():
+            stopped.where = f"{run_dir} holds an unfinished run (no {SUMMARY_FILE}: reports and resume=true skip it)"
+        raise
+
+
+def _run_job(cfg: DictConfig) -> float:
     from harness.results.outputs import format_summary
     from harness.cli.job import execute
 
@@ -344,7 +339,6 @@ def run_from_hydra(cfg: DictConfig) -> float:
 
     from harness.base.files import WriteError
 
-    _end_runs_on_sigterm()
     try:
         run = to_run_config(cfg)
         run.output.timeline_steps = run.output.steps_drawn(in_sweep=HydraConfig.get().mode == RunMode.MULTIRUN)

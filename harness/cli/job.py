@@ -11,6 +11,7 @@ from pathlib import Path
 
 
 from harness.base.errors import TrackingError
+from harness.base.stopping import Stopped, raise_if_stopped
 from harness.config.schema import RunConfig
 from harness.results.outputs import STEPS_FILE, read_steps, write_outputs
 from harness.results.resume import config_hash, find_finished, reuse
@@ -58,6 +59,7 @@ def execute(
         early_tracking.open_store(run.tracking)  # by the logging process, if the command started one
     timeline_steps = run.output.steps_drawn()
     # The timeline's process imports matplotlib while this one simulates (results.drawer.BackgroundDrawer).
+    raise_if_stopped()  # one swallowed on its way up: not a whole simulation more
     with BackgroundDrawer() if timeline_steps > 0 else contextlib.nullcontext() as drawer:
         outcome = simulate_run(run)
         what_ran = {**identity(run, overrides), "config_hash": digest}
@@ -70,4 +72,10 @@ def execute(
             early_tracking.log_run_or_mark(run.tracking, run_dir, measured, outcome.step_columns, params, names, what_ran["overrides"])
         except TrackingError as exc:  # the files are written: the caller says so and exits non-zero
             outcome.tracking_error = exc
+        except Stopped as stopped:  # before the run was logged, or once it was (a stop waits for a store call)
+            if str(run_dir) not in early_tracking.logged_run_dirs:
+                from harness.tracking.store import later_command
+
+                stopped.where = f"{run_dir} holds the finished run, not logged to MLflow: {later_command(run_dir, run.tracking)}"
+            raise
     return outcome

@@ -25,7 +25,7 @@ from harness.sweep import compose_cache
 from harness.base.errors import EXIT_BAD_INPUT, EXIT_TRACKING_FAILED
 from harness.base.files import atomic_write, write_text
 from harness.base.progress import Progress
-from harness.base.stopping import SweepStopped, stop_with, store_call
+from harness.base.stopping import SweepStopped, say_stopped, stop_with, store_call
 from harness.tracking.store import PARENT_FILE, SWEPT_FILE
 
 log = logging.getLogger(__name__)
@@ -225,12 +225,10 @@ def fail_unfinished_sweep() -> None:
 
 
 def finish_stopped_sweep(stopped: SweepStopped) -> None:
-    """After the stack unwound: the parent run KILLED, one line, and the process ends by the same signal."""
+    """After the stack unwound: the parent run KILLED and one line; the process then ends by the same
+    signal (harness.base.stopping.exit_now)."""
     _end_parent_run("KILLED")
-    print(f"hostbound: error: sweep stopped by signal {signal.Signals(stopped.signum).name}; finished jobs keep their folders"
-          " (resume=true finishes the rest)", file=sys.stderr)
-    signal.signal(stopped.signum, signal.SIG_DFL)
-    os.kill(os.getpid(), stopped.signum)
+    say_stopped("finished jobs keep their folders (resume=true finishes the rest)")
 
 
 def swept_keys_of(overrides: list[str]) -> set[str]:

@@ -1,7 +1,5 @@
 """`python -m harness.tracking log RUN_DIR …` (the command lives in harness.tracking.store)."""
-import sys
-
-from harness.tracking.store import main
+from harness.base.stopping import run_command
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_command("harness.tracking.store")  # Ctrl-C or SIGTERM at any moment: one line, ended by the signal

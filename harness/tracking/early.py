@@ -44,6 +44,8 @@ class _Child:
 
 
 _child: _Child | None = None
+# The run folders this command has logged (here or by the logging process): a stop says which are not.
+logged_run_dirs: set[str] = set()
 
 
 def start_early(argv: list[str]) -> None:
@@ -87,6 +89,8 @@ def log_run_or_mark(tracking: "TrackingConfig", run_dir: Path, *args: Any) -> st
                 _send(child.sock, ("log", (tracking, run_dir, *args)))
                 child.opened = True
                 reply = _receive(child.sock)
+                if reply[0] == "logged":
+                    logged_run_dirs.add(str(run_dir))
         except (OSError, EOFError):
             reply = None
         if reply is not None:
@@ -98,7 +102,10 @@ def log_run_or_mark(tracking: "TrackingConfig", run_dir: Path, *args: Any) -> st
         _drop()
     from harness.tracking import store
 
-    return store.log_run_or_mark(tracking, run_dir, *args)
+    with store_call():  # a stop is raised once the run is logged and recorded as such
+        run_id = store.log_run_or_mark(tracking, run_dir, *args)
+        logged_run_dirs.add(str(run_dir))
+    return run_id
 
 
 def _drop() -> None:
