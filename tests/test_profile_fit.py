@@ -58,7 +58,7 @@ def test_a_fitted_machine_holds_the_traces_costs_and_the_base_presets_rest(synth
 @pytest.mark.parametrize(
     "extra, message",
     [
-        (["--fit", "9box"], "--fit '9box': a preset name is a letter, then letters, digits or _"),
+        (["--fit", "9box"], "--fit '9box': a preset name is a letter, then up to 63 letters, digits or _"),
         (["--fit", "h100"], "--fit h100: a shipped hardware preset has that name; choose another"),
         (["--fit", "box", "--base", "h900"], "--base h900: no such hardware preset; choose from a100, atlas_a2, b200, h100, h200, mi300x"),
         (["--base", "h100"], "--base h100: only with --fit NAME"),

@@ -13,6 +13,8 @@ import os
 from pathlib import Path
 from typing import Any, Callable
 
+from harness.base.errors import ConfigError
+
 
 class WriteError(OSError):
     """A file could not be written (disk full, file too large, no permission); the message names it."""
@@ -46,3 +48,40 @@ def write_text(path: Path, text: str) -> None:
 
 def write_json(path: Path, data: Any, indent: int | None = 2) -> None:
     write_text(path, json.dumps(data, indent=indent) + "\n")
+
+
+def check_folder(key: str, folder: object, empty: bool = False, why_empty: str = "") -> Path:
+    """`folder` (given as `key`: a config key or a flag) can be made and written, and, if `empty`, holds
+    nothing yet; raises ConfigError naming the key, the value and what is in the way. Tried, not guessed
+    from permission bits: the probe makes the folder and a file, then removes both (and any parent it
+    made), so a refused folder leaves nothing behind."""
+    text = "" if folder is None else str(folder)
+    if not text.strip():
+        raise ConfigError(f"{key}={text!r}: must name a folder")
+    path = Path(text).expanduser()
+    if path.exists():
+        if not path.is_dir():
+            raise ConfigError(f"{key}={text}: is a file, not a folder")
+        if empty and any(path.iterdir()):
+            raise ConfigError(f"{key}={text}: already holds files ({why_empty})")
+    made = [p for p in [path, *path.parents] if not p.exists()]
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / f".hostbound-probe-{os.getpid()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+        # Usable: only the folder itself goes again (it is made when written to). Its parents stay: runs
+        # started together share them, and removing one under another's probe made that probe fail.
+        made = made[:1]
+    except OSError as exc:
+        blocker = next((p for p in [path, *path.parents] if p.exists()), path)
+        if not blocker.is_dir():
+            raise ConfigError(f"{key}={text}: cannot be made ({blocker} is a file)") from None
+        raise ConfigError(f"{key}={text}: cannot be made or written in {blocker} ({exc.strerror or exc})") from None
+    finally:
+        for p in made:  # deepest first
+            try:
+                p.rmdir()
+            except OSError:
+                pass
+    return path

@@ -1,8 +1,8 @@
 """Stopping a command (Ctrl-C, SIGTERM, a sweep's workers told to end) between store calls, never inside
 one, and ending it: by its exit status, or by the signal that stopped it after one line saying so.
 
-Every command installs `stop_on_signals` first (`python -m harness` and the `python -m harness.*` shims,
-through `run_command`): SIGINT and SIGTERM raise `Stopped`, which unwinds to the command's top. A stop
+Every command installs `stop_on_signals` first (`python -m harness`, and the `python -m harness.*` shims
+through harness.base.commands.run_command): SIGINT and SIGTERM raise `Stopped`, which unwinds to the command's top. A stop
 unwinds the stack by an exception raised from a signal handler, so that an open MLflow run ends
 FAILED and no file is left half-written. Raised in the middle of an MLflow call, though, that exception
 can leave the store's connection inside its transaction, holding sqlite's write lock: the FAILED mark
@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import importlib
 import logging
 import os
 import signal
@@ -162,16 +161,3 @@ def exit_now(code: object) -> NoReturn:
         os.kill(os.getpid(), _requested.signum)
         status = 128 + _requested.signum  # not reached, unless the signal is ignored by whoever started us
     os._exit(status)
-
-
-def run_command(module: str) -> NoReturn:
-    """`python -m harness.<command>`: stops on signals from the first moment, imports `module` and runs its
-    `main()` (an exit status, or None), and ends by `exit_now`."""
-    stop_on_signals()
-    try:
-        code = importlib.import_module(module).main()
-    except Stopped:
-        code = None
-    except SystemExit as exit_:  # argparse's usage errors, fail()
-        code = exit_.code
-    exit_now(code)

@@ -28,7 +28,8 @@ from harness.config.compose import to_run_config
 from harness.config.messages import one_line
 from harness.config.paths import CONF_DIR
 from harness.config.schema import RunConfig, flatten
-from harness.base.errors import EXIT_TRACKING_FAILED, EXIT_WRITE_FAILED, ConfigError, HarnessError, fail, one_line_text
+from harness.base.files import check_folder
+from harness.base.errors import EXIT_TRACKING_FAILED, EXIT_WRITE_FAILED, HarnessError, fail, one_line_text
 from harness.model.ops import check_memory
 from harness.base.stopping import Stopped, stop_with
 from harness.model.workload import build_workload
@@ -240,40 +241,11 @@ def check_launcher(cfg: DictConfig) -> None:
 def check_output_folder(key: str, folder: object, resuming: bool = False) -> None:
     """The run's (or sweep's) folder can be made and written, and holds nothing yet, before Hydra makes
     it (Hydra's own failure there is a traceback, after it may have written part of the folder). With
-    `resume=true` a folder that holds files is the point: an interrupted sweep is finished in it.
-    Tried, not guessed from permission bits: the probe makes the folder and a file, then removes both."""
-    text = "" if folder is None else str(folder)
-    if not text.strip():
-        raise ConfigError(f"{key}={text!r}: must name a folder")
-    path = Path(text).expanduser()
-    if path.exists():
-        if not path.is_dir():
-            raise ConfigError(f"{key}={text}: is a file, not a folder")
-        if any(path.iterdir()) and not resuming:
-            raise ConfigError(
-                f"{key}={text}: already holds files (a run never writes into another's folder: pick a new one,"
-                " empty it, or add resume=true to finish an interrupted sweep there)"
-            )
-    made = [p for p in [path, *path.parents] if not p.exists()]
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-        probe = path / f".hostbound-probe-{os.getpid()}"
-        probe.write_bytes(b"")
-        probe.unlink()
-        # Usable: only the folder itself goes again (Hydra makes it next). Its parents stay: runs started
-        # together share them, and removing one under another's probe made that probe fail.
-        made = made[:1]
-    except OSError as exc:
-        blocker = next((p for p in [path, *path.parents] if p.exists()), path)
-        if not blocker.is_dir():
-            raise ConfigError(f"{key}={text}: cannot be made ({blocker} is a file)") from None
-        raise ConfigError(f"{key}={text}: cannot be made or written in {blocker} ({exc.strerror or exc})") from None
-    finally:
-        for p in made:  # deepest first: a refused folder leaves nothing behind
-            try:
-                p.rmdir()
-            except OSError:
-                pass
+    `resume=true` a folder that holds files is the point: an interrupted sweep is finished in it."""
+    check_folder(
+        key, folder, empty=not resuming,
+        why_empty="a run never writes into another's folder: pick a new one, empty it, or add resume=true to finish an interrupted sweep there",
+    )
 
 
 def check_run(run: RunConfig, prepare: bool = False) -> None:

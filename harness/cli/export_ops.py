@@ -7,24 +7,28 @@ with `workload=trace workload.path=ops.csv` on the same hardware and strategy re
 """
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
 from harness.config.compose import compose_run
 from harness.config.messages import one_line
 from harness.model.device import device_times
+from harness.base.commands import CommandParser
 from harness.base.errors import HarnessError, fail
+from harness.base.files import check_folder
 from harness.model.ops_csv import write_ops_csv
 from harness.model.workload import build_workload
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m harness.export_ops", description=__doc__.splitlines()[0])
+    parser = CommandParser(prog="python -m harness.export_ops", description=__doc__.splitlines()[0])
     parser.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. workload=qwen3_30b_decode workload.steps=8")
     parser.add_argument("--out", type=Path, required=True, help="CSV file to write")
     parser.add_argument("--no-device-us", action="store_true", help="leave device_us empty: the cost model prices the ops when read")
     args = parser.parse_args(argv)
+    if args.out.is_dir():
+        fail(f"--out={args.out}: is a folder; give the CSV file to write")
+    check_folder("--out", args.out.parent)
     try:
         run = compose_run(args.overrides)
         workload = build_workload(run.workload, devices_per_node=run.hardware.link.devices_per_node)

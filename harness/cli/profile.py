@@ -35,8 +35,10 @@ from typing import Optional
 import numpy as np
 import pandas as pd
 
+from harness.base.commands import CommandParser
 from harness.base.errors import HarnessError, fail
-from harness.importers import load_profile
+from harness.base.files import check_folder
+from harness.importers import READ_LIMIT_MB, load_profile
 from harness.config.paths import CONF_DIR, LAUNCH_FOLDER_CONF
 from harness.importers.fit import base_preset, eager_kernel_gaps_us, fit_machine, graph_task_gaps_us, preset_yaml
 from harness.importers.steps import Imported, import_profile, ops_table
@@ -136,8 +138,19 @@ def what_if(imported: Imported, overrides: list[str], measured: dict) -> pd.Data
     return pd.DataFrame(rows)
 
 
+def _read_limit(text: str) -> int:
+    """--max-read-mb: a whole number of MiB, 1 to 1,048,576 (1 TiB)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: not a whole number of MiB") from None
+    if not 1 <= value <= 1 << 20:
+        raise argparse.ArgumentTypeError(f"{text}: must be in 1..1048576 MiB")
+    return value
+
+
 def main(argv: Optional[list[str]] = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m harness.profile", description=__doc__.splitlines()[0])
+    parser = CommandParser(prog="python -m harness.profile", description=__doc__.splitlines()[0])
     parser.add_argument("trace", type=Path, help="Kineto trace (.json/.json.gz) or torch_npu trace_view.json")
     parser.add_argument("--out", type=Path, required=True, help="directory to write profile.json, ops.csv, replay.txt")
     parser.add_argument("--rank", type=int, default=None, help="rank (or device) to import from a trace holding several")
@@ -148,9 +161,17 @@ def main(argv: Optional[list[str]] = None) -> None:
     parser.add_argument("--keep", default=None, metavar="A:B", help="keep only steps A..B-1 of those found (Python slice)")
     parser.add_argument("--what-if", action="store_true", help="also simulate the replay and the alternative strategies")
     parser.add_argument("--fit", metavar="NAME", help="also write conf/hardware/NAME.yaml here: a hardware preset of the traced machine")
+    parser.add_argument(
+        "--max-read-mb", type=_read_limit, default=READ_LIMIT_MB, metavar="MB",
+        help=f"refuse a trace that holds more than this, read or inflated (default {READ_LIMIT_MB}; parsing needs ~6× it in memory)",
+    )
     parser.add_argument("--base", metavar="PRESET", help="with --fit: the shipped hardware preset it starts from (default: the trace's device)")
     args = parser.parse_args(argv)
-    fit_path = check_fit(args.fit, args.base)
+    try:  # before anything is read: a long import must not end in an unusable folder
+        check_folder("--out", args.out)
+        fit_path = check_fit(args.fit, args.base)
+    except HarnessError as exc:
+        fail(str(exc))
     keep = None
     if args.keep is not None:
         try:
@@ -160,7 +181,7 @@ def main(argv: Optional[list[str]] = None) -> None:
         if keep.step == 0:
             fail(f"--keep {args.keep!r}: a slice's step cannot be 0")
     try:
-        profile = load_profile(args.trace, args.rank)
+        profile = load_profile(args.trace, args.rank, args.max_read_mb)
         imported = import_profile(profile, args.steps, keep)
         links = linkage(imported)
         if links["device_tasks_linked"] == 0:
@@ -225,8 +246,8 @@ def check_fit(name: Optional[str], base: Optional[str]) -> Optional[Path]:
         if base is not None:
             fail(f"--base {base}: only with --fit NAME")
         return None
-    if not re.fullmatch(r"[A-Za-z][A-Za-z0-9_]*", name):
-        fail(f"--fit {name!r}: a preset name is a letter, then letters, digits or _")
+    if not re.fullmatch(r"[A-Za-z][A-Za-z0-9_]{0,63}", name):
+        fail(f"--fit {name[:80]!r}: a preset name is a letter, then up to 63 letters, digits or _")
     if name in shipped:
         fail(f"--fit {name}: a shipped hardware preset has that name; choose another")
     if base is not None and base not in shipped:
@@ -234,6 +255,7 @@ def check_fit(name: Optional[str], base: Optional[str]) -> Optional[Path]:
     path = Path(LAUNCH_FOLDER_CONF) / "hardware" / f"{name}.yaml"
     if path.exists():
         fail(f"--fit {name}: {path} exists; remove it or choose another name")
+    check_folder(f"--fit {name}: the presets' folder", path.parent)
     return path
 
 

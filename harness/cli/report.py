@@ -9,16 +9,16 @@ and writes `runs.csv` (every run with every number it has), `comparison.csv`, `c
 """
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
-from harness.base.files import atomic_write, write_text
+from harness.base.commands import CommandParser
+from harness.base.files import atomic_write, check_folder, write_text
 from harness.results.comparison import comparison, load_run_dirs, missing_eager, plot, to_markdown
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m harness.report", description=__doc__.splitlines()[0])
+    parser = CommandParser(prog="python -m harness.report", description=__doc__.splitlines()[0])
     parser.add_argument("dirs", nargs="*", type=Path, help="sweep or run directories")
     parser.add_argument("--tracking-uri", help="read runs from this MLflow store instead")
     parser.add_argument("--experiment", default="hostbound")
@@ -31,6 +31,8 @@ def main(argv: list[str] | None = None) -> None:
         if not d.is_dir():
             print(f"hostbound report: error: {d}: no such directory", file=sys.stderr)
             raise SystemExit(2)
+    out = args.out or (args.dirs[0] if args.dirs else Path("outputs") / "report")
+    check_folder("--out", out)
     if args.tracking_uri:
         from harness.tracking.read import load_mlflow  # MLflow takes ~1 s to import: only when reading a store
     runs = load_mlflow(args.tracking_uri, args.experiment, args.parent) if args.tracking_uri else load_run_dirs(args.dirs)
@@ -38,7 +40,6 @@ def main(argv: list[str] | None = None) -> None:
         print("hostbound report: error: no runs found", file=sys.stderr)
         raise SystemExit(2)
     table = comparison(runs)
-    out = args.out or (args.dirs[0] if args.dirs else Path("outputs") / "report")
     out.mkdir(parents=True, exist_ok=True)
     atomic_write(out / "runs.csv", lambda tmp: runs.to_csv(tmp, index=False))
     atomic_write(out / "comparison.csv", lambda tmp: table.to_csv(tmp, index=False))

@@ -23,7 +23,8 @@ from omegaconf import OmegaConf
 
 from harness.config.paths import CONF_DIR
 from harness.base.errors import HarnessError, one_line_text
-from harness.base.files import atomic_write, write_text
+from harness.base.commands import CommandParser
+from harness.base.files import atomic_write, check_folder, write_text
 
 CLAIMS_FILE = CONF_DIR / "claims.yaml"
 EXPERIMENT_DIR = CONF_DIR / "experiment"
@@ -180,12 +181,13 @@ def to_markdown(table: pd.DataFrame) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m harness.repro", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = CommandParser(prog="python -m harness.repro", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, required=True, help="directory for repro.csv, repro.md, experiments.csv")
     parser.add_argument("--claims", type=Path, default=CLAIMS_FILE, help="claims file (default: conf/claims.yaml)")
     parser.add_argument("--only", nargs="+", metavar="TEXT", help="only claims whose text contains one of these (case-insensitive)")
     args = parser.parse_args(argv)
     try:
+        check_folder("--out", args.out)
         if not args.claims.is_file():
             raise HarnessError(f"--claims={args.claims}: no such file")
         claims = load_claims(args.claims)

@@ -20,7 +20,10 @@ and the call that issued it share a `key` (a correlation id, or a flow id); many
 from __future__ import annotations
 
 import gzip
+import io
 import json
+import math
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
@@ -112,19 +115,37 @@ class ProfileError(HarnessError, ValueError):
     """A trace cannot be imported; the message names the file and what is missing."""
 
 
-def read_json(path: Path) -> Any:
-    """The parsed JSON of a trace file (`.json`, or gzip-compressed whatever its name)."""
+# What a trace may hold, read and inflated (`python -m harness.profile --max-read-mb`): parsing takes about
+# 3× the text in memory and the readers as much again, so 1 GiB of JSON needs ~6 GiB. A gzip that inflates
+# beyond it (a "zip bomb"), /dev/zero or an endless pipe is refused once the limit is read, not when
+# memory runs out (that took 26 s and ended in MemoryError).
+READ_LIMIT_MB = 1024
+
+
+def read_json(path: Path, limit_mb: int = READ_LIMIT_MB) -> Any:
+    """The parsed JSON of a trace file (`.json`, or gzip-compressed whatever its name), of at most
+    `limit_mb` MiB read and inflated; anything else is a ProfileError naming the file."""
+    limit = limit_mb << 20
+    raise_limit = f"--max-read-mb {limit_mb} (raise it for a larger trace: parsing needs about 6× its size in memory)"
     try:
-        raw = path.read_bytes()
+        with open(path, "rb") as file:
+            raw = file.read(limit + 1)
     except OSError as exc:
         raise ProfileError(f"{path}: cannot read ({exc.strerror or exc})") from None
+    if len(raw) > limit:
+        raise ProfileError(f"{path}: larger than {raise_limit}")
     if raw[:2] == b"\x1f\x8b":
         try:
-            raw = gzip.decompress(raw)
-        except (OSError, EOFError) as exc:
+            with gzip.GzipFile(fileobj=io.BytesIO(raw)) as inflating:
+                raw = inflating.read(limit + 1)  # never more than the limit in memory, whatever the header says
+        except (OSError, EOFError, zlib.error) as exc:
             raise ProfileError(f"{path}: not a readable gzip file ({exc})") from None
+        if len(raw) > limit:
+            raise ProfileError(f"{path}: inflates to more than {raise_limit}")
     try:
         return json.loads(raw)
+    except RecursionError:  # Python's parser's own nesting limit (~1,000 levels; a trace nests 4)
+        raise ProfileError(f"{path}: JSON nested deeper than the parser's limit of about 1,000 levels (a trace nests 4)") from None
     except (UnicodeDecodeError, ValueError) as exc:
         raise ProfileError(f"{path}: not JSON ({str(exc).splitlines()[0]})") from None
 
@@ -150,6 +171,24 @@ class Clock:
         if isinstance(value, int):
             return float(value - self.origin)
         return float(value) - self.origin
+
+
+def checked_stamp(path: Path, event: dict) -> int:
+    """The whole µs of a duration event's `ts`, after checking `ts` and `dur` are times (a number or a
+    numeric string, finite, a duration not negative): one line naming the file and the event otherwise."""
+    ts, dur = event.get("ts"), event.get("dur", 0)
+    if (type(ts) is int or (type(ts) is float and math.isfinite(ts))) and type(dur) in (int, float) and 0 <= dur < math.inf:
+        return int(ts)  # the common case, cheaply (a trace holds up to millions of events)
+    try:
+        whole = Clock.whole_part(ts)  # "12abc", "nan" and [1] fail here, inf below
+        duration = float(dur)
+        if not (math.isfinite(float(ts)) and math.isfinite(duration) and duration >= 0):
+            raise ValueError
+    except (TypeError, ValueError, OverflowError):
+        raise ProfileError(
+            f"{path}: event {str(event.get('name', '?'))[:60]!r} has ts={str(ts)[:40]!r}, dur={str(dur)[:40]!r}: not a time in µs"
+        ) from None
+    return whole
 
 
 def nesting_parents(start: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -13,7 +13,6 @@ are the same host time seen twice: only the outer call is kept.
 from __future__ import annotations
 
 import functools
-import math
 import re
 from collections import Counter
 from pathlib import Path
@@ -44,6 +43,7 @@ from harness.importers.events import (
     Clock,
     Profile,
     ProfileError,
+    checked_stamp,
     frame,
     innermost,
     top_level,
@@ -88,12 +88,15 @@ def task_kind(cat: str, name: str) -> int:
 
 
 def _int(value: Any, default: int = -1) -> int:
-    if type(value) is int:
+    """An id field (thread, stream, correlation) as an int64, or `default` where it is none (text, NaN,
+    infinite, beyond 64 bits): such an event still counts, on an unknown thread or stream."""
+    if type(value) is int and -(1 << 63) <= value < 1 << 63:
         return value
     try:
-        return int(value)
-    except (TypeError, ValueError):
+        whole = int(value)
+    except (TypeError, ValueError, OverflowError):
         return default
+    return whole if -(1 << 63) <= whole < 1 << 63 else default
 
 
 def _times(values: list, origin: int) -> np.ndarray:
@@ -141,7 +144,7 @@ def read_kineto(path: Path, data: Any, rank: Optional[int]) -> Profile:
             stamps_text = True
         if e.get("ph") != "X":
             continue
-        whole = _checked_stamp(path, e)
+        whole = checked_stamp(path, e)
         if first is None or whole < first:
             first = whole
         cat = e.get("cat")
@@ -232,24 +235,6 @@ def read_kineto(path: Path, data: Any, rank: Optional[int]) -> Profile:
         span_us=(0.0, float(ends.max()) - shift),
         peer_rows=_peer_rows(peer_rows, host_start, first, shift, rounding) if isinstance(data, dict) else None,
     )
-
-
-def _checked_stamp(path: Path, event: dict) -> int:
-    """The whole µs of a duration event's `ts`, after checking `ts` and `dur` are times (a number or a
-    numeric string, finite, a duration not negative): one line naming the file and the event otherwise."""
-    ts, dur = event.get("ts"), event.get("dur", 0)
-    if (type(ts) is int or (type(ts) is float and math.isfinite(ts))) and type(dur) in (int, float) and 0 <= dur < math.inf:
-        return int(ts)  # the common case, cheaply (a trace holds up to millions of events)
-    try:
-        whole = Clock.whole_part(ts)  # "12abc", "nan" and [1] fail here, inf below
-        duration = float(dur)
-        if not (math.isfinite(float(ts)) and math.isfinite(duration) and duration >= 0):
-            raise ValueError
-    except (TypeError, ValueError, OverflowError):
-        raise ProfileError(
-            f"{path}: event {str(event.get('name', '?'))[:60]!r} has ts={str(ts)[:40]!r}, dur={str(dur)[:40]!r}: not a time in µs"
-        ) from None
-    return whole
 
 
 def _calls(calls: _Group, ops: _Group, op_start: np.ndarray, op_end: np.ndarray, syncs: _Group, origin: int) -> pd.DataFrame:

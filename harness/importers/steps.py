@@ -166,6 +166,8 @@ def find_windows(profile: Profile, rule: str = "auto") -> tuple[str, list[Window
         ends = device_syncs["end_us"].tolist()
         starts = [first_call] + ends[:-1]
         return "sync", [Window(f"sync {i}", a, b) for i, (a, b) in enumerate(zip(starts, ends))]
+    if rule.startswith(("mark=", "from=")) and not rule.split("=", 1)[1]:
+        raise ProfileError(f"{profile.path}: --steps {rule}: give the annotation's name after '='")
     if rule.startswith("mark="):
         name = rule.split("=", 1)[1]
         chosen = marked(name)
@@ -459,9 +461,10 @@ def import_profile(profile: Profile, rule: str = "auto", keep: Optional[slice] =
     if not found:
         raise ProfileError(f"{profile.path}: no device work inside any step ({applied}): nothing to replay")
     if keep is not None:
-        found = found[keep]
-        if not found:
+        kept = found[keep]
+        if not kept:
             raise ProfileError(f"{profile.path}: --keep leaves no step (the trace has steps 0..{len(found) - 1})")
+        found = kept
     previous_end = -np.inf
     for step in found:
         devices = [op["end_us"] for op in step.ops if not np.isnan(op["end_us"])]

@@ -38,6 +38,7 @@ from harness.importers.events import (
     Clock,
     Profile,
     ProfileError,
+    checked_stamp,
     frame,
     innermost,
     nesting_parents,
@@ -80,6 +81,45 @@ def task_kind(name: str) -> int:
     return TASK_KERNEL
 
 
+def _whole(path: Path, event: dict, key: str, default: Any) -> int:
+    """An event's integer field (a thread or stream id; a number or a numeric string), or one line."""
+    value = event.get(key, default) if key != "Stream Id" else (event.get("args") or {}).get(key, default)
+    try:
+        if type(value) is not bool and (type(value) is int or float(value) == int(float(value))):
+            return int(float(value)) if type(value) is not int else value
+    except (TypeError, ValueError, OverflowError):
+        pass
+    raise ProfileError(f"{path}: event {str(event.get('name', '?'))[:60]!r} has {key}={str(value)[:40]!r}: not an integer id")
+
+
+def _checked_events(path: Path, data: Any) -> list[dict]:
+    """The events of a trace_view.json, each field the reader uses checked (a time, an integer id, an
+    object of arguments, a hashable flow id): one line naming the file and the event otherwise."""
+    events = data.get("traceEvents", []) if isinstance(data, dict) else data
+    if not isinstance(events, list):
+        raise ProfileError(f"{path}: not a profiler trace (no list of events)")
+    kept = []
+    for e in events:
+        if type(e) is not dict:
+            continue
+        args = e.get("args")
+        if args is not None and type(args) is not dict:
+            raise ProfileError(f"{path}: event {str(e.get('name', '?'))[:60]!r} has args={str(args)[:40]!r}: not an object")
+        if e.get("ph") in ("X", "s", "f"):
+            if e.get("ph") != "X":
+                e = {**e, "dur": 0}
+            checked_stamp(path, e)
+            e["tid"] = _whole(path, e, "tid", 0)
+            if e.get("ph") == "X" and args and "Stream Id" in args:
+                args["Stream Id"] = _whole(path, e, "Stream Id", -1)
+            if isinstance(e.get("id"), (list, dict)):
+                raise ProfileError(f"{path}: event {str(e.get('name', '?'))[:60]!r} has id={str(e['id'])[:40]!r}: not a flow id")
+        elif e.get("ph") == "M" and args and not isinstance(args.get("name"), (str, type(None))):
+            args["name"] = str(args["name"])
+        kept.append(e)
+    return kept
+
+
 def _slices(events: list[dict], pid: Any, clock: Clock) -> dict[int, dict[str, np.ndarray]]:
     """X events of one process, per thread, as arrays (start, end, name, args index)."""
     by_thread: dict[int, list[dict]] = defaultdict(list)
@@ -113,15 +153,16 @@ def _at(lanes: dict, tid: int, when: float) -> int:
 
 
 def read_torch_npu(path: Path, data: Any, rank: Optional[int]) -> Profile:
-    events = data.get("traceEvents", []) if isinstance(data, dict) else data
-    events = [e for e in events if isinstance(e, dict)]
+    events = _checked_events(path, data)
     if rank not in (None, 0):
         raise ProfileError(f"{path}: rank {rank} is not there (a trace_view.json holds one device: rank 0)")
     role = {}
     for e in events:
         if e.get("ph") == "M" and e.get("name") == "process_name":
             role[(e.get("args") or {}).get("name")] = e.get("pid")
-    stamped = [e for e in events if e.get("ph") in ("X", "s", "f") and "ts" in e]
+    stamped = [e for e in events if e.get("ph") in ("X", "s", "f")]
+    if not stamped:
+        raise ProfileError(f"{path}: no timed events (ph X, s or f): nothing ran")
     clock = Clock(min(Clock.whole_part(e["ts"]) for e in stamped))
     hardware = _slices(events, role.get(HARDWARE_LANE), clock)
     if not any(lane["start"].size for lane in hardware.values()):
