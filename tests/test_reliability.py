@@ -406,6 +406,36 @@ def test_a_store_that_never_answers_is_given_up_within_the_timeout(tmp_path):
 
 
 @pytest.mark.slow
+def test_a_locked_store_fails_in_one_line_within_the_timeout_and_mlflows_words_go_to_the_log(tmp_path):
+    """Another process holds the sqlite store's write lock: MLflow waited 20 s a write (its own busy
+    timeout) and printed ~90 lines of SQL and traceback; now tracking.timeout_s, one line, and MLflow's
+    record of it in the run folder's hostbound.log."""
+    database = tmp_path / "mlflow.db"
+    first = run_cli(f"tracking.uri=sqlite:///{database}", f"hydra.run.dir={tmp_path / 'first'}", "workload.steps=3",
+                    "output.timeline_steps=0", cwd=tmp_path)
+    assert first.returncode == 0, first.stderr[-2000:]
+    holder = subprocess.Popen([sys.executable, "-c", f"import sqlite3, time\ncon = sqlite3.connect({str(database)!r}, isolation_level=None)\n"
+                               "con.execute('BEGIN EXCLUSIVE')\nprint('locked', flush=True)\ntime.sleep(120)"],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        began = time.monotonic()
+        proc = run_cli(f"tracking.uri=sqlite:///{database}", "tracking.timeout_s=1", f"hydra.run.dir={tmp_path / 'run'}",
+                       "workload.steps=3", "output.timeline_steps=0", cwd=tmp_path, timeout=110)
+        elapsed = time.monotonic() - began
+    finally:
+        holder.kill()
+        holder.wait()
+    assert proc.returncode == EXIT_TRACKING_FAILED, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr and "[SQL:" not in proc.stderr, proc.stderr[-3000:]
+    errors = [line for line in proc.stderr.splitlines() if "error" in line.lower()]
+    assert len(errors) == 1 and "database is locked" in errors[0] and str(database) in errors[0], errors
+    assert elapsed < 15, f"{elapsed:.1f} s: MLflow's 20 s wait a write is back"
+    assert "database is locked" in (tmp_path / "run" / "hostbound.log").read_text()
+    assert (tmp_path / "run" / FAILED_FILE).is_file() and (tmp_path / "run" / "summary.json").is_file()
+
+
+@pytest.mark.slow
 def test_a_sweep_against_a_store_that_is_down_runs_every_job_and_says_so_once(tmp_path):
     port = free_port()
     proc = run_cli("-m", "strategy=eager,async", f"tracking.uri=http://127.0.0.1:{port}", "workload.steps=3",

@@ -17,7 +17,6 @@ which skips runs the store already holds (same run_dir tag).
 """
 from __future__ import annotations
 
-import argparse
 import contextlib
 import fcntl
 import json
@@ -36,6 +35,7 @@ import numpy as np
 from harness.config.messages import one_line
 from harness.config.schema import ArtifactPolicy, TrackingConfig, flatten, sqlite_path
 from harness.base.errors import EXIT_BAD_INPUT, EXIT_TRACKING_FAILED, HarnessError, TrackingError, one_line_text
+from harness.base.commands import CommandParser
 from harness.base.files import write_text
 from harness.results.outputs import STEPS_FILE, SUMMARY_FILE, TRACE_FILE, read_steps, run_notes
 from harness.sim.outcome import WHAT_RAN_KEYS
@@ -50,7 +50,64 @@ def mlflow_module():
     os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
     import mlflow
 
+    mlflow_logger = logging.getLogger("mlflow")
+    if not any(isinstance(h, _MlflowLogRouter) for h in mlflow_logger.handlers):
+        mlflow_logger.handlers[:] = [_MlflowLogRouter()]
+        mlflow_logger.propagate = False
+        from sqlalchemy import event
+        from sqlalchemy.engine import Engine
+
+        event.listen(Engine, "before_cursor_execute", _bounded_busy_wait, retval=True)
     return mlflow
+
+
+_MLFLOW_BUSY_WAIT = "PRAGMA busy_timeout = 20000;"  # MLflow 3.17's, for every session on a sqlite store
+_busy_wait_ms = 5000  # tracking.timeout_s, set by bound_requests
+
+
+def _bounded_busy_wait(conn, cursor, statement: str, parameters, context, executemany):
+    """A locked sqlite store (another process writing, or one that died holding the lock) made each write
+    wait MLflow's 20 s busy timeout, past tracking.timeout_s: the wait is tracking.timeout_s instead."""
+    if statement == _MLFLOW_BUSY_WAIT:
+        statement = f"PRAGMA busy_timeout = {_busy_wait_ms};"
+    return statement, parameters
+
+
+RUN_LOG_FILE = "hostbound.log"  # the run folder's log (Hydra's job log: hydra.job.name in conf/config.yaml)
+
+
+class _MlflowLogRouter(logging.Handler):
+    """Where MLflow's own log records go. A store that refuses a write (read-only, locked) made MLflow
+    log an ERROR with the SQL and a traceback, ~90 lines on the terminal above the harness's one line
+    that says the same. While a run is logged (`mlflow_log_into`) they go, whole, to that run folder's
+    hostbound.log; otherwise only warnings and errors reach the terminal, one line each."""
+
+    target: Path | None = None
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            if self.target is not None:
+                text = logging.Formatter("[%(asctime)s][%(name)s][%(levelname)s] - %(message)s").format(record)
+                with open(self.target, "a") as log_file:
+                    log_file.write(text + "\n")
+            elif record.levelno >= logging.WARNING:
+                sys.stderr.write(f"mlflow: {record.levelname.lower()}: {one_line(record.getMessage())[:300]}\n")
+        except Exception:  # a log line must never fail the logging of a run
+            pass
+
+
+@contextlib.contextmanager
+def mlflow_log_into(run_dir: Path):
+    """MLflow's log records into `run_dir`'s hostbound.log while the block runs (see _MlflowLogRouter)."""
+    routers = [h for h in logging.getLogger("mlflow").handlers if isinstance(h, _MlflowLogRouter)]
+    before = [router.target for router in routers]
+    for router in routers:
+        router.target = Path(run_dir) / RUN_LOG_FILE
+    try:
+        yield
+    finally:
+        for router, target in zip(routers, before):
+            router.target = target
 
 
 MAX_PARAM_CHARS = 6000  # MLflow 3 rejects longer param values
@@ -95,14 +152,19 @@ FAILED_ENV = "HOSTBOUND_TRACKING_FAILED"
 
 def bound_requests(tracking: TrackingConfig) -> None:
     """Each HTTP request to a tracking server waits at most tracking.timeout_s, and is not retried
-    (MLflow's default: 7 retries with backoff, minutes against a server that is down)."""
+    (MLflow's default: 7 retries with backoff, minutes against a server that is down); a write to a
+    locked sqlite store waits at most as long (MLflow's own wait: 20 s a write)."""
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", str(max(1, math.ceil(tracking.timeout_s))))
+    global _busy_wait_ms
+    _busy_wait_ms = int(tracking.timeout_s * 1000)
 
 
 def short_reason(exc: BaseException) -> str:
     """Why a store failed, in a few words: MLflow wraps a refused connection in three paragraphs."""
     text = one_line(exc)
+    if m := re.search(r"\((?:sqlite3|psycopg2?|pymysql|MySQLdb|pyodbc)\.\w+\) ([^;\[]+)", text):  # a database's own words
+        return m[1].strip() + (" (another process holds its write lock; waited tracking.timeout_s)" if "locked" in m[1] else "")
     if m := re.search(r"\[Errno -?\d+\] ([^'\")\];]+)", text):
         return m[1].strip()
     if "timed out" in text.lower() or "timeout" in text.lower():
@@ -128,7 +190,9 @@ def log_run_or_mark(
     else:
         bound_requests(tracking)
         try:
-            return log_run(tracking, run_dir, summary, steps, params, names, overrides)
+            mlflow_module()
+            with mlflow_log_into(run_dir):
+                return log_run(tracking, run_dir, summary, steps, params, names, overrides)
         except Exception as exc:  # anything the store or the network raises: the files are what matters
             reason = f"tracking.uri={resolve_uri(tracking)}: {short_reason(exc)}"
     command = later_command(run_dir, tracking)
@@ -413,7 +477,8 @@ def log_folder(tracking: TrackingConfig, run_dir: Path, logged_as: Path | None =
     """Log a finished run's folder unless the store holds it (under `logged_as`, where it first ran, or
     its own path); returns the new run's id, or None. Clears the folder's TRACKING_FAILED.txt."""
     bound_requests(tracking)
-    with store_call():
+    mlflow_module()
+    with store_call(), mlflow_log_into(run_dir):
         if any(already_logged(tracking, folder) for folder in {run_dir, logged_as or run_dir}):
             run_id = None
         else:
@@ -447,7 +512,7 @@ def already_logged(tracking: TrackingConfig, run_dir: Path) -> bool:
 
 def main(argv: list[str] | None = None) -> int:
     """`python -m harness.tracking log RUN_DIR ...`: log finished runs whose tracking failed (or ran off)."""
-    parser = argparse.ArgumentParser(prog="python -m harness.tracking", description="Log finished run folders to MLflow.")
+    parser = CommandParser(prog="python -m harness.tracking", description="Log finished run folders to MLflow.")
     sub = parser.add_subparsers(dest="command", required=True)
     log_parser = sub.add_parser("log", help="log run folders (skips those the store already holds)")
     log_parser.add_argument("run_dirs", nargs="+", type=Path, help="run folders, or sweep folders (their jobs)")
