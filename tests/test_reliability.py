@@ -586,3 +586,19 @@ if __name__ == "__main__":  # rewrite the table in docs/reliability.md
     head, rest = DOC.read_text().split(BEGIN, 1)
     DOC.write_text(f"{head}{BEGIN}\n{limits_table()}\n{END}{rest.split(END, 1)[1]}")
     print(f"rewrote the limits table in {DOC}")
+
+
+@pytest.mark.parametrize("uri,status,says", [
+    ("http://alice:s3cret@127.0.0.1:{port}", EXIT_BAD_INPUT, "holds a user name and password"),
+    ("http://127.0.0.1:{port}", EXIT_TRACKING_FAILED, "Connection refused"),
+    ("foo://bar", EXIT_BAD_INPUT, "unknown scheme 'foo'"),
+], ids=["password", "down", "scheme"])
+def test_the_report_reading_a_store_says_what_is_wrong_in_one_line_and_keeps_the_password_out(uri, status, says, tmp_path):
+    """`python -m harness.report --tracking-uri` printed MLflow's traceback, the password in it."""
+    proc = subprocess.run([sys.executable, "-m", "harness.report", "--tracking-uri", uri.format(port=free_port()), "--out", str(tmp_path / "out")],
+                          capture_output=True, text=True, timeout=120, env={**os.environ, "MLFLOW_HTTP_REQUEST_TIMEOUT": "2"})
+    assert proc.returncode == status, proc.stderr[-2000:]
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and says in lines[0] and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert "s3cret" not in proc.stderr + proc.stdout
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())

@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 from harness.base.commands import CommandParser
+from harness.base.errors import EXIT_TRACKING_FAILED, HarnessError, fail
 from harness.base.files import atomic_write, check_folder, write_text
 from harness.results.comparison import comparison, load_run_dirs, missing_eager, plot, to_markdown
 
@@ -34,8 +35,21 @@ def main(argv: list[str] | None = None) -> None:
     out = args.out or (args.dirs[0] if args.dirs else Path("outputs") / "report")
     check_folder("--out", out)
     if args.tracking_uri:
+        from harness.config.schema import TrackingConfig
         from harness.tracking.read import load_mlflow  # MLflow takes ~1 s to import: only when reading a store
-    runs = load_mlflow(args.tracking_uri, args.experiment, args.parent) if args.tracking_uri else load_run_dirs(args.dirs)
+        from harness.tracking.store import bound_requests, short_reason
+
+        try:  # the checks of tracking.uri: a scheme MLflow reads, no password in it (it would be printed)
+            tracking = TrackingConfig(uri=args.tracking_uri, experiment=args.experiment)
+        except HarnessError as exc:
+            fail(str(exc).replace("tracking.uri=", "--tracking-uri=", 1))
+        bound_requests(tracking)
+        try:
+            runs = load_mlflow(args.tracking_uri, args.experiment, args.parent)
+        except Exception as exc:  # the store is down, refuses, or is not one
+            fail(f"--tracking-uri={args.tracking_uri}: {short_reason(exc)}", EXIT_TRACKING_FAILED)
+    else:
+        runs = load_run_dirs(args.dirs)
     if runs.empty:
         print("hostbound report: error: no runs found", file=sys.stderr)
         raise SystemExit(2)
