@@ -38,8 +38,9 @@ def stop_with(exc: BaseException) -> None:
 
 
 @contextlib.contextmanager
-def store_call() -> Iterator[None]:
-    """A block of MLflow calls that a stop does not interrupt (it is raised at the block's end)."""
+def _deferring(raise_at_end: bool) -> Iterator[None]:
+    """A block that a stop does not interrupt: the stop is raised at its end, or (not `raise_at_end`) left
+    requested for the command's `raise_if_stopped`."""
     global _depth, _pending
     _depth += 1
     try:
@@ -48,22 +49,20 @@ def store_call() -> Iterator[None]:
         _depth = max(0, _depth - 1)
         if _depth == 0 and _pending is not None:
             exc, _pending = _pending, None
-            raise exc
+            if raise_at_end or exc is not _requested:
+                raise exc
 
 
-@contextlib.contextmanager
-def held() -> Iterator[None]:
+def store_call() -> contextlib.AbstractContextManager[None]:
+    """A block of MLflow calls that a stop does not interrupt (it is raised at the block's end)."""
+    return _deferring(raise_at_end=True)
+
+
+def held() -> contextlib.AbstractContextManager[None]:
     """A block that a stop does not interrupt and that does not raise it either: a command's imports (a
     module left half-imported by Ctrl-C broke what came after it: a false "bad input" line, an exception
     swallowed and the run finished). The stop stays requested; the command's `raise_if_stopped` raises it."""
-    global _depth, _pending
-    _depth += 1
-    try:
-        yield
-    finally:
-        _depth = max(0, _depth - 1)
-        if _depth == 0:
-            _pending = None  # kept in _requested
+    return _deferring(raise_at_end=False)
 
 
 def _forget_in_child() -> None:
