@@ -90,3 +90,13 @@ def pytest_sessionfinish(session, exitstatus) -> None:
     if left:
         print(f"\nthe tests left {len(left)} entries in the checkout's outputs/: {', '.join(left[:5])}", file=sys.stderr)
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+@pytest.fixture(autouse=True)
+def _no_stop_left_over():
+    """A test that raises a stop in this process (harness.base.stopping) leaves it requested, and every
+    later error line of the worker would turn into that stop: each test ends with none."""
+    yield
+    from harness.base import stopping
+
+    stopping.forget()

@@ -65,13 +65,13 @@ def held() -> contextlib.AbstractContextManager[None]:
     return _deferring(raise_at_end=False)
 
 
-def _forget_in_child() -> None:
-    """A forked child (a helper, a sweep's worker) starts with no stop and no store call of its own."""
+def forget() -> None:
+    """No stop and no store call: a forked child (a helper, a sweep's worker) starts so, and a test ends so."""
     global _depth, _pending, _requested, _said
     _depth, _pending, _requested, _said = 0, None, None, False
 
 
-os.register_at_fork(after_in_child=_forget_in_child)
+os.register_at_fork(after_in_child=forget)
 
 
 class Stopped(BaseException):
