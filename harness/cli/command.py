@@ -294,11 +294,9 @@ def run_from_hydra(cfg: DictConfig) -> float:
         from harness.results.outputs import SUMMARY_FILE
 
         run_dir = Path(HydraConfig.get().runtime.output_dir)
-        if stopped.where:
-            pass
-        elif (run_dir / SUMMARY_FILE).exists():
+        if not stopped.where and (run_dir / SUMMARY_FILE).exists():
             stopped.where = f"{run_dir} holds the finished run"
-        elif run_dir.exists():
+        elif not stopped.where and run_dir.exists():
             stopped.where = f"{run_dir} holds an unfinished run (no {SUMMARY_FILE}: reports and resume=true skip it)"
         raise
 
