@@ -26,7 +26,7 @@ ILLUSTRATIVE = {
     "python -m harness.report outputs/sweeps/<date>/<time>_<id>": "placeholders (test_sweeps)",
     "python -m harness.report --tracking-uri sqlite:///outputs/mlflow.db --parent <sweep's parent run id>":
         "placeholders (test_sweeps)",
-    "python -m harness tracking.uri=http://mlflow-host:5000": "a remote server (test_cli starts a local one)",
+    "python -m harness tracking.uri=https://mlflow-host": "a remote server behind a login (test_team_auth starts a local one)",
 }
 
 
