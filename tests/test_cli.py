@@ -6,6 +6,7 @@ import sqlite3
 
 import pandas as pd
 import pytest
+from omegaconf import OmegaConf
 
 from conftest import compose_run, run_cli
 from harness.sim.task_graph import CATEGORIES
@@ -69,9 +70,10 @@ def test_mlflow_run_is_logged_to_the_given_store(tmp_path):
         params = dict(con.execute("select key, value from params where run_uuid=?", (run_id,)).fetchall())
         tags = dict(con.execute("select key, value from tags where run_uuid=?", (run_id,)).fetchall())
         step_points = con.execute("select count(*) from metrics where run_uuid=? and key='step_ms'", (run_id,)).fetchone()[0]
-    assert metrics["throughput_tok_s"] == pytest.approx(summary["throughput_tok_s"])
-    assert metrics["bubble_ratio"] == pytest.approx(summary["bubble_ratio"])
-    assert params["strategy.dispatch"] == "async" and params["hardware.host.launch_us"] == "12.0"
+    assert metrics["headline/throughput_tok_s"] == pytest.approx(summary["throughput_tok_s"])
+    assert metrics["headline/bubble_ratio"] == pytest.approx(summary["bubble_ratio"])
+    # Params: the presets and what ran; the defaults of the presets are in the resolved config (below).
+    assert params["strategy"] == "async" and params["workload.steps"] == "4" and "hardware.host.launch_us" not in params
     assert tags["strategy"] == "async" and tags["workload"] == "llama2_7b_decode" and tags["hardware"] == "atlas_a2"
     assert step_points == 4
     # Artifacts: the run directory's files, including Hydra's record of the config.
@@ -80,14 +82,16 @@ def test_mlflow_run_is_logged_to_the_given_store(tmp_path):
     mlflow.set_tracking_uri(f"sqlite:///{db}")
     listed = {a.path for a in mlflow.MlflowClient().list_artifacts(run_id)}
     # The large trace.json stays in the run folder only (tracking.artifacts=small), and the run says so.
-    assert {"summary.json", "steps.parquet", "timeline.png", ".hydra"} <= listed and "trace.json" not in listed
+    assert {"summary.json", "steps.parquet", "timeline.png", ".hydra", "resolved_config.yaml"} <= listed and "trace.json" not in listed
+    resolved = OmegaConf.load(mlflow.MlflowClient().download_artifacts(run_id, "resolved_config.yaml", str(tmp_path)))
+    assert resolved.strategy.dispatch == "async" and resolved.hardware.host.launch_us == 12.0 and resolved.workload.steps == 4
     assert tags["files_only_in_run_dir"] == "trace.json" and tags["run_dir"] == str(run_dir)
     assert (run_dir / "trace.json").exists()
     experiment = mlflow.MlflowClient().get_experiment_by_name("hostbound")
     assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"
     # The shared view the README's address opens (tests/test_mlflow_ui.py sees it in a browser).
     assert json.loads(experiment.tags["mlflow.sharedViewState.hostbound"])["selectedColumns"][:2] == [
-        "attributes.`Run Name`", "metrics.`throughput_tok_s`"]
+        "attributes.`Run Name`", "metrics.`headline/throughput_tok_s`"]
 
 
 def test_mlflow_run_names_its_values_and_keeps_build_steps_apart(tmp_path):

@@ -9,7 +9,7 @@ import pytest
 from conftest import compose_run
 from harness.cli.command import override_variants, preflight
 from harness.config.paths import CONF_DIR
-from harness.config.schema import Dispatch, Phase, flatten
+from harness.config.schema import Dispatch, Phase, flatten, unflatten
 from harness.base.errors import ConfigError
 
 TINY_TRACE = Path(__file__).parent / "data" / "tiny_ops.csv"
@@ -214,6 +214,19 @@ def test_explicit_op_list_by_override():
 def test_flatten_keeps_dotted_keys():
     flat = flatten({"a": {"b": 1, "c": [1, 2]}, "d": [{"e": 1}]})
     assert flat == {"a.b": 1, "a.c": [1, 2], "d.0.e": 1}
+    assert unflatten(flat) == {"a": {"b": 1, "c": [1, 2]}, "d": [{"e": 1}]}
+
+
+def test_unflatten_gives_back_a_whole_config():
+    """MLflow's resolved_config.yaml is unflatten(params): every value the run had, an op list as a list
+    (an empty mapping, which flattens to nothing, aside)."""
+    from omegaconf import OmegaConf
+
+    run = compose_run("workload.card=null", "workload.ops=[{name:a,kind:cube,flops:1e9},{name:b,device_us:3.0}]", "seed=3")
+    config = OmegaConf.to_container(OmegaConf.structured(run), resolve=True, enum_to_str=True)
+    back = unflatten(flatten(config))
+    assert back["workload"]["ops"][1]["device_us"] == 3.0 and back["seed"] == 3
+    assert flatten(back) == flatten(config)
 
 
 @pytest.mark.parametrize(

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+import yaml
 
 from harness.config.schema import ArtifactPolicy, TrackingConfig
 from harness.base.errors import HarnessError, TrackingError
@@ -15,17 +16,21 @@ from harness.tracking.store import (
     FAILED_ENV,
     FAILED_FILE,
     MAX_PARAM_CHARS,
+    HEADLINE_METRICS,
     artifact_files,
     bound_requests,
+    chosen_params,
     later_command,
     log_run,
     log_run_or_mark,
+    metric_name,
     read_run_dir,
     run_folders,
     run_name,
     short_reason,
     sqlite_path,
     sqlite_uri,
+    summary_key,
 )
 
 NAMES = {"hardware": "atlas_a2", "workload": "llama2_7b_decode", "strategy": "eager", "engine": "none"}
@@ -153,25 +158,36 @@ def test_a_run_is_logged_with_every_number_its_params_and_its_step_series(tmp_pa
     from mlflow.utils.validation import MAX_PARAM_VAL_LENGTH
 
     assert MAX_PARAM_CHARS == MAX_PARAM_VAL_LENGTH
-    params = {"workload.batch_size": 8, "long": "y" * (MAX_PARAM_VAL_LENGTH + 1), "exact": "z" * MAX_PARAM_VAL_LENGTH}
-    run_id = log_run(tracking, folder, summary, steps, params, NAMES, "workload.batch_size=8")
+    params = {"workload.batch_size": 8, "workload.steps": 3, "seed": 0, "hardware.host.launch_us": 12.0, "strategy.tiling_cache": False,
+              "long": "y" * (MAX_PARAM_VAL_LENGTH + 1), "exact": "z" * MAX_PARAM_VAL_LENGTH, "tracking.uri": "sqlite:///x.db"}
+    os.utime(folder / ".hydra" / "config.yaml", (1_700_000_000.0, 1_700_000_000.0))  # Hydra writes it as the job starts
+    os.utime(folder / "summary.json", (1_700_000_012.5, 1_700_000_012.5))  # the run writes it last
+    run_id = log_run(tracking, folder, summary, steps, params, NAMES, "workload.batch_size=8 long=y exact=z tracking.uri=sqlite:///x.db")
     client = mlflow.MlflowClient(tracking_uri=store)
     run = client.get_run(run_id)
-    # Numbers (integers too), not booleans, not text, not NaN (MLflow keeps no NaN).
-    assert run.data.metrics == {"throughput_tok_s": 12.5, "tasks_simulated": float(2**40), "graph_captures": 2.0, "padding_waste": 0.25,
-                                "step_ms": 2.5, "warmup_step_ms": 3000.0}
+    # Numbers (integers too), not booleans, not text, not NaN (MLflow keeps no NaN), by group.
+    assert run.data.metrics == {"headline/throughput_tok_s": 12.5, "other/tasks_simulated": float(2**40), "other/graph_captures": 2.0,
+                                "other/padding_waste": 0.25, "step_ms": 2.5, "warmup_step_ms": 3000.0}
     assert [(m.step, m.value) for m in client.get_metric_history(run_id, "step_ms")] == [(1, 2.0), (2, 2.5)]
     assert [(m.step, m.value) for m in client.get_metric_history(run_id, "warmup_step_ms")] == [(0, 3000.0)]
-    assert run.data.params["workload.batch_size"] == "8" and run.data.params["exact"] == "z" * MAX_PARAM_VAL_LENGTH
-    assert run.data.params["long"] == "y" * (MAX_PARAM_VAL_LENGTH - 3) + "..."
+    # Params: what was chosen (presets, what ran, the command line's keys), not where runs go nor the defaults.
+    assert run.data.params == {**NAMES, "workload.batch_size": "8", "workload.steps": "3", "seed": "0",
+                               "exact": "z" * MAX_PARAM_VAL_LENGTH, "long": "y" * (MAX_PARAM_VAL_LENGTH - 3) + "..."}
+    # ... and the whole config in an artifact, every value as the run had it.
+    resolved = yaml.safe_load(Path(client.download_artifacts(run_id, "resolved_config.yaml", str(tmp_path))).read_text())
+    assert resolved == {"workload": {"batch_size": 8, "steps": 3}, "seed": 0, "hardware": {"host": {"launch_us": 12.0}},
+                        "strategy": {"tiling_cache": False}, "long": params["long"], "exact": params["exact"], "tracking": {"uri": "sqlite:///x.db"}}
     tags = run.data.tags
     assert {k: tags[k] for k in ("hardware", "workload", "strategy", "bound", "run_dir", "overrides", "notes", "files_only_in_run_dir")} == {
         **{k: NAMES[k] for k in ("hardware", "workload", "strategy")}, "bound": "host", "run_dir": str(folder),
-        "overrides": "workload.batch_size=8", "notes": "2 captures; padding waste 0.25; a note", "files_only_in_run_dir": "trace.json",
+        "overrides": "workload.batch_size=8 long=y exact=z tracking.uri=sqlite:///x.db", "notes": "2 captures; padding waste 0.25; a note",
+        "files_only_in_run_dir": "trace.json",
     }
-    assert run.info.status == "FINISHED" and run.info.run_name == "llama2_7b_decode·eager·atlas_a2·batch_size=8"
+    assert run.info.status == "FINISHED" and run.info.run_name == "llama2_7b_decode·eager·atlas_a2·batch_size=8·long=y·exact=z"
+    # MLflow's Duration is the run's 12.5 s, not the time logging took.
+    assert (run.info.start_time, run.info.end_time) == (1_700_000_000_000, 1_700_000_012_500)
     assert "mlflow.parentRunId" not in tags
-    assert sorted(a.path for a in client.list_artifacts(run_id)) == [".hydra", "steps.parquet", "summary.json", "timeline.png"]
+    assert sorted(a.path for a in client.list_artifacts(run_id)) == [".hydra", "resolved_config.yaml", "steps.parquet", "summary.json", "timeline.png"]
 
 
 def test_a_sweeps_jobs_are_read_back_from_its_folder(tmp_path):
@@ -215,3 +231,55 @@ def test_a_damaged_steps_table_is_refused_in_words(tmp_path):
     (tmp_path / "steps.parquet").write_text("not parquet")
     with pytest.raises(HarnessError, match=r"not a finished run.s folder \(ArrowInvalid"):
         read_run_dir(tmp_path)
+
+
+@pytest.mark.parametrize(
+    "key, metric",
+    [("throughput_tok_s", "headline/throughput_tok_s"), ("median_tpot_ms", "headline/median_tpot_ms"),
+     ("breakdown_launch", "path_share/launch"), ("breakdown_infer_shape", "path_share/infer_shape"),
+     ("time_share_launch", "time_share/launch"), ("device_busy", "other/device_busy"), ("capture_ms", "other/capture_ms")],
+)
+def test_a_summary_key_has_one_metric_name_and_comes_back_from_it(key, metric):
+    assert metric_name(key) == metric and summary_key(metric) == key
+    assert summary_key(key) == key  # an older store's name (no group) is the summary's own
+
+
+def test_the_headline_metrics_sort_before_every_other_metric():
+    """MLflow's compare page and column picker list metrics in text order (JavaScript's sort): the
+    figures users compare must come first, whatever the other summary keys are."""
+    keys = ["bubble_ratio", "breakdown_compute", "capture_ms", "device_busy", "throughput_tok_s", "time_share_sync", "ttft_ms",
+            "median_tpot_ms", "a_future_key", "step_ms_p50", "zeta"]
+    metrics = sorted([metric_name(k) for k in keys] + ["step_ms", "warmup_step_ms"])
+    headline = [m for m in metrics if summary_key(m) in HEADLINE_METRICS]
+    assert metrics[: len(headline)] == headline and len(headline) == 5
+
+
+def test_params_are_what_was_chosen():
+    params = {"workload.batch_size": 8, "workload.steps": 4, "seed": 1, "workload.serving.enabled": False, "strategy.graph.mode": "full",
+              "strategy.graph.buckets": [1, 2], "workload.card_overrides.layers": 2, "workload.card_overrides.hidden": 64,
+              "output.trace_steps": 0, "hydra_key": 1}
+    chosen = chosen_params(params, NAMES, "strategy=acl_graph strategy.graph.mode=full +workload.card_overrides=x output.trace_steps=0 ~seed")
+    assert chosen == {**NAMES, "workload.batch_size": 8, "workload.steps": 4, "seed": 1, "workload.serving.enabled": False,
+                      "strategy.graph.mode": "full", "workload.card_overrides.layers": 2, "workload.card_overrides.hidden": 64}
+
+
+def test_the_report_reads_an_older_stores_plain_metric_names_and_the_grouped_ones_alike(tmp_path):
+    """Runs logged before the metrics were grouped (throughput_tok_s) and after (headline/throughput_tok_s)
+    come back from the store under the summary's names, in one table."""
+    import mlflow
+
+    from harness.tracking.read import load_mlflow
+
+    store = f"sqlite:///{tmp_path / 'store.db'}"
+    client = mlflow.MlflowClient(tracking_uri=store)
+    experiment = client.create_experiment("hostbound")
+    for strategy, names in (("eager", lambda k: k), ("async", metric_name)):
+        run = client.create_run(experiment, tags={**NAMES, "strategy": strategy, "bound": "host"}).info.run_id
+        for key, value in (("throughput_tok_s", 10.0 if strategy == "eager" else 15.0), ("breakdown_launch", 0.5), ("device_busy", 0.25)):
+            client.log_metric(run, names(key), value)
+        client.log_param(run, "workload.batch_size", "8")
+        client.set_terminated(run)
+    table = load_mlflow(store).set_index("strategy")
+    assert table.loc["eager", "throughput_tok_s"] == 10.0 and table.loc["async", "throughput_tok_s"] == 15.0
+    assert (table["breakdown_launch"] == 0.5).all() and (table["device_busy"] == 0.25).all() and (table["batch_size"] == 8).all()
+    assert not any("/" in column for column in table.columns)

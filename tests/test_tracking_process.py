@@ -55,8 +55,8 @@ def test_the_process_logs_the_run_and_says_its_id(logging_process, tmp_path):
     run_id = early.log_run_or_mark(tracking, finished_folder(tmp_path), {"throughput_tok_s": 7.5, "bound": "host"}, steps,
                                    {"workload.batch_size": 8}, NAMES, "workload.batch_size=8")
     run = logged(store, run_id)
-    assert run.info.status == "FINISHED" and run.data.metrics["throughput_tok_s"] == 7.5
-    assert run.data.params == {"workload.batch_size": "8"} and run.data.tags["overrides"] == "workload.batch_size=8"
+    assert run.info.status == "FINISHED" and run.data.metrics["headline/throughput_tok_s"] == 7.5
+    assert run.data.params == {**NAMES, "workload.batch_size": "8"} and run.data.tags["overrides"] == "workload.batch_size=8"
     early._end()
     with pytest.raises(ChildProcessError):  # it ended on end of input and was reaped
         os.waitpid(logging_process.pid, os.WNOHANG)
@@ -107,7 +107,7 @@ def test_a_tracked_command_is_logged_by_the_process_as_its_own_would(tmp_path):
     (run,) = [r for e in client.search_experiments() for r in client.search_runs(e.experiment_id)]
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert run.info.status == "FINISHED"
-    assert run.data.metrics["throughput_tok_s"] == summary["throughput_tok_s"]
+    assert run.data.metrics["headline/throughput_tok_s"] == summary["throughput_tok_s"]
     assert run.data.params["workload.steps"] == "3" and run.data.tags["run_dir"] == str(tmp_path / "run")
     measured = pd.read_parquet(tmp_path / "run" / "steps.parquet")["measured"]
     assert [m.step for m in client.get_metric_history(run.info.run_id, "step_ms")] == list(np.flatnonzero(measured))

@@ -15,6 +15,7 @@ import pytest
 from conftest import compose_run, run_cli
 from harness.config.schema import flatten
 from harness.sim.outcome import WHAT_RAN_KEYS, WHAT_RAN_PARAMS
+from harness.tracking.store import metric_name
 
 # Eager and graph replay, alone and serving a request stream: graph captures, padding, request counts.
 SWEEP = ["-m", "workload=llama31_8b_decode", "strategy=eager,acl_graph", "workload.serving.enabled=false,true", "workload.steps=6",
@@ -72,11 +73,11 @@ def test_every_number_of_every_run_is_the_same_in_every_view(views):
             if key in WHAT_RAN_KEYS:  # what ran is the config: a param, as the config wrote it
                 assert params[WHAT_RAN_PARAMS[key]] == str(value), where
             else:
-                assert metrics[key] == value, where
+                assert metrics[metric_name(key)] == value, where
             for name, table in (("results.csv", results), ("report from folders", report_dirs), ("report from MLflow", report_store)):
                 assert row_of(table, run_dir)[key] == value, f"{where} in {name}"
         # MLflow's metrics are the summary's numbers and nothing else (the step series aside).
-        assert set(metrics) - {"step_ms", "warmup_step_ms"} == summary.keys() - set(WHAT_RAN_KEYS), path.parent.name
+        assert set(metrics) - {"step_ms", "warmup_step_ms"} == {metric_name(k) for k in summary.keys() - set(WHAT_RAN_KEYS)}, path.parent.name
     assert MUST_HOLD <= seen
 
 

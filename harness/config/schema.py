@@ -6,7 +6,7 @@ import enum
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, Dict, List, Optional
+from typing import Any, ClassVar, Dict, List, Mapping, Optional
 
 import numpy as np
 
@@ -544,3 +544,24 @@ def flatten(cfg: Any, prefix: str = "") -> dict[str, Any]:
     else:
         out[prefix[:-1]] = cfg
     return out
+
+
+def unflatten(flat: Mapping[str, Any]) -> Any:
+    """The nested config `flatten` made `flat` from (a mapping whose keys are 0, 1, … is the list it was)."""
+    nested: dict[str, Any] = {}
+    for key, value in flat.items():
+        *parents, last = key.split(".")
+        node = nested
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[last] = value
+    return _lists_back(nested)
+
+
+def _lists_back(node: Any) -> Any:
+    if not isinstance(node, dict):
+        return node
+    items = {key: _lists_back(value) for key, value in node.items()}
+    if items and list(items) == [str(i) for i in range(len(items))]:
+        return list(items.values())
+    return items

@@ -2,9 +2,10 @@
 
 Default store: an sqlite database outputs/mlflow.db under the launch directory, artifacts in
 outputs/mlartifacts — no server needed; `mlflow ui --backend-store-uri sqlite:///outputs/mlflow.db`
-opens it. Params are the flattened resolved config, metrics the summary's numbers and the per-step
-series, tags the preset names and the overrides, artifacts the run directory's files (by default all
-but trace.json, which stays in the folder the run_dir tag names: `tracking.artifacts`).
+opens it. Params are the values chosen (presets, sizes, seed, what the command line set: chosen_params),
+metrics the summary's numbers under grouped names (metric_name) and the per-step series, tags the preset
+names and the overrides, artifacts the run directory's files (by default all but trace.json, which stays
+in the folder the run_dir tag names: `tracking.artifacts`) and the whole resolved config.
 
 A store that is down or refuses the run never costs the simulation: the run keeps its files, says in one
 line that tracking failed, leaves TRACKING_FAILED.txt in its folder and exits with status 3 (a sweep: once,
@@ -26,19 +27,21 @@ import os
 import re
 import shlex
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Mapping
 
 import numpy as np
+from omegaconf import OmegaConf
 
 from harness.config.messages import one_line
-from harness.config.schema import ArtifactPolicy, TrackingConfig, flatten, sqlite_path
+from harness.config.schema import ArtifactPolicy, TrackingConfig, flatten, sqlite_path, unflatten
 from harness.base.errors import EXIT_BAD_INPUT, EXIT_TRACKING_FAILED, HarnessError, TrackingError, one_line_text
 from harness.base.commands import CommandParser
 from harness.base.files import write_text
 from harness.results.outputs import STEPS_FILE, SUMMARY_FILE, TRACE_FILE, read_steps, run_notes
-from harness.sim.outcome import WHAT_RAN_KEYS
+from harness.sim.outcome import WHAT_RAN_KEYS, WHAT_RAN_PARAMS
 from harness.base.stopping import store_call
 
 log = logging.getLogger(__name__)
@@ -73,6 +76,7 @@ def _bounded_busy_wait(conn, cursor, statement: str, parameters, context, execut
     return statement, parameters
 
 
+RESOLVED_CONFIG_FILE = "resolved_config.yaml"  # an MLflow run's artifact: the whole config, interpolations resolved
 RUN_LOG_FILE = "hostbound.log"  # the run folder's log (Hydra's job log: hydra.job.name in conf/config.yaml)
 
 
@@ -211,11 +215,42 @@ EXPERIMENT_KIND_TAG = ("mlflow.experimentKind", "custom_model_development")
 # "workflow type", GenAI by default) and shows no metric column until chosen. A shared view (an experiment
 # tag the UI reads as `?viewStateShareKey=`) picks the runs table's columns: view_url opens both.
 HEADLINE_VIEW = "hostbound"
+# The figures a user compares runs by. MLflow's views sort metric names as text (the compare page's table,
+# the column picker) and group them by what comes before a "/" (the chart sections): these go first, as
+# headline/<key>; the critical-path and task-time shares each in a group of their own; the rest in other/.
+HEADLINE_METRICS = (
+    "throughput_tok_s", "step_ms_p50", "step_ms_p99", "step_ms_mean", "bubble_ratio", "ttft_ms", "median_ttft_ms", "median_tpot_ms",
+    "p99_ttft_ms", "p99_tpot_ms",
+)
+_METRIC_GROUPS = (("breakdown_", "path_share/"), ("time_share_", "time_share/"))
 HEADLINE_COLUMNS = (
-    "attributes.`Run Name`", "metrics.`throughput_tok_s`", "metrics.`step_ms_p50`", "metrics.`step_ms_p99`", "metrics.`bubble_ratio`",
-    "tags.`bound`", "metrics.`ttft_ms`", "metrics.`median_ttft_ms`", "metrics.`median_tpot_ms`",
+    "attributes.`Run Name`", *(f"metrics.`headline/{key}`" for key in ("throughput_tok_s", "step_ms_p50", "step_ms_p99", "bubble_ratio")),
+    "tags.`bound`", *(f"metrics.`headline/{key}`" for key in ("ttft_ms", "median_ttft_ms", "median_tpot_ms")),
 )
 VIEW_TAG = (f"mlflow.sharedViewState.{HEADLINE_VIEW}", json.dumps({"selectedColumns": list(HEADLINE_COLUMNS)}))
+
+
+def metric_name(key: str) -> str:
+    """The MLflow metric of a summary key: `headline/throughput_tok_s`, `path_share/launch` (breakdown_launch),
+    `time_share/launch`, `other/device_busy`."""
+    if key in HEADLINE_METRICS:
+        return f"headline/{key}"
+    for prefix, group in _METRIC_GROUPS:
+        if key.startswith(prefix):
+            return group + key.removeprefix(prefix)
+    return f"other/{key}"
+
+
+def summary_key(metric: str) -> str:
+    """The summary key of an MLflow metric, from this harness's runs (grouped names) and older ones (the
+    summary's own names) alike; the step series (`step_ms`, `warmup_step_ms`) keep their names."""
+    group, slash, name = metric.partition("/")
+    if not slash:
+        return metric
+    for prefix, grouped in _METRIC_GROUPS:
+        if grouped == group + "/":
+            return prefix + name
+    return name
 
 
 def view_url(server: str, experiment_id: str) -> str:
@@ -224,7 +259,7 @@ def view_url(server: str, experiment_id: str) -> str:
     return f"{server.rstrip('/')}/#/experiments/{experiment_id}/runs?workflowType=machine_learning&viewStateShareKey={HEADLINE_VIEW}"
 # Group choices are in a run's name already; the other keys only say where files and runs go.
 _GROUP_CHOICES = {"hardware", "workload", "strategy", "engine"}
-_WHERE_THINGS_GO = ("tracking.", "output.", "hydra", "resume")
+WHERE_THINGS_GO = ("tracking.", "output.", "hydra", "resume")
 
 
 @contextlib.contextmanager
@@ -320,7 +355,7 @@ def name_parts(names: dict, overrides: str, swept: frozenset[str] = frozenset())
     fixed = []
     for override in overrides.split():
         key, _, value = override.lstrip("+~").partition("=")
-        if key.startswith(_WHERE_THINGS_GO) or (key in _GROUP_CHOICES and key not in swept):
+        if key.startswith(WHERE_THINGS_GO) or (key in _GROUP_CHOICES and key not in swept):
             continue
         part = names.get(key, value) if key in _GROUP_CHOICES else f"{key.rsplit('.', 1)[-1]}={value}"
         if key in swept:
@@ -361,7 +396,7 @@ def log_run(
 
     experiment_id = ensure_experiment(tracking)
     metrics = {k: float(v) for k, v in summary.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
-    metrics = {k: v for k, v in metrics.items() if math.isfinite(v)}
+    metrics = {metric_name(k): v for k, v in metrics.items() if math.isfinite(v)}
     tags = {**names, "bound": summary["bound"], "run_dir": str(run_dir)}
     if overrides:  # the same record of what was swept that a run folder keeps (.hydra/overrides.yaml)
         tags["overrides"] = overrides
@@ -380,7 +415,8 @@ def log_run(
     with store_call():  # a stop (SIGTERM) waits for the run to be logged or ended FAILED: see harness.base.stopping
         client = mlflow.MlflowClient(tracking_uri=resolve_uri(tracking))
         tags = resolve_tags(tags)  # user and source, as mlflow.start_run adds them
-        created = client.create_run(experiment_id, run_name=run_name(names, overrides, swept_keys()), tags=tags).info
+        started_ms, ended_ms = run_times_ms(run_dir)
+        created = client.create_run(experiment_id, start_time=started_ms, run_name=run_name(names, overrides, swept_keys()), tags=tags).info
         run_id = created.run_id
         try:
             now_ms = int(time.time() * 1000)
@@ -393,7 +429,7 @@ def log_run(
             client.log_batch(
                 run_id,
                 metrics=[Metric(key, value, now_ms, 0) for key, value in metrics.items()] + series,
-                params=[Param(key, _param_value(value)) for key, value in params.items()],
+                params=[Param(key, param_value(value)) for key, value in chosen_params(params, names, overrides).items()],
             )
             # The run's artifact store from the run just made: the client would look the run up again first
             # (~7 ms, its 120 params and 50 metrics loaded with it).
@@ -405,16 +441,46 @@ def log_run(
                     artifacts.log_artifacts(str(entry), entry.name)
                 else:
                     artifacts.log_artifact(str(entry))
+            with tempfile.TemporaryDirectory() as folder:  # every key's value, where the params hold the chosen ones
+                resolved = Path(folder) / RESOLVED_CONFIG_FILE
+                resolved.write_text(OmegaConf.to_yaml(OmegaConf.create(unflatten(params))))
+                artifacts.log_artifact(str(resolved))
         except BaseException:  # a failed store, or Ctrl-C: the run must not stay RUNNING
             with contextlib.suppress(Exception):
                 client.set_terminated(run_id, status="FAILED")
             raise
-        client.set_terminated(run_id, status="FINISHED")
+        client.set_terminated(run_id, status="FINISHED", end_time=ended_ms)
     log.info("logged MLflow run %s to %s", run_id, resolve_uri(tracking))
     return run_id
 
 
-def _param_value(value: object) -> str:
+def run_times_ms(run_dir: Path) -> tuple[int | None, int | None]:
+    """When the run started and finished (ms since the epoch), for MLflow's Duration column: Hydra writes
+    .hydra/config.yaml as the job starts, summary.json is written last. (None, None) without both: MLflow
+    then takes the time of logging, which measured the logging (~50 ms), not the run."""
+    try:
+        started = (run_dir / ".hydra" / "config.yaml").stat().st_mtime
+        ended = (run_dir / SUMMARY_FILE).stat().st_mtime
+    except OSError:
+        return None, None
+    return (int(started * 1000), int(ended * 1000)) if ended >= started else (None, None)
+
+
+def chosen_params(params: Mapping[str, object], names: dict, overrides: str) -> dict[str, object]:
+    """The params MLflow gets, out of the flattened resolved config: the presets chosen (`hardware`,
+    `workload`, `strategy`, `engine`), the sizes and seed that say what ran (WHAT_RAN_PARAMS), and each key
+    the command line set (all keys under one set whole), where files and runs go aside. Tens of params, not
+    the config's ~120, which buried what differs in the compare view; RESOLVED_CONFIG_FILE has them all."""
+    chosen: dict[str, object] = {key: names[key] for key in ("hardware", "workload", "strategy", "engine") if key in names}
+    chosen.update({param: params[param] for param in WHAT_RAN_PARAMS.values() if param in params})
+    for override in overrides.split():
+        key = override.lstrip("+~").partition("=")[0]
+        if key and key not in _GROUP_CHOICES and not key.startswith(WHERE_THINGS_GO):
+            chosen.update({k: v for k, v in params.items() if k == key or k.startswith(f"{key}.")})
+    return chosen
+
+
+def param_value(value: object) -> str:
     text = str(value)
     return text if len(text) <= MAX_PARAM_CHARS else text[: MAX_PARAM_CHARS - 3] + "..."
 
@@ -467,8 +533,6 @@ def read_run_dir(run_dir: Path) -> tuple[dict, dict[str, np.ndarray], dict, dict
     params: dict = {}
     config = run_dir / ".hydra" / "config.yaml"
     if config.is_file():  # Hydra's record of the composed config: the same params the run would have logged
-        from omegaconf import OmegaConf
-
         params = flatten(OmegaConf.to_container(OmegaConf.load(config), resolve=True, enum_to_str=True))
     return measured, steps, params, names, str(summary.get("overrides", ""))
 
