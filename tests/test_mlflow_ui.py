@@ -4,7 +4,8 @@ store served by `mlflow ui` on 127.0.0.1.
 What is checked is what a user reads: the page the harness points to (store.view_url) is the runs table,
 not MLflow 3.17's GenAI overview; its columns are the headline metrics; the sweep's jobs, under their
 parent, are named by what the sweep varies and show their throughput; comparing two jobs shows the
-throughput of both; the parent run's artifacts hold the sweep's comparison table. Screenshots of every
+throughput of both, the few params chosen and the headline metrics first; the parent run describes
+itself with the sweep's comparison table and holds it and its plots as artifacts. Screenshots of every
 page go to the test's folder (kept by pytest), named in the failure. Every process started is stopped.
 """
 from __future__ import annotations
@@ -85,7 +86,7 @@ def test_the_runs_table_opens_with_the_headline_metrics_and_jobs_named_by_what_v
     address, _, shots = ui
     page = opened(browser, view_url(address, "1"), shots, "runs", "matching runs")
     headers = set(page.locator('[role="columnheader"]').all_inner_texts())
-    assert {"Run Name", "throughput_tok_s", "step_ms_p50", "step_ms_p99", "bubble_ratio", "bound"} <= headers, f"{headers}; see {shots}"
+    assert {"Run Name", "headline/throughput_tok_s", "headline/step_ms_p50", "headline/step_ms_p99", "headline/bubble_ratio", "bound"} <= headers, f"{headers}; see {shots}"
     names = cells(page, "attributes.`Run Name`")
     assert len(names) == 1 and "sweep atlas_a2·steps=4 · strategy=eager,acl_graph × workload=" in names[0], f"{names}; see {shots}"
     # The parent folds its jobs: open it.
@@ -94,7 +95,7 @@ def test_the_runs_table_opens_with_the_headline_metrics_and_jobs_named_by_what_v
     page.screenshot(path=str(shots / "runs_expanded.png"))
     names = [n.splitlines()[-1] for n in cells(page, "attributes.`Run Name`")]
     assert set(names[1:]) == JOBS, f"{names}; see {shots}"
-    throughput = cells(page, "metrics.`throughput_tok_s`")[1:]
+    throughput = cells(page, "metrics.`headline/throughput_tok_s`")[1:]
     assert len(throughput) == 4 and all(float(t) > 0 for t in throughput), f"{throughput}; see {shots}"
     page.close()
 
@@ -105,7 +106,7 @@ def test_comparing_two_jobs_shows_the_throughput_of_both(ui, browser):
     address, store, shots = ui
     with sqlite3.connect(store) as con:
         jobs = dict(con.execute("select name, run_uuid from runs where name like 'eager·%'").fetchall())
-        throughput = dict(con.execute("select run_uuid, value from latest_metrics where key='throughput_tok_s'").fetchall())
+        throughput = dict(con.execute("select run_uuid, value from latest_metrics where key='headline/throughput_tok_s'").fetchall())
     ids = [jobs["eager·llama2_7b_decode·atlas_a2·steps=4"], jobs["eager·qwen3_30b_decode·atlas_a2·steps=4"]]
     runs = ",".join(f'"{i}"' for i in ids)
     page = opened(browser, f'{address}/#/compare-runs?runs=[{runs}]&experiments=["1"]', shots, "compare", "Run details")
@@ -114,13 +115,32 @@ def test_comparing_two_jobs_shows_the_throughput_of_both(ui, browser):
     axis = plot[plot.rindex("throughput_tok_s"):]  # the metric axis's name, then its top and bottom values
     for run_id in ids:
         assert f"{throughput[run_id]:.5f}" in axis, f"{axis!r} lacks {throughput[run_id]:.5f}; see {shots}"
+    # Below the plot: the handful of params that were chosen (what differs among them), then the metrics,
+    # the headline ones first in MLflow's text order.
+    details = plotted[plotted.index("Run details"):]
+    params = details[details.index("Parameters Show diff only"):details.index("Metrics Show diff only")]
+    assert "strategy eager eager" in params and "workload llama2_7b_decode qwen3_30b_decode" in params, f"{params!r}; see {shots}"
+    assert params.count(" ") < 80 and "hardware.host.launch_us" not in params, f"{params!r}; see {shots}"
+    metrics = details[details.index("Metrics Show diff only"):].split()[4:9]
+    assert all(m.startswith("headline/") for m in metrics) and "headline/throughput_tok_s" in metrics, f"{metrics}; see {shots}"
     page.close()
 
 
-def test_the_sweeps_parent_holds_its_comparison_table(ui, browser):
+def test_the_sweeps_parent_holds_its_comparison_table_and_plots(ui, browser):
+    """The parent's page opens on its description, the comparison table the sweep printed (before "Show
+    more": a speed-up visible without a click), and its artifacts are the table and the plots."""
     address, store, shots = ui
     with sqlite3.connect(store) as con:
         (parent,) = con.execute("select run_uuid from runs where name like 'sweep %'").fetchone()
+    page = opened(browser, f"{address}/#/experiments/1/runs/{parent}", shots, "parent", "Description")
+    description = page.locator("table").first
+    header = description.locator("th").all_inner_texts()
+    assert header[:4] == ["hardware", "workload", "strategy", "throughput_tok_s"] and "speedup_vs_eager" in header, f"{header}; see {shots}"
+    first = description.locator("tr").nth(1).locator("td").all_inner_texts()
+    assert first[:3] == ["atlas_a2", "llama2_7b_decode", "eager"] and first[header.index("speedup_vs_eager")] == "1.000", f"{first}; see {shots}"
+    page.get_by_text("Show more").first.wait_for()
+    page.close()
     page = opened(browser, f"{address}/#/experiments/1/runs/{parent}/artifacts", shots, "parent_artifacts", "results.md")
-    assert page.get_by_text("results.csv").count() >= 1, f"see {shots}"
+    for name in ("results.csv", "speedup.png", "bubble.png"):
+        assert page.get_by_text(name).count() >= 1, f"{name}; see {shots}"
     page.close()

@@ -12,6 +12,7 @@ import urllib.request
 import numpy as np
 import pandas as pd
 import pytest
+from omegaconf import OmegaConf
 
 from conftest import free_port, run_cli, wait_until_up
 
@@ -42,13 +43,19 @@ def test_joblib_sweep_makes_one_parent_and_four_finished_children(sweep):
     assert {names[c] for c in children} == {f"{s}·{w}·atlas_a2·steps=4" for w in ("llama2_7b_decode", "qwen25_7b_decode") for s in ("eager", "acl_graph")}
     assert (sweep / "sweep" / "swept_keys").read_text().split() == ["strategy", "workload"]
     for values in metrics.values():
-        assert {"throughput_tok_s", "bubble_ratio", "breakdown_launch"} <= values.keys()
+        assert {"headline/throughput_tok_s", "headline/bubble_ratio", "path_share/launch"} <= values.keys()
     artifacts = list((sweep / "outputs" / "mlartifacts").rglob("summary.json"))
     assert len(artifacts) == 4
     results_md = (sweep / "sweep" / "results.md").read_text()
     assert results_md.count("atlas_a2") == 4
     # Fixed decimals and the notes a reader needs next to the numbers (graph captures).
     assert "e+0" not in results_md and "| notes" in results_md and results_md.count("| 1 capture") == 2
+    # The parent holds the comparison: the table as its description, table and plots as its artifacts.
+    with sqlite3.connect(sweep / "outputs" / "mlflow.db") as con:
+        (description,) = con.execute("select value from tags where run_uuid=? and key='mlflow.note.content'", (parent,)).fetchone()
+    assert description.startswith(results_md.strip() + "\n\n**4 jobs** of `python -m harness -m ")
+    logged = {p.name for p in (sweep / "outputs" / "mlartifacts").glob(f"**/{parent}/artifacts/*")}
+    assert logged == {"results.csv", "results.md", "speedup.png", "bubble.png"}
 
 
 def test_report_prints_the_speedup_table(sweep):
@@ -120,7 +127,7 @@ def test_mlflow_server_on_loopback_serves_the_runs(tmp_path):
         runs = json.load(urllib.request.urlopen(search, timeout=10))["runs"]
         assert len(runs) == 1
         metrics = {m["key"]: m["value"] for m in runs[0]["data"]["metrics"]}
-        assert metrics["throughput_tok_s"] > 0 and "bubble_ratio" in metrics
+        assert metrics["headline/throughput_tok_s"] > 0 and "headline/bubble_ratio" in metrics
     finally:
         server.terminate()
         server.wait(timeout=30)
@@ -319,9 +326,9 @@ def test_a_sweeps_jobs_draw_no_timeline_unless_asked(tmp_path):
     assert not any((job / "timeline.png").exists() for job in plain_jobs)
     assert all((job / "timeline.png").is_file() for job in asked_jobs)
     with sqlite3.connect(tmp_path / "outputs" / "mlflow.db") as con:
-        logged = {value for (value,) in con.execute("select value from params where key='output.timeline_steps'")}
         mode = con.execute("pragma journal_mode").fetchone()[0]
-    assert logged == {"0", "1"}  # never "None"
+    resolved = [OmegaConf.load(p) for p in (tmp_path / "outputs" / "mlartifacts").rglob("resolved_config.yaml")]
+    assert sorted(config.output.timeline_steps for config in resolved) == [0, 0, 1, 1, 1]  # what was drawn, never None
     assert mode == "wal"  # the store logs in write-ahead mode (harness.tracking._write_ahead_log)
 
 
@@ -396,7 +403,8 @@ def test_a_sweep_ends_with_its_comparison_table_and_where_results_md_is(tmp_path
     table, results_line = tail.rstrip("\n").rsplit("\n", 1)
     assert table + "\n" == results_md.read_text()
     assert [line.split("|")[3].strip() for line in table.splitlines()[2:]] == ["eager", "async"]
-    assert results_line.startswith(f"  results      {results_md} (every summary key: results.csv)")
+    assert results_line == f"  results      {results_md} (every summary key: results.csv; plots: speedup.png bubble.png)"
+    assert (tmp_path / "sw" / "speedup.png").stat().st_size > 1000 and (tmp_path / "sw" / "bubble.png").stat().st_size > 1000
     quiet = run_cli("-m", "strategy=eager,async", "workload.steps=2", "tracking.enabled=false", "output.print_summary=false",
                     "hydra.sweep.dir=quiet", cwd=tmp_path, timeout=300)
     assert quiet.returncode == 0 and "hostbound sweep:" not in quiet.stdout

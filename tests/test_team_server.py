@@ -105,11 +105,11 @@ def test_a_parallel_sweep_logs_every_run_to_a_postgresql_backed_server(mlflow_se
         params = {p["key"]: p["value"] for p in data["params"]}
         metrics = {m["key"]: m["value"] for m in data["metrics"]}
         assert tag["mlflow.parentRunId"] == parent_id
-        assert metrics["throughput_tok_s"] > 0 and 0 <= metrics["bubble_ratio"] <= 1
-        combos.add((params["strategy.dispatch"], params["workload.batch_size"]))
+        assert metrics["headline/throughput_tok_s"] > 0 and 0 <= metrics["headline/bubble_ratio"] <= 1
+        combos.add((params["strategy"], params["workload.batch_size"]))
         files = {f["path"] for f in _rest(mlflow_server, f"/api/2.0/mlflow/artifacts/list?run_id={run['info']['run_id']}").get("files", [])}
         assert {"summary.json", "steps.parquet", "trace.json"} <= files  # served by the server, stored in its folder
     assert combos == {("eager", "1"), ("eager", "8"), ("async", "1"), ("async", "8")}
     parent_files = {f["path"] for f in _rest(mlflow_server, f"/api/2.0/mlflow/artifacts/list?run_id={parent_id}").get("files", [])}
-    assert "results.csv" in parent_files
+    assert {"results.csv", "results.md", "speedup.png", "bubble.png"} <= parent_files
     assert len(list((tmp_path / "artifacts").rglob("summary.json"))) == 4

@@ -15,7 +15,7 @@ from pathlib import Path
 from harness.base.commands import CommandParser
 from harness.base.errors import EXIT_TRACKING_FAILED, HarnessError, fail
 from harness.base.files import atomic_write, check_folder, write_text
-from harness.results.comparison import comparison, load_run_dirs, missing_eager, plot, to_markdown
+from harness.results.comparison import comparison, load_run_dirs, missing_eager, plot, to_markdown, unplotted
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -61,6 +61,8 @@ def main(argv: list[str] | None = None) -> None:
     write_text(out / "comparison.md", markdown + "\n")
     plots = plot(table, out)
     print(markdown)
+    for note in unplotted(table):
+        print(f"hostbound report: note: {note}", file=sys.stderr)
     for key in missing_eager(table):
         print(f"hostbound report: note: no eager run for {key}: no speed-up to show", file=sys.stderr)
     print(f"\nwrote {out / 'runs.csv'}, {out / 'comparison.csv'}, {out / 'comparison.md'}" + "".join(f", {p}" for p in plots), file=sys.stderr)

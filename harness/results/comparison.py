@@ -7,7 +7,6 @@ summary.json files) or from an MLflow store (harness.tracking.read). `python -m 
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -97,17 +96,32 @@ def swept_values(overrides: pd.Series) -> pd.Series:
     )
 
 
+# (column, file, axis label) of each plot a comparison draws.
+PLOTS = (("speedup_vs_eager", "speedup.png", "throughput / eager"), ("bubble_ratio", "bubble.png", "bubble ratio"))
+
+
+def _plottable(table: pd.DataFrame, metric: str) -> bool:
+    return metric in table and not table[metric].isna().all()
+
+
+def unplotted(table: pd.DataFrame) -> list[str]:
+    """Why each plot `plot` leaves out is left out."""
+    return [
+        f"no {label} to plot" + (" (no eager run to compare with)" if metric == "speedup_vs_eager" else "")
+        for metric, _, label in PLOTS if not _plottable(table, metric)
+    ]
+
+
 def plot(table: pd.DataFrame, out: Path) -> list[Path]:
+    """Bar charts of a comparison (PLOTS) in `out`, those with something to show (`unplotted` says why not)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     written = []
-    for metric, name, label in [("speedup_vs_eager", "speedup.png", "throughput / eager"), ("bubble_ratio", "bubble.png", "bubble ratio")]:
-        if metric not in table or table[metric].isna().all():
-            print(f"hostbound report: note: no {label} to plot (no eager run to compare with)" if metric == "speedup_vs_eager"
-                  else f"hostbound report: note: no {label} to plot", file=sys.stderr)
+    for metric, name, label in PLOTS:
+        if not _plottable(table, metric):
             continue
         index = ["workload", "hardware"] + (["swept"] if "swept" in table else [])  # one bar per swept value
         pivot = table.pivot_table(index=index, columns="strategy", values=metric, aggfunc="mean", sort=False)

@@ -4,7 +4,7 @@ Before any job starts (in the launching process) it creates the tracking store a
 so parallel jobs never race a first-time database migration, warms the Numba cache, and starts the
 parent run (tags: sweep directory, overrides), whose id it leaves in the sweep directory for the
 jobs. Each job's run is tagged as its child (`mlflow.parentRunId`). When the sweep ends, the parent
-gets the combined results table (CSV and Markdown) of all jobs as artifacts.
+gets the comparison of its jobs: the table as its description and, with the plots, as artifacts.
 """
 from __future__ import annotations
 
@@ -112,24 +112,28 @@ class SweepTracking(Callback):
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         sweep_dir = Path(config.hydra.sweep.dir)
         Progress("hostbound sweep").done()
-        from harness.results.comparison import comparison, load_run_dirs, to_markdown
+        from harness.results.comparison import comparison, load_run_dirs, plot, to_markdown
 
         table = load_run_dirs([sweep_dir])
+        description = ""
         if not table.empty:
             atomic_write(sweep_dir / RESULTS_CSV, lambda tmp: table.to_csv(tmp, index=False))  # every summary key of every job
-            compared = to_markdown(comparison(table))
+            compared_table = comparison(table)
+            compared = to_markdown(compared_table)
             write_text(sweep_dir / RESULTS_MD, compared + "\n")
+            plots = plot(compared_table, sweep_dir)
+            description = parent_description(len(table), list(config.hydra.overrides.task), compared, plots)
             if OmegaConf.select(config, "output.print_summary", default=True):  # the sweep's answer, after its jobs'
+                drawn = " ".join(p.name for p in plots) or "none (no eager run, no bubble figures)"
                 print(
                     f"\nhostbound sweep: {len(table)} jobs\n{compared}\n"
-                    f"  results      {sweep_dir.absolute() / RESULTS_MD} (every summary key: {RESULTS_CSV});"
-                    f" plots: python -m harness.report {sweep_dir}",
+                    f"  results      {sweep_dir.absolute() / RESULTS_MD} (every summary key: {RESULTS_CSV}; plots: {drawn})",
                     flush=True,
                 )
         failed_jobs = sorted(p.parent for p in sweep_dir.glob(f"*/{JOB_FAILED_FILE}"))
         tracking = _tracking(config)
         if tracking.enabled:
-            self._finish_tracking(sweep_dir, tracking, len(table), failed=bool(failed_jobs))
+            self._finish_tracking(sweep_dir, tracking, len(table), failed=bool(failed_jobs), description=description)
         if failed_jobs:
             first = (failed_jobs[0] / JOB_FAILED_FILE).read_text().strip()
             print(
@@ -139,7 +143,8 @@ class SweepTracking(Callback):
             )
             raise SystemExit(EXIT_BAD_INPUT)
 
-    def _finish_tracking(self, sweep_dir: Path, tracking, jobs: int, failed: bool) -> None:
+    def _finish_tracking(self, sweep_dir: Path, tracking, jobs: int, failed: bool, description: str) -> None:
+        from harness.results.comparison import PLOTS
         from harness.tracking.store import FAILED_FILE, later_command
         from harness.tracking.sweep_runs import finish_parent_run
 
@@ -148,8 +153,9 @@ class SweepTracking(Callback):
             run_id = parent_file.read_text().strip()
             try:
                 with store_call():
-                    artifacts = [sweep_dir / name for name in (RESULTS_CSV, RESULTS_MD) if (sweep_dir / name).exists()]
-                    finish_parent_run(tracking, run_id, artifacts, jobs, failed)
+                    names = (RESULTS_CSV, RESULTS_MD, *(file for _, file, _ in PLOTS))
+                    artifacts = [sweep_dir / name for name in names if (sweep_dir / name).exists()]
+                    finish_parent_run(tracking, run_id, artifacts, jobs, failed, description)
             except Exception as exc:  # the store went away during the sweep; the jobs' markers say which
                 log.warning("tracking: could not finish the sweep's parent run %s: %s", run_id, exc)
         missed = sorted(p.parent for p in sweep_dir.glob(f"*/{FAILED_FILE}"))
@@ -240,6 +246,18 @@ def swept_keys_of(overrides: list[str]) -> set[str]:
         for o in OverridesParser.create().parse_overrides(overrides)
         if o.is_sweep_override() and not o.is_hydra_override()
     }
+
+
+def parent_description(jobs: int, overrides: list[str], compared_markdown: str, plots: list[Path]) -> str:
+    """The parent run's description (Markdown, on its page in the MLflow UI): the command, the comparison
+    table the sweep printed, and where the rest is."""
+    import shlex
+
+    files = ", ".join(f"`{name}`" for name in (RESULTS_MD, RESULTS_CSV, *(p.name for p in plots)))
+    return (  # the table first: the UI shows a description's first lines until "Show more"
+        f"{compared_markdown}\n\n**{jobs} jobs** of `{shlex.join(['python', '-m', 'harness', '-m', *overrides])}`, each a run"
+        f" nested under this one. Artifacts: {files} ({RESULTS_CSV}: every summary key of every job)."
+    )
 
 
 def sweep_name(overrides: list[str], folder: str, choices: dict | None = None) -> str:

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from harness.config.schema import TrackingConfig
-from harness.tracking.store import ensure_experiment, mlflow_module, resolve_uri
+from harness.tracking.store import WHERE_THINGS_GO, ensure_experiment, mlflow_module, param_value, resolve_uri
 
 
 def _client(tracking: TrackingConfig):
@@ -20,16 +20,28 @@ def _client(tracking: TrackingConfig):
 
 def start_parent_run(tracking: TrackingConfig, name: str, sweep_dir: Path, overrides: str) -> str:
     """Make the sweep's parent run (RUNNING) in the experiment; returns its id."""
+    from mlflow.entities import Param
+
     experiment_id = ensure_experiment(tracking)
-    parent = _client(tracking).create_run(
-        experiment_id, run_name=name, tags={"sweep_dir": str(sweep_dir), "overrides": overrides, "kind": "sweep"}
-    )
+    client = _client(tracking)
+    parent = client.create_run(experiment_id, run_name=name, tags={"sweep_dir": str(sweep_dir), "overrides": overrides, "kind": "sweep"})
+    # Its params: what the command line set, swept values as written (strategy=eager,acl_graph).
+    chosen = [override.lstrip("+~").partition("=") for override in overrides.split()]
+    params = {key: value for key, _, value in chosen if key and not key.startswith(WHERE_THINGS_GO)}
+    try:
+        client.log_batch(parent.info.run_id, params=[Param(key, param_value(value)) for key, value in params.items()])
+    except BaseException:  # the sweep never learns this run's id: it must not stay RUNNING
+        client.set_terminated(parent.info.run_id, status="FAILED")
+        raise
     return parent.info.run_id
 
 
-def finish_parent_run(tracking: TrackingConfig, run_id: str, artifacts: list[Path], jobs: int, failed: bool) -> None:
-    """Attach the sweep's results files, count its finished jobs, end it FINISHED (FAILED if a job failed)."""
+def finish_parent_run(tracking: TrackingConfig, run_id: str, artifacts: list[Path], jobs: int, failed: bool, description: str = "") -> None:
+    """Describe the run (Markdown), attach the sweep's results files, count its finished jobs, end it FINISHED
+    (FAILED if a job failed)."""
     client = _client(tracking)
+    if description:
+        client.set_tag(run_id, "mlflow.note.content", description)  # what the UI shows as the run's description
     for path in artifacts:
         client.log_artifact(run_id, str(path))
     client.log_metric(run_id, "jobs", float(jobs))
