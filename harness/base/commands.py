@@ -38,4 +38,8 @@ def run_command(module: str) -> NoReturn:
         code = None
     except SystemExit as exit_:  # fail(), argparse's --help
         code = exit_.code
+    except Exception:
+        if stopping.requested() is None:
+            raise
+        code = None  # a library left broken by the stop failed on its way out: the stop is what ended the command
     stopping.exit_now(code)

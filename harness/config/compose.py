@@ -13,6 +13,7 @@ from hydra.plugins.search_path_plugin import SearchPathPlugin
 from omegaconf import DictConfig, OmegaConf
 
 from harness.base.errors import ConfigError
+from harness.base.stopping import held, raise_if_stopped
 from harness.config.messages import one_line
 from harness.config.paths import CONF_DIR, launch_folder_conf
 from harness.config.schema import RunConfig
@@ -51,9 +52,12 @@ def compose_run(overrides: list[str] | tuple[str, ...] = ()) -> RunConfig:
     from hydra import compose, initialize_config_dir
 
     register_configs()
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        cfg = compose(config_name="config", overrides=list(overrides))
-    return to_run_config(cfg)
+    with held():  # a stop raised inside OmegaConf left its nodes broken: the next call failed with AttributeError
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+            cfg = compose(config_name="config", overrides=list(overrides))
+        run = to_run_config(cfg)
+    raise_if_stopped()
+    return run
 
 
 def to_run_config(cfg: DictConfig) -> RunConfig:

@@ -128,9 +128,18 @@ def _draw_what_arrives(read_end: int) -> NoReturn:
     """The drawing process: import matplotlib and the drawing code while the parent works, then draw
     the window it sends (nothing, on end of input)."""
     status = 1
+    drawing = False
+
+    def on_sigterm(signum: int, frame: object) -> None:
+        if drawing:
+            sys.exit(128 + signum)  # unwinds: no half-written file
+        # Still importing: nothing of ours to leave whole, and an exit raised inside the import machinery's
+        # callbacks was printed on the shared terminal ("Exception ignored in: _get_module_lock …").
+        os._exit(128 + signum)
+
     try:
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle; it ends this one
-        signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))  # unwinds: no half-written file
+        signal.signal(signal.SIGTERM, on_sigterm)
         import matplotlib
 
         matplotlib.use("Agg")
@@ -141,6 +150,7 @@ def _draw_what_arrives(read_end: int) -> NoReturn:
         with os.fdopen(read_end, "rb") as pipe:
             data = pipe.read()
         if data:
+            drawing = True
             draw_window(*pickle.loads(data))
         status = 0
     except BaseException:

@@ -24,6 +24,7 @@ from harness.sim.task_graph import TaskGraph
 from harness.sim.serving import ServingBatches, batch_requests, serving_summary
 from harness.sim.policies import StepPlan, prepare
 from harness.base.progress import Progress
+from harness.base.stopping import held, raise_if_stopped
 from harness.sim.outcome import RunResult
 from harness.base.errors import ConfigError
 from harness.model.ops import Workload, check_memory
@@ -230,6 +231,13 @@ class PreparedRun:
 def prepare_run(run: RunConfig) -> PreparedRun:
     """Size check (a one-step build of a card, before anything large), serving batches, the strategy's
     workload and step plan, then the HBM check: everything that can fail before the simulation proper."""
+    with held():  # a stop is taken after it, not inside Numba or the serving loop (see simulate_run)
+        prepared = _prepare_run(run)
+    raise_if_stopped()
+    return prepared
+
+
+def _prepare_run(run: RunConfig) -> PreparedRun:
     began = time.perf_counter()
     load_numba_target()
     watch = CompileWatch()
@@ -272,11 +280,16 @@ def simulate_run(run: RunConfig, chunk_tasks: int = CHUNK_TASKS) -> RunResult:
     cached).
     """
     began = time.perf_counter()
-    handed = _handed_over.pop(_simulated_part(run), None)
-    prepared = handed or prepare_run(run)
-    watch = CompileWatch()
-    with event.install_listener("numba:compile", watch):
-        outcome = _simulate_prepared(run, prepared, chunk_tasks)
+    # A stop (Ctrl-C, SIGTERM) is taken between chunks, not wherever Python happens to be: raised inside
+    # Numba's dispatch or a helper thread's lowering it crashed the process (SIGSEGV) or left it broken.
+    with held():
+        handed = _handed_over.pop(_simulated_part(run), None)
+        prepared = handed or _prepare_run(run)
+        raise_if_stopped()
+        watch = CompileWatch()
+        with event.install_listener("numba:compile", watch):
+            outcome = _simulate_prepared(run, prepared, chunk_tasks)
+    raise_if_stopped()  # one that came during the last chunk: the run is not finished for its caller
     outcome.summary["compile_s"] = prepared.compile_s + watch.seconds
     outcome.summary["sim_wall_s"] = time.perf_counter() - began + (handed.seconds if handed else 0.0)
     log.info("simulated %d tasks in %.3f s", outcome.summary["tasks_simulated"], outcome.summary["sim_wall_s"])
@@ -356,6 +369,7 @@ def _simulate_chunks(
         measured: list[Future] = []
         end_us = 0.0
         while True:
+            raise_if_stopped()  # simulate_run holds stops until here
             progress.update(f"simulating steps {steps[0]}–{steps[-1]} of {workload.steps} ({workload.n_ops} ops each)", force=True)
             result = _simulate_after(graph, end_us)
             end_us = result.makespan_us  # the last step's end: the barriers make it the chunk's
