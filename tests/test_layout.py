@@ -23,11 +23,12 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("sim", ("harness.sim",)),
     ("importers", ("harness.importers",)),
     ("results", ("harness.results",)),
+    ("advisor", ("harness.advisor",)),
     ("tracking", ("harness.tracking",)),
     ("sweep", ("harness.sweep", "hydra_plugins.hostbound_launcher")),
     ("cli", ("harness.cli",)),
     # `python -m harness`, `hostbound` and the commands named harness.<command>: they only call cli/.
-    ("entry", ("harness", "harness.__main__", "harness.profile", "harness.report", "harness.repro", "harness.export_ops")),
+    ("entry", ("harness", "harness.__main__", "harness.profile", "harness.report", "harness.repro", "harness.export_ops", "harness.advise")),
 ]
 # An importer measures a real trace the way the simulator measures its own run: of sim/ it may use the
 # task categories and the metric formulas, nothing that simulates.

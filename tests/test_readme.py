@@ -142,6 +142,12 @@ def test_readme_command_runs_as_shown(command, shown, tmp_path, monkeypatch, cap
         # Its companion line reads the file it wrote: run it here too.
         _run_harness(["workload=trace", f"workload.path={args[args.index('--out') + 1]}"], capsys)
         return
+    if module == "harness.advise":
+        from harness.cli.advise import main
+
+        assert main(args) == 0
+        assert "winner       " in capsys.readouterr().out and list((tmp_path / "conf" / "experiment").glob("*.yaml"))
+        return
     if module == "harness.profile":
         from harness.cli.profile import main
 

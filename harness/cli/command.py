@@ -157,6 +157,9 @@ def preflight(argv: list[str]) -> None:
     overrides, config_name, check = _split_argv(argv)
     if not check:
         return
+    for override in overrides:
+        if override.lstrip("+~").partition("=")[0].split(".")[0] == "advise":
+            fail(f"{override}: a question for python -m harness.advise (the best configuration under limits), not a run's key")
     try:
         variants, total = sweep_combinations(overrides)
         _, sweeps = _sweep_axes(overrides)

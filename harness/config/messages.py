@@ -56,7 +56,7 @@ def group_options(group: str) -> list[str]:
 
 def config_keys() -> list[str]:
     """Every key of the run schema (dotted), and the config groups."""
-    groups = [p.name for p in CONF_DIR.iterdir() if p.is_dir()]
+    groups = [p.name for p in CONF_DIR.iterdir() if p.is_dir() and p.name != "advise"]  # advise: python -m harness.advise's
     return sorted(set(flatten(OmegaConf.to_container(OmegaConf.structured(RunConfig)))) | set(groups))
 
 
@@ -79,7 +79,7 @@ def _explain(raw: str, overrides: Sequence[str]) -> Optional[str]:
         key = m["key"]
         hint = did_you_mean(key, config_keys())
         if not hint and "." not in key:  # a word at the top, like model=...: say what the groups are
-            groups = sorted(p.name for p in CONF_DIR.iterdir() if p.is_dir() and p.name not in ("hydra", "experiment"))
+            groups = sorted(p.name for p in CONF_DIR.iterdir() if p.is_dir() and p.name not in ("hydra", "experiment", "advise"))
             hint = f"; the config groups are {', '.join(groups)} (e.g. workload=llama2_7b_decode), and +experiment=NAME"
         return f"{_written(key, overrides, '...')}: no such key{hint}"
     if m := re.search(r"Value '(?P<value>.*?)' of type '\w+' could not be converted to (?P<to>\w+); full_key: (?P<key>[^;\s]+)", raw):

@@ -1,0 +1,132 @@
+"""What an advice tells the user: the ranked table, the winner's margins, why it wins (from the critical
+path), the rejected candidates with their reasons, and the winner as an `experiment=` preset that
+`python -m harness` runs as is."""
+from __future__ import annotations
+
+import datetime
+import shlex
+from pathlib import Path
+
+import pandas as pd
+import yaml
+
+from harness.advisor.candidates import Candidate
+from harness.advisor.search import Advice, figures
+from harness.base.errors import ConfigError
+from harness.base.files import write_text
+from harness.config.paths import CONF_DIR, LAUNCH_FOLDER_CONF
+from harness.config.schema import unflatten
+
+WRITTEN_MARK = "# Written by python -m harness.advise"
+_GROUP_KEYS = ("hardware", "workload", "strategy", "engine")
+
+
+def row(candidate: Candidate, rank: int | None) -> dict:
+    f = figures(candidate.summary) if candidate.summary else {}
+    return {
+        "rank": rank, "candidate": candidate.label, **f, "graphs": candidate.graphs, "graph_mem_gb": round(candidate.graph_mem_gb, 3),
+        "capture_s": round(candidate.capture_s, 3), "memory_gb": round(candidate.memory_gb, 2), "steps": candidate.steps,
+        "rejected": candidate.rejected,
+    }
+
+
+def table(advice: Advice) -> pd.DataFrame:
+    """Every candidate: the ranked ones first (rank 1 = the winner), then those rejected, with the reason."""
+    ranked = [row(c, i + 1) for i, c in enumerate(advice.ranked)]
+    others = [row(c, None) for c in advice.candidates if c not in advice.ranked]
+    return pd.DataFrame(ranked + others)
+
+
+def margin_text(winner: Candidate, other: Candidate | None, what: str) -> str:
+    if other is None or not other.summary:
+        return ""
+    mine, theirs = figures(winner.summary)["tok_s_per_device"], figures(other.summary)["tok_s_per_device"]
+    return f"{mine / theirs:.2f}× the throughput per device of {what} ({other.label or 'as set'}: {theirs:.1f} tok/s)"
+
+
+def why(advice: Advice) -> str:
+    """One paragraph on the winner: its figures, its margins, and what its critical path says."""
+    unfinished = (
+        f"advise.budget_s ran out: {advice.out_of_time} simulations were not run, and the ranking is of the candidates"
+        " that were (raise advise.budget_s, or narrow advise.space). " if advice.out_of_time else ""
+    )
+    if not advice.ranked:
+        return unfinished + "No candidate meets the limits: the table says why each was rejected."
+    winner = advice.ranked[0]
+    s, f = winner.summary, figures(winner.summary)
+    shares = sorted(((k.removeprefix("breakdown_"), v) for k, v in s.items() if k.startswith("breakdown_") and v > 0.02), key=lambda kv: -kv[1])
+    path = ", ".join(f"{name} {share:.0%}" for name, share in shares[:3])
+    parts = [
+        f"{winner.label} gives {f['tok_s_per_device']:.1f} tok/s per device at TPOT p50 {f['tpot_ms_p50']:.2f} ms"
+        + (f", TTFT {f['ttft_ms']:.1f} ms" if f["ttft_ms"] is not None else "") + ".",
+        f"It is {f['bound']}-bound (critical path: {path}), the device idle {f['bubble_ratio']:.0%} of the time"
+        + (f", padding waste {f['padding_waste']:.1%}" if f["padding_waste"] else "") + ".",
+    ]
+    different = [c for c in advice.ranked[1:] if figures(c.summary)["tok_s_per_device"] != f["tok_s_per_device"]]
+    ties = len(advice.ranked) - 1 - len(different)
+    if ties:
+        parts.append(f"{ties} other candidate{'s' if ties > 1 else ''} match{'es' if ties == 1 else ''} it with more graphs, capture time or memory, or in values that do not change the figures.")
+    runner_up = margin_text(winner, different[0] if different else None, "the runner-up")
+    baseline = margin_text(winner, advice.baseline, "the baseline")
+    parts += [f"{m[0].upper()}{m[1:]}." for m in (runner_up, baseline) if m]
+    if winner.graphs:
+        parts.append(f"It captures {winner.graphs} graphs ({winner.graph_mem_gb:.2f} GB, {winner.capture_s:.1f} s at start-up).")
+    return unfinished + " ".join(parts)
+
+
+def preset_text(base: list[str], winner: Candidate, command: str) -> str:
+    """The winner as an experiment preset: the presets it chose, then every value set on top, with the steps
+    it was ranked at (so that it runs exactly as ranked)."""
+    choices = {key: value for key, _, value in (o.partition("=") for o in base + winner.overrides) if key in _GROUP_KEYS}
+    dotted = (o.partition("=") for o in base + winner.overrides + [f"workload.steps={winner.steps}", "workload.warmup_steps=0"])
+    values = unflatten({key: yaml.safe_load(value) for key, _, value in dotted if key not in _GROUP_KEYS})
+    f = figures(winner.summary)
+    head = [
+        "# @package _global_",
+        f"{WRITTEN_MARK} on {datetime.date.today().isoformat()}: {command}",
+        f"# ranked first: {f['tok_s_per_device']:.1f} tok/s per device, TPOT p50 {f['tpot_ms_p50']:.2f} ms, {f['bound']}-bound",
+        "defaults:",
+        *(f"  - override /{key}: {name}" for key, name in choices.items()),
+    ]
+    return "\n".join(head) + "\n" + yaml.safe_dump(values, sort_keys=False)
+
+
+def preset_path(name: str) -> Path:
+    """conf/experiment/<name>.yaml of the launch folder (Hydra's search path has it), refused when the name
+    is a shipped preset's or the file is not one an advice wrote."""
+    if (CONF_DIR / "experiment" / f"{name}.yaml").exists():
+        raise ConfigError(f"advise.name={name}: a shipped experiment preset has that name; choose another")
+    path = Path.cwd() / LAUNCH_FOLDER_CONF / "experiment" / f"{name}.yaml"
+    if path.exists() and WRITTEN_MARK not in path.read_text():
+        raise ConfigError(f"advise.name={name}: {path} exists and was not written by an advice; choose another name")
+    return path
+
+
+def shown_table(frame: pd.DataFrame, rows: int) -> pd.DataFrame:
+    """The ranked rows, as a reader wants them: ranks as integers, columns that hold nothing left out."""
+    shown = frame[frame["rank"].notna()].head(rows).drop(columns=["rejected"])
+    shown = shown.astype({"rank": int}).dropna(axis="columns", how="all")
+    return shown
+
+
+def write_answer(advice: Advice, base: list[str], command: str, out: Path, name: str) -> tuple[pd.DataFrame, Path | None]:
+    """candidates.csv, advice.md and (with a winner) the experiment preset; returns the table and the preset."""
+    out.mkdir(parents=True, exist_ok=True)
+    frame = table(advice)
+    frame.to_csv(out / "candidates.csv", index=False)
+    shown = shown_table(frame, 20)
+    lines = [f"# Advice: {command}", "", why(advice), "", shown.to_markdown(index=False, floatfmt=".3f")]
+    rejected = frame[frame["rejected"] != ""]
+    if len(rejected):
+        lines += ["", f"## Rejected ({len(rejected)})", "", rejected[["candidate", "rejected"]].to_markdown(index=False)]
+    write_text(out / "advice.md", "\n".join(lines) + "\n")
+    preset = None
+    if advice.ranked:
+        preset = preset_path(name)
+        preset.parent.mkdir(parents=True, exist_ok=True)
+        write_text(preset, preset_text(base, advice.ranked[0], command))
+    return frame, preset
+
+
+def run_command_of(name: str) -> str:
+    return shlex.join(["python", "-m", "harness", f"experiment={name}"])

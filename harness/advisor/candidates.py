@@ -1,0 +1,185 @@
+"""The candidates of an advice: every combination of the search space's values as overrides on top of
+the user's run, each made into a RunConfig fast (Hydra composes once per combination of presets; the
+other keys are merged onto that composition and checked as any run's are), and the limits a candidate
+must meet before it is worth simulating.
+"""
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Any
+
+import numpy as np
+from omegaconf import OmegaConf
+
+from harness.base.errors import HarnessError
+from harness.base.stopping import held, raise_if_stopped
+from harness.config.advise import AdviseConfig
+from harness.config.compose import compose_run, to_run_config
+from harness.config.paths import CONF_DIR
+from harness.config.schema import GraphMode, Phase, RunConfig
+from harness.model.workload import build_workload
+from harness.sim.policies import graph_budget, layer_count
+
+GIB = 1e9
+MIB = 2**20
+
+
+@dataclass
+class Candidate:
+    overrides: list[str]  # the space's values, as `key=value`
+    run: RunConfig | None = None
+    rejected: str = ""  # why it was not simulated (or did not meet a limit once simulated)
+    graphs: int = 0  # capture sizes it captures
+    graph_mem_gb: float = 0.0
+    capture_s: float = 0.0
+    memory_gb: float = 0.0  # weights + KV cache + workspace + graphs of one rank, at its largest batch
+    summary: dict = field(default_factory=dict)  # of the longest rung it was simulated in
+    steps: int = 0  # that rung's steps
+
+    @property
+    def label(self) -> str:
+        return " ".join(short_override(o) for o in self.overrides)
+
+
+def value_text(value: Any) -> str:
+    """A space value as an override's value (lists as Hydra writes them: [1,2,4])."""
+    if isinstance(value, (list, tuple)):
+        return "[" + ",".join(value_text(v) for v in value) + "]"
+    if isinstance(value, bool):
+        return str(value).lower()
+    return "null" if value is None else str(value)
+
+
+def short_override(override: str) -> str:
+    """`strategy.graph.buckets=[1,2,4,8,16]` → `buckets=[1..16](5)`: a capture-size list by its span and count."""
+    key, _, value = override.partition("=")
+    name = key.rsplit(".", 1)[-1]
+    if value.startswith("[") and value.count(",") >= 4:
+        items = value.strip("[]").split(",")
+        return f"{name}=[{items[0]}..{items[-1]}]({len(items)})"
+    return f"{name}={value}"
+
+
+def combinations(space: dict[str, list[Any]]) -> list[list[str]]:
+    """Every combination of the space's values, the first key varying slowest."""
+    keys = list(space)
+    return [[f"{k}={value_text(v)}" for k, v in zip(keys, values)] for values in itertools.product(*(space[k] for k in keys))]
+
+
+_GROUPS = frozenset(p.name for p in CONF_DIR.iterdir() if p.is_dir() and p.name not in ("hydra", "advise"))
+
+
+@lru_cache(maxsize=256)
+def _composed(groups: tuple[str, ...]):
+    """Hydra's composition of the run with these preset choices (the expensive part: ~0.2 s)."""
+    from hydra import compose, initialize_config_dir
+
+    from harness.config.compose import register_configs
+
+    register_configs()
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        return compose(config_name="config", overrides=list(groups))
+
+
+def make_run(overrides: list[str]) -> RunConfig:
+    """The RunConfig `python -m harness <overrides>` would run: presets composed by Hydra (cached), the other
+    keys merged onto it and every value checked."""
+    with held():  # a stop raised inside OmegaConf leaves its nodes broken (see compose_run)
+        run = _make_run(overrides)
+    raise_if_stopped()
+    return run
+
+
+def _make_run(overrides: list[str]) -> RunConfig:
+    groups = tuple(o for o in overrides if o.lstrip("+").partition("=")[0] in _GROUPS)
+    dotted = [o for o in overrides if o not in groups]
+    if any(o.startswith(("+", "~")) for o in dotted):  # Hydra's own syntax: compose it all
+        return compose_run(overrides)
+    cfg = _composed(groups)
+    if not dotted:
+        return to_run_config(cfg)
+    try:
+        merged = OmegaConf.merge(cfg, OmegaConf.from_dotlist(dotted))
+    except Exception:  # a key Hydra would refuse: let it say so, in its words
+        return compose_run(overrides)
+    return to_run_config(merged)
+
+
+def same_run_key(run: RunConfig) -> str:
+    """Candidates with equal keys simulate the same thing: the config, less the capture sizes of a run that
+    captures no graphs and pads no batches (an eager candidate of each size list)."""
+    from harness.config.schema import flatten
+
+    params = flatten(OmegaConf.to_container(OmegaConf.structured(run), resolve=True, enum_to_str=True))
+    if not graph_sizes(run) and not run.strategy.shape_buckets:
+        params.pop("strategy.graph.buckets", None)
+    return repr(sorted(params.items()))
+
+
+def with_steps(run: RunConfig, steps: int) -> RunConfig:
+    return dataclasses.replace(run, workload=dataclasses.replace(run.workload, steps=steps, warmup_steps=0))
+
+
+def graph_sizes(run: RunConfig) -> list[int]:
+    """The capture sizes a candidate captures (none when its strategy replays no graphs in its phase)."""
+    graph = run.strategy.graph
+    if graph.mode != GraphMode.capture or run.workload.phase not in graph.phases:
+        return []
+    return sorted(set(graph.buckets))
+
+
+def largest_batch(run: RunConfig) -> int:
+    serving = run.workload.serving
+    return serving.max_batch if serving.enabled else run.workload.batch_size
+
+
+def check_limits_before(candidate: Candidate, advise: AdviseConfig) -> None:
+    """Fill the candidate's graph and memory figures and set `rejected` to the first limit it breaks:
+    the platform's graph (stream) budget, the largest batch above the largest capture size (it would
+    run eagerly), start-up capture time, device memory (weights, KV cache at the last step, workspace,
+    graphs)."""
+    run = candidate.run
+    assert run is not None
+    sizes = graph_sizes(run)
+    costs = run.hardware.graph
+    batch = largest_batch(run)
+    kv = run.workload.context_len + (run.workload.steps if run.workload.phase == Phase.decode else 0)
+    if run.workload.serving.enabled:
+        kv = run.workload.serving.prompt_len_mean + run.workload.serving.output_len_mean
+    try:
+        workload = build_workload(
+            dataclasses.replace(run.workload, steps=1, warmup_steps=0), devices_per_node=run.hardware.link.devices_per_node,
+            batch=np.array([batch]), kv_len=np.array([float(kv)]), engine_layer_us=run.engine.layer_overhead_us,
+        )
+    except HarnessError as exc:
+        candidate.rejected = str(exc)
+        return
+    candidate.graphs = len(sizes)
+    candidate.graph_mem_gb = len(sizes) * costs.graph_mem_mib * MIB / GIB
+    candidate.capture_s = len(sizes) * costs.capture_ms / 1e3
+    memory = workload.memory
+    candidate.memory_gb = memory.weights_gb + memory.kv_cache_gb + memory.workspace_gb + candidate.graph_mem_gb
+    hbm_gb = min(run.hardware.device.hbm_gb, advise.hbm_gb_max or float("inf"))
+    if sizes:
+        layers = layer_count(workload)
+        budget = graph_budget(costs, layers, run.workload)
+        if len(sizes) > budget:
+            candidate.rejected = (
+                f"{len(sizes)} graphs needed, {budget} allowed: each takes {layers} layers + 1 = {layers + 1} streams,"
+                f" {costs.max_graphs:,} streams in all (hardware.graph.max_graphs)"
+            )
+            return
+        if batch > sizes[-1]:
+            candidate.rejected = f"batch {batch} above the largest capture size {sizes[-1]}: its decode steps would run eagerly"
+            return
+    if advise.capture_s_max is not None and candidate.capture_s > advise.capture_s_max:
+        candidate.rejected = f"capturing {len(sizes)} graphs takes {candidate.capture_s:.1f} s > advise.capture_s_max={advise.capture_s_max:g}"
+        return
+    if candidate.memory_gb > hbm_gb:
+        candidate.rejected = (
+            f"needs {candidate.memory_gb:.1f} GB a device (weights {memory.weights_gb:.1f} + KV cache {memory.kv_cache_gb:.1f}"
+            f" + workspace {memory.workspace_gb:.1f} + graphs {candidate.graph_mem_gb:.1f}) > {hbm_gb:g} GB"
+        )

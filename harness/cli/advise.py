@@ -1,0 +1,82 @@
+"""`python -m harness.advise` — the best configuration of a run under the user's limits, with the reasons.
+
+    python -m harness.advise hardware=atlas_a2 workload=qwen3_30b_decode advise=decode_slo advise.tpot_ms_max=30
+    python -m harness.advise hardware=h100 workload=llama31_8b_decode advise=max_throughput advise.baseline=[strategy=eager]
+
+Arguments are Hydra overrides: `advise=PRESET` (conf/advise/) and `advise.KEY=VALUE` set the question
+(objective, limits, search space, steps, budget); every other override sets the run the candidates
+start from, as for `python -m harness`. Each candidate (a combination of the space's values) is checked
+against the limits that need no simulation (graph streams, the largest batch against the largest capture
+size, capture time, device memory), then simulated in this process, short runs first and longer ones for
+the leaders. Writes `candidates.csv` (every candidate, its figures or why it was rejected) and
+`advice.md` to `advise.out` (default outputs/advise/<date>/<time>), and the winner as
+`conf/experiment/<advise.name>.yaml` in this folder, which `python -m harness experiment=<name>` runs.
+"""
+from __future__ import annotations
+
+import datetime
+import shlex
+import sys
+from pathlib import Path
+
+from harness.base.errors import ConfigError
+from harness.base.files import check_folder
+
+_HELP = ("-h", "--help")
+
+
+def split_arguments(argv: list[str]) -> tuple[str, list[str], list[str], str | None]:
+    """(advise preset, advise.* overrides without the prefix, the run's overrides, advise.out)."""
+    preset, advise, run, out = "max_throughput", [], [], None
+    for arg in argv:
+        key, eq, value = arg.partition("=")
+        if not eq:
+            raise ConfigError(f"{arg}: not an override (KEY=VALUE); see python -m harness.advise --help")
+        if key == "advise":
+            preset = value
+        elif key == "advise.out":
+            out = value
+        elif key.startswith("advise."):
+            advise.append(f"{key.removeprefix('advise.')}={value}")
+        else:
+            run.append(arg)
+    return preset, advise, run, out
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if any(a in _HELP for a in argv):
+        from harness.config.advise import presets
+
+        print(__doc__.strip() + f"\n\nadvise presets: {', '.join(presets())}")
+        return 0
+    from harness.config.advise import compose_advise
+
+    preset, advise_overrides, base, out_text = split_arguments(argv)
+    advise = compose_advise(preset, advise_overrides)
+    from harness.advisor.answer import preset_path, run_command_of, write_answer
+    from harness.advisor.candidates import make_run
+    from harness.advisor.search import advise_runs
+
+    preset_path(advise.name)  # refused now, not after the search
+    make_run(base)  # the run itself must compose: one line naming the key, before any candidate
+    now = datetime.datetime.now()
+    out = check_folder("advise.out", out_text or Path("outputs") / "advise" / now.strftime("%Y-%m-%d") / now.strftime("%H-%M-%S"))
+    command = shlex.join(["python", "-m", "harness.advise", *argv])
+    advice = advise_runs(base, advise, say=lambda line: print(f"hostbound advise: {line}", file=sys.stderr, flush=True))
+    frame, written = write_answer(advice, base, command, out, advise.name)
+    from harness.advisor.answer import shown_table, why
+
+    shown = shown_table(frame, 10)
+    print(shown.to_markdown(index=False, floatfmt=".3f") if len(shown) else "no candidate meets the limits")
+    print(f"\n{why(advice)}")
+    rejected = int((frame["rejected"] != "").sum())
+    print(
+        f"\n  searched     {len(frame)} candidates in {advice.seconds:.1f} s ({rejected} rejected; steps per rung"
+        f" {', '.join(f'{steps}: {n} met the limits' for steps, n in advice.rungs)})"
+        + (f"; {advice.out_of_time} not simulated: advise.budget_s={advise.budget_s:g} ran out" if advice.out_of_time else "")
+    )
+    print(f"  results      {out.absolute() / 'advice.md'} (every candidate: candidates.csv)")
+    if written is not None:
+        print(f"  winner       {written} — run it: {run_command_of(advise.name)}")
+    return 0 if advice.ranked else 2

@@ -1,0 +1,76 @@
+"""What `python -m harness.advise` is asked: the objective, the user's limits, the search space and how
+long to search. Composed from a preset of conf/advise/ and `advise.*` overrides (harness.cli.advise);
+the run the candidates start from is composed by Hydra like any other run."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Dict, List, Optional
+
+import yaml
+from omegaconf import OmegaConf
+
+from harness.base.errors import ConfigError
+from harness.config.limits import check_field, check_limits
+from harness.config.messages import one_line
+from harness.config.paths import CONF_DIR
+
+ADVISE_DIR = CONF_DIR / "advise"
+OBJECTIVES = ("throughput",)  # tokens per second per device
+
+
+@dataclass
+class AdviseConfig:
+    _key: ClassVar[str] = "advise"
+    objective: str = "throughput"
+    tpot_ms_max: Optional[float] = None  # decode: median time per output token (a step, or serving's median TPOT)
+    ttft_ms_max: Optional[float] = None  # time to first token: serving's median, or a prefill step
+    hbm_gb_max: Optional[float] = None  # device memory a candidate may use, below the device's own
+    capture_s_max: Optional[float] = None  # start-up time spent capturing graphs
+    # Successive halving: every candidate is simulated for steps[0] steps, the best `keep` share of them
+    # for steps[1], and so on; the ranking is the last rung's.
+    steps: List[int] = field(default_factory=lambda: [8, 32])
+    keep: float = 0.34
+    budget_s: float = 60.0  # stop simulating new candidates after this long (the ranking says how many ran)
+    # The search space: config key (or group) → the values tried; every combination is a candidate.
+    space: Dict[str, List[Any]] = field(default_factory=dict)
+    baseline: List[str] = field(default_factory=list)  # the user's current configuration, as overrides
+    name: str = "advised"  # the winner is written as conf/experiment/<name>.yaml in the launch folder
+
+    def __post_init__(self) -> None:
+        check_limits(self)
+        check_field(self, self.objective in OBJECTIVES, "objective", f"must be one of {', '.join(OBJECTIVES)}")
+        check_field(self, 0 < len(self.steps) <= 8 and self.steps == sorted(self.steps), "steps", "must be 1..8 step counts, rising")
+        check_field(self, 0 < len(self.space) <= 16, "space", "must name 1..16 keys to search")
+        for key, values in self.space.items():
+            if not isinstance(values, list) or not 0 < len(values) <= 1000:
+                raise ConfigError(f"advise.space.{key}={values!r}: must be a list of 1..1000 values")
+        check_field(self, self.name.replace("_", "").isalnum(), "name", "must be letters, digits and _ (a preset's file name)")
+
+
+def presets() -> list[str]:
+    return sorted(p.stem for p in ADVISE_DIR.glob("*.yaml"))
+
+
+def compose_advise(preset: str, overrides: list[str]) -> AdviseConfig:
+    """The preset conf/advise/<preset>.yaml with `advise.KEY=VALUE` overrides on top, checked."""
+    from harness.config.messages import did_you_mean
+
+    path = ADVISE_DIR / f"{preset}.yaml"
+    if not path.is_file():
+        raise ConfigError(f"advise={preset}: no such advise preset{did_you_mean(preset, presets())}; choose from {', '.join(presets())}")
+    # space.KEY=VALUES adds or replaces one axis, KEY being a whole config key (its dots are not nesting).
+    axes = {o.partition("=")[0].removeprefix("space."): o.partition("=")[2] for o in overrides if o.startswith("space.")}
+    dotted = [o for o in overrides if not o.startswith("space.")]
+    try:
+        chosen = OmegaConf.load(path)
+        if any(o.partition("=")[0] == "space" for o in overrides) and "space" in chosen:
+            del chosen["space"]  # a space given whole replaces the preset's (a merge would keep its other keys)
+        added = OmegaConf.create({"space": {key: yaml.safe_load(values) for key, values in axes.items()}})
+        merged = OmegaConf.merge(OmegaConf.structured(AdviseConfig), chosen, OmegaConf.from_dotlist(dotted), added)
+        advise = OmegaConf.to_object(merged)
+    except ConfigError:
+        raise
+    except Exception as exc:  # an unknown key or a value of the wrong type, in Hydra's words cut to a line
+        raise ConfigError(one_line(exc)) from exc
+    assert isinstance(advise, AdviseConfig)
+    return advise

@@ -1,0 +1,191 @@
+"""python -m harness.advise: its winner is brute force's, every limit is honoured and each rejected
+candidate says why, the three pitfalls of graph capture are caught (the stream budget, a largest batch
+above the largest capture size, coarse capture sizes), the written preset runs as ranked, the same
+question gives the same answer, and bad input is one line."""
+from __future__ import annotations
+
+import dataclasses
+import subprocess
+import sys
+
+import pytest
+
+from harness.advisor.candidates import make_run, with_steps
+from harness.advisor.search import advise_runs, figures
+from harness.base.errors import ConfigError
+from harness.config.advise import AdviseConfig, compose_advise
+from harness.config.compose import compose_run
+from harness.sim.outcome import without_wall_clock
+from harness.sim.policies import layer_count
+from harness.sim.simulate import one_step, simulate_run
+
+H100 = ["hardware=h100", "workload=llama31_8b_decode"]
+A2 = ["hardware=atlas_a2", "workload=qwen3_30b_decode"]
+VLLM_SIZES = [1, 2, 4] + list(range(8, 257, 8)) + list(range(272, 513, 16))  # vLLM's default capture sizes: 51
+
+
+def question(**kw) -> AdviseConfig:
+    return AdviseConfig(**{"steps": [4], **kw})
+
+
+def test_the_winner_is_brute_forces_on_a_small_space():
+    space = {"strategy": ["eager", "async", "cuda_graph"], "workload.batch_size": [1, 8, 32]}
+    advice = advise_runs(H100, question(space=space))
+    best = {}
+    for strategy in space["strategy"]:
+        for batch in space["workload.batch_size"]:
+            run = with_steps(compose_run(H100 + [f"strategy={strategy}", f"workload.batch_size={batch}"]), 4)
+            summary = simulate_run(run).summary
+            best[(strategy, batch)] = summary["throughput_tok_s"] / summary["devices"]
+    winner = max(best, key=best.get)
+    assert advice.ranked[0].overrides == [f"strategy={winner[0]}", f"workload.batch_size={winner[1]}"]
+    assert figures(advice.ranked[0].summary)["tok_s_per_device"] == best[winner]
+    assert [figures(c.summary)["tok_s_per_device"] for c in advice.ranked] == sorted(best.values(), reverse=True)
+
+
+def test_successive_halving_keeps_the_leaders_and_ranks_them_at_the_longest_rung():
+    space = {"strategy": ["eager", "cuda_graph"], "workload.batch_size": [1, 4, 16, 64]}
+    advice = advise_runs(H100, question(space=space, steps=[2, 6], keep=0.25))
+    assert advice.rungs == [(2, 8), (6, 2)]
+    assert all(c.steps == 6 for c in advice.ranked) and len(advice.ranked) == 2
+    brute = max(
+        (simulate_run(with_steps(make_run(H100 + c.overrides), 6)).summary["throughput_tok_s"], c.label) for c in advice.candidates
+    )
+    assert advice.ranked[0].label == brute[1]
+
+
+def test_the_latency_limit_is_honoured_and_misses_say_by_how_much():
+    space = {"strategy": ["eager", "cuda_graph"], "workload.batch_size": [1, 16, 64, 256]}
+    free = advise_runs(H100, question(space=space))
+    tpots = sorted(figures(c.summary)["tpot_ms_p50"] for c in free.ranked)
+    limit = (tpots[len(tpots) // 2 - 1] + tpots[len(tpots) // 2]) / 2  # about half of them meet it
+    bound = advise_runs(H100, question(space=space, tpot_ms_max=limit))
+    assert bound.ranked and all(figures(c.summary)["tpot_ms_p50"] <= limit for c in bound.ranked)
+    missed = [c for c in bound.candidates if c.rejected.startswith("TPOT p50")]
+    assert len(missed) == len(free.ranked) - len(bound.ranked) > 0
+    assert all(f"> advise.tpot_ms_max={limit:g}" in c.rejected for c in missed)
+    assert figures(bound.ranked[0].summary)["tok_s_per_device"] < figures(free.ranked[0].summary)["tok_s_per_device"]
+
+
+def test_the_memory_limit_is_checked_before_simulating():
+    space = {"workload.batch_size": [1, 256]}
+    advice = advise_runs(H100, question(space=space, hbm_gb_max=17.0))
+    small, large = advice.candidates
+    assert small.memory_gb < 17.0 < large.memory_gb
+    assert large.rejected.startswith(f"needs {large.memory_gb:.1f} GB a device (weights ") and large.rejected.endswith("> 17 GB")
+    assert not large.summary and advice.ranked == [small]
+
+
+def test_the_graph_budget_pitfall_is_caught_on_ascend():
+    """40-odd layers × 51 capture sizes do not fit Atlas A2's streams (vllm-ascend #1168): rejected, saying
+    how many graphs were needed and allowed; a short size list is taken."""
+    advice = advise_runs(A2, question(space={"strategy": ["acl_graph"], "strategy.graph.buckets": [VLLM_SIZES, [8, 16, 32, 64]]}))
+    full, short = advice.candidates
+    run = make_run(A2 + ["strategy=acl_graph"])
+    layers = layer_count(one_step(run))
+    assert layers == 48  # Qwen3-30B-A3B's card
+    assert full.rejected == (
+        f"51 graphs needed, {run.hardware.graph.max_graphs // (layers + 1)} allowed: each takes {layers} layers + 1 = {layers + 1} streams,"
+        f" {run.hardware.graph.max_graphs:,} streams in all (hardware.graph.max_graphs)"
+    )
+    assert advice.ranked == [short] and short.graphs == 4
+
+
+def test_a_batch_above_the_largest_capture_size_is_caught():
+    """vLLM PR 12920: a max batch off the capture list leaves the largest batch without a graph; decode runs
+    eagerly, several times slower."""
+    advice = advise_runs(A2, question(space={"strategy": ["acl_graph"], "workload.batch_size": [32, 48], "strategy.graph.buckets": [[8, 16, 32]]}))
+    fits, above = advice.candidates
+    assert above.rejected == "batch 48 above the largest capture size 32: its decode steps would run eagerly"
+    assert advice.ranked == [fits]
+
+
+def test_finer_capture_sizes_beat_coarse_ones_at_a_batch_between_them():
+    """vllm-ascend #16049: a batch of 40 padded to 64 pays for 24 sequences that are not there."""
+    space = {"strategy": ["acl_graph"], "workload.batch_size": [40], "strategy.graph.buckets": [[16, 64], [8, 16, 24, 32, 40, 48, 56, 64]]}
+    advice = advise_runs(A2, question(space=space))
+    coarse, fine = advice.candidates
+    assert advice.ranked[0] is fine
+    # Padding that is left is the routed experts' token counts, padded to powers of two either way.
+    assert figures(coarse.summary)["padding_waste"] > figures(fine.summary)["padding_waste"] + 0.03
+
+
+def test_the_same_question_gives_the_same_answer():
+    space = {"strategy": ["eager", "async"], "workload.batch_size": [1, 8]}
+    first, second = (advise_runs(H100, question(space=space, steps=[2, 4], keep=0.5)) for _ in range(2))
+    assert [(c.label, without_wall_clock(c.summary)) for c in first.ranked] == [(c.label, without_wall_clock(c.summary)) for c in second.ranked]
+
+
+def test_the_command_writes_a_preset_that_runs_as_ranked(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "-m", "harness.advise", *H100, "advise=max_throughput", "advise.steps=[4]", "advise.space={strategy:[eager,cuda_graph],workload.batch_size:[1,8]}",
+         "advise.baseline=[strategy=eager,workload.batch_size=1]", "advise.name=my_advice", "advise.out=adv"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "the baseline (strategy=eager batch_size=1:" in proc.stdout
+    assert (tmp_path / "adv" / "advice.md").is_file() and (tmp_path / "adv" / "candidates.csv").is_file()
+    preset = tmp_path / "conf" / "experiment" / "my_advice.yaml"
+    assert f"winner       {preset} — run it: python -m harness experiment=my_advice" in proc.stdout
+    ran = subprocess.run([sys.executable, "-m", "harness", "experiment=my_advice", "tracking.enabled=false", "hydra.run.dir=run"],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert ran.returncode == 0, ran.stderr[-2000:]
+    import json
+
+    import pandas as pd
+
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    table = pd.read_csv(tmp_path / "adv" / "candidates.csv")
+    assert summary["throughput_tok_s"] / summary["devices"] == pytest.approx(table.loc[0, "tok_s_per_device"], rel=1e-12)
+    assert summary["strategy"] == "cuda_graph" and summary["steps"] == 4
+
+
+@pytest.mark.parametrize(
+    "args, says",
+    [
+        (["advise=max_troughput"], "advise=max_troughput: no such advise preset (did you mean max_throughput?)"),
+        (["advise.tpot_ms_max=-1"], "advise.tpot_ms_max=-1"),
+        (["advise.keep=2"], "advise.keep=2"),
+        (["advise.nope=1"], "nope"),
+        (["advise.name=a2_qwen3_eager"], "advise.name=a2_qwen3_eager: a shipped experiment preset has that name"),
+        (["workload.batch_size=0"], "workload.batch_size=0: must be in"),
+        (["strategy"], "strategy: not an override (KEY=VALUE)"),
+    ],
+)
+def test_bad_input_is_one_line_and_nothing_is_written(args, says, tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "harness.advise", *H100, *args], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and says in proc.stderr, proc.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_presets_compose():
+    for name in ("max_throughput", "decode_slo", "ascend_graph_limited"):
+        assert compose_advise(name, []).space
+    with pytest.raises(ConfigError, match="advise.steps="):
+        compose_advise("max_throughput", ["steps=[8,4]"])
+    assert dataclasses.asdict(compose_advise("decode_slo", ["tpot_ms_max=20"]))["tpot_ms_max"] == 20.0
+
+
+def test_an_advise_key_given_to_a_run_says_which_command_takes_it(capsys):
+    from harness.cli.command import preflight
+
+    with pytest.raises(SystemExit) as stopped:
+        preflight(["advise=decode_slo"])
+    assert stopped.value.code == 2
+    assert capsys.readouterr().err == (
+        "hostbound: error: advise=decode_slo: a question for python -m harness.advise (the best configuration under limits), not a run's key\n"
+    )
+
+
+def test_a_space_given_whole_replaces_the_presets():
+    assert compose_advise("max_throughput", ["space={strategy:[eager]}"]).space == {"strategy": ["eager"]}
+    assert set(compose_advise("max_throughput", ["space.hardware.host.threads=[4]"]).space) == {"strategy", "workload.batch_size", "hardware.host.threads"}
+
+
+def test_a_search_that_runs_out_of_time_says_so_first():
+    from harness.advisor.answer import why
+
+    advice = advise_runs(H100, question(space={"workload.batch_size": [1, 8, 32]}, budget_s=1e-9 + 1, steps=[4]))
+    assert advice.out_of_time == 0  # a second is enough for three short runs: nothing to say
+    advice.out_of_time = 2
+    assert why(advice).startswith("advise.budget_s ran out: 2 simulations were not run, and the ranking is of the candidates that were")
