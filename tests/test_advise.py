@@ -125,6 +125,7 @@ def test_the_command_writes_a_preset_that_runs_as_ranked(tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "the baseline (strategy=eager batch_size=1:" in proc.stdout
     assert (tmp_path / "adv" / "advice.md").is_file() and (tmp_path / "adv" / "candidates.csv").is_file()
+    assert (tmp_path / "adv" / "pareto.png").read_bytes()[:4] == b"\x89PNG" and "(pareto.png)" in (tmp_path / "adv" / "advice.md").read_text()
     preset = tmp_path / "conf" / "experiment" / "my_advice.yaml"
     assert f"winner       {preset} — run it: python -m harness experiment=my_advice" in proc.stdout
     ran = subprocess.run([sys.executable, "-m", "harness", "experiment=my_advice", "tracking.enabled=false", "hydra.run.dir=run"],

@@ -16,6 +16,7 @@ from harness.base.errors import ConfigError
 from harness.base.files import write_text
 from harness.config.paths import CONF_DIR, LAUNCH_FOLDER_CONF
 from harness.config.schema import unflatten
+from harness.results.comparison import pareto_plot
 
 WRITTEN_MARK = "# Written by python -m harness.advise"
 _GROUP_KEYS = ("hardware", "workload", "strategy", "engine")
@@ -119,6 +120,12 @@ def write_answer(advice: Advice, base: list[str], command: str, out: Path, name:
     rejected = frame[frame["rejected"] != ""]
     if len(rejected):
         lines += ["", f"## Rejected ({len(rejected)})", "", rejected[["candidate", "rejected"]].to_markdown(index=False)]
+    simulated = frame[frame["steps"] == frame["steps"].max()].dropna(subset=["tpot_ms_p50"]) if len(frame) else frame
+    if len(simulated) and "tpot_ms_p50" in simulated:  # every candidate of the last rung, limits met or not
+        pareto_plot(simulated["tok_s_per_device"].to_numpy(float), 1000.0 / simulated["tpot_ms_p50"].to_numpy(float),
+                    list(simulated["candidate"]), out / "pareto.png",
+                    f"the {len(simulated)} candidates simulated {int(simulated['steps'].iloc[0])} steps (the last rung)")
+        lines += ["", "![throughput per device against tokens per second per user](pareto.png)"]
     write_text(out / "advice.md", "\n".join(lines) + "\n")
     preset = None
     if advice.ranked:

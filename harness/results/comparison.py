@@ -139,3 +139,34 @@ def plot(table: pd.DataFrame, out: Path) -> list[Path]:
             plt.close(ax.figure)
         written.append(path)
     return written
+
+
+def pareto_plot(per_device: np.ndarray, per_user: np.ndarray, labels: list[str], path: Path, title: str = "") -> Path:
+    """Throughput per device against tokens per second per user (1000 / TPOT), one point per candidate, the
+    Pareto front (no other point better on both) joined and its points named."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    order = np.argsort(-per_user, kind="stable")
+    front, best = [], -np.inf
+    for i in order:  # by user speed, fastest first: a point is on the front if it beats every faster one on throughput
+        if per_device[i] > best:
+            front.append(i)
+            best = per_device[i]
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    ax.scatter(per_user, per_device, s=12, color="0.6", label="candidates")
+    ax.plot(per_user[front], per_device[front], "o-", color="C0", label="Pareto front")
+    for i in front[:12]:
+        ax.annotate(labels[i], (per_user[i], per_device[i]), fontsize=6, xytext=(3, 3), textcoords="offset points")
+    ax.set_xlabel("tokens/s per user (1000 / TPOT p50)")
+    ax.set_ylabel("tokens/s per device")
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    try:
+        atomic_write(path, lambda tmp: fig.savefig(tmp, dpi=110))
+    finally:
+        plt.close(fig)
+    return path
