@@ -239,6 +239,7 @@ def test_issue_cases_are_refused_up_front_naming_the_key(override, named, tmp_pa
 def test_every_number_of_the_schema_has_a_limit_and_no_limit_is_stale():
     """A new numeric key without a range would pass unchecked: check_limits looks each one up."""
     from harness.config.limits import _numeric_fields
+    from harness.config.advise import AdviseConfig
     from harness.config.schema import RunConfig
     import dataclasses
     import typing
@@ -255,6 +256,7 @@ def test_every_number_of_the_schema_has_a_limit_and_no_limit_is_stale():
                 walk(t, f"{key}.{f.name}" if key else f.name)
 
     walk(RunConfig, "")
+    walk(AdviseConfig, "advise")  # python -m harness.advise's question
     found = {k.replace("workload.ops.", "workload.ops[].") for k in found}
     configured = {k for k in LIMITS if not k.startswith("card.")}
     assert found == configured

@@ -160,14 +160,18 @@ def _serve(sock: socket.socket) -> NoReturn:
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the run's; it ends this process gently
         from harness.base.stopping import stop_with
 
-        # SIGTERM unwinds between store calls, as in the run's process (harness.base.stopping).
-        signal.signal(signal.SIGTERM, lambda signum, frame: stop_with(SystemExit(128 + signum)))
+        # While importing, SIGTERM ends the process at once: nothing is open yet, and an exit raised inside
+        # the import machinery's callbacks was printed on the shared terminal ("Exception ignored in:
+        # _get_module_lock …"). Then it unwinds between store calls, as in the run's process.
+        signal.signal(signal.SIGTERM, lambda signum, frame: os._exit(128 + signum))
         from harness.base.errors import TrackingError
         from harness.tracking import store
 
         store.mlflow_module()
         import mlflow.entities  # noqa: F401  what log_run uses, imported before it is asked
         import mlflow.tracking.context.registry  # noqa: F401
+
+        signal.signal(signal.SIGTERM, lambda signum, frame: stop_with(SystemExit(128 + signum)))
 
         while True:
             try:
