@@ -139,7 +139,7 @@ def finished_run(tmp_path_factory) -> Path:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("command", ["profile", "report", "repro", "tracking", "export_ops"])
+@pytest.mark.parametrize("command", ["profile", "report", "repro", "tracking", "export_ops", "advise"])
 def test_every_other_command_stopped_ends_in_one_line_by_the_signal(command, finished_run, tmp_path):
     trace = Path(__file__).parent / "data" / "traces"
     args = {
@@ -148,6 +148,7 @@ def test_every_other_command_stopped_ends_in_one_line_by_the_signal(command, fin
         "repro": ["harness.repro", "--out", str(tmp_path / "repro")],
         "tracking": ["harness.tracking", "log", str(finished_run), "--uri", f"sqlite:///{tmp_path / 'mlflow.db'}"],
         "export_ops": ["harness.export_ops", "--out", str(tmp_path / "ops.csv")],
+        "advise": ["harness.advise", f"advise.out={tmp_path / 'advice'}"],
     }[command]
     for sig, delay_s in ((signal.SIGINT, 0.3), (signal.SIGTERM, 1.2), (signal.SIGINT, 2.5)):
         proc, err, sent = run_and_stop(args, tmp_path, sig, delay_s)
