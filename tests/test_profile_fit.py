@@ -9,6 +9,7 @@ import yaml
 
 from harness.cli.profile import main as profile_main
 from harness.config.compose import compose_run
+from harness.advisor.candidates import with_steps
 from harness.sim.simulate import simulate_run
 from synthetic_trace import Layout, kineto_trace
 
@@ -53,6 +54,23 @@ def test_a_fitted_machine_holds_the_traces_costs_and_the_base_presets_rest(synth
     fitted, shipped = simulate_run(run).summary, simulate_run(base).summary
     host_ms = {name: s["host_busy_max"] * s["step_ms_mean"] for name, s in (("fitted", fitted), ("shipped", shipped))}
     assert 1.6 < host_ms["fitted"] / host_ms["shipped"] < 1.9
+
+
+def test_advice_on_a_fitted_machine_is_for_that_machine(synthetic, tmp_path, capsys):
+    """`python -m harness.advise hardware=NAME …` with a machine fitted here: its candidates run on the fitted
+    host costs (an eager decode's host time ~1.8× a100's, as above), not the base preset's."""
+    from harness.advisor.search import advise_runs, figures
+    from harness.config.advise import AdviseConfig
+
+    profile_main([str(synthetic), "--out", "profiled", "--fit", "lab_box", "--base", "a100"])
+    question = AdviseConfig(steps=[2], space={"strategy": ["eager"], "workload.batch_size": [1]})
+    fitted, shipped = (advise_runs([f"hardware={name}"], question).ranked[0] for name in ("lab_box", "a100"))
+    assert fitted.run.hardware.name == "lab_box" and fitted.run.hardware.host.launch_us == 5.0
+    host_ms = [c.summary["host_busy_max"] * c.summary["step_ms_mean"] for c in (fitted, shipped)]
+    assert 1.6 < host_ms[0] / host_ms[1] < 1.9
+    assert figures(fitted.summary)["tpot_ms_p50"] != figures(shipped.summary)["tpot_ms_p50"]
+    assert fitted.summary == simulate_run(with_steps(compose_run(["hardware=lab_box", "strategy=eager", "workload.batch_size=1"]), 2)).summary | {
+        k: fitted.summary[k] for k in ("sim_wall_s", "compile_s")}
 
 
 @pytest.mark.parametrize(

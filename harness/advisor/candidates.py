@@ -9,6 +9,7 @@ import dataclasses
 import itertools
 from dataclasses import dataclass, field
 from functools import lru_cache
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -18,7 +19,7 @@ from harness.base.errors import HarnessError
 from harness.base.stopping import held, raise_if_stopped
 from harness.config.advise import AdviseConfig
 from harness.config.compose import compose_run, to_run_config
-from harness.config.paths import CONF_DIR
+from harness.config.paths import CONF_DIR, launch_folder_conf
 from harness.config.schema import GraphMode, Phase, RunConfig
 from harness.model.workload import build_workload
 from harness.sim.policies import graph_budget, layer_count
@@ -73,8 +74,9 @@ _GROUPS = frozenset(p.name for p in CONF_DIR.iterdir() if p.is_dir() and p.name 
 
 
 @lru_cache(maxsize=256)
-def _composed(groups: tuple[str, ...]):
-    """Hydra's composition of the run with these preset choices (the expensive part: ~0.2 s)."""
+def _composed(groups: tuple[str, ...], launch_conf: Path | None):
+    """Hydra's composition of the run with these preset choices (the expensive part: ~0.2 s). Keyed by the
+    launch folder's conf/ too: `hardware=NAME` of a machine fitted there is that folder's."""
     from hydra import compose, initialize_config_dir
 
     from harness.config.compose import register_configs
@@ -98,7 +100,7 @@ def _make_run(overrides: list[str]) -> RunConfig:
     dotted = [o for o in overrides if o not in groups]
     if any(o.startswith(("+", "~")) for o in dotted):  # Hydra's own syntax: compose it all
         return compose_run(overrides)
-    cfg = _composed(groups)
+    cfg = _composed(groups, launch_folder_conf())
     if not dotted:
         return to_run_config(cfg)
     try:
