@@ -190,3 +190,12 @@ def test_a_search_that_runs_out_of_time_says_so_first():
     assert advice.out_of_time == 0  # a second is enough for three short runs: nothing to say
     advice.out_of_time = 2
     assert why(advice).startswith("advise.budget_s ran out: 2 simulations were not run, and the ranking is of the candidates that were")
+
+
+def test_a_winner_without_latency_figures_is_still_described():
+    """A serving run that finished no request has no TPOT or TTFT: the answer leaves them out instead of failing."""
+    from harness.advisor.answer import _latency_text
+
+    assert _latency_text({"tpot_ms_p50": None, "ttft_ms": None}) == ""
+    assert _latency_text({"tpot_ms_p50": 7.0871, "ttft_ms": None}) == " at TPOT p50 7.09 ms"
+    assert _latency_text({"tpot_ms_p50": 7.0871, "ttft_ms": 10.93}) == " at TPOT p50 7.09 ms, TTFT 10.9 ms"

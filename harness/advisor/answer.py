@@ -45,6 +45,13 @@ def margin_text(winner: Candidate, other: Candidate | None, what: str) -> str:
     return f"{mine / theirs:.2f}× the throughput per device of {what} ({other.label or 'as set'}: {theirs:.1f} tok/s)"
 
 
+def _latency_text(f: dict) -> str:
+    """` at TPOT p50 … ms, TTFT … ms`, each where the run measured it (a serving run with no request done has neither)."""
+    parts = ([f"TPOT p50 {f['tpot_ms_p50']:.2f} ms"] if f["tpot_ms_p50"] is not None else []) + (
+        [f"TTFT {f['ttft_ms']:.1f} ms"] if f["ttft_ms"] is not None else [])
+    return " at " + ", ".join(parts) if parts else ""
+
+
 def why(advice: Advice) -> str:
     """One paragraph on the winner: its figures, its margins, and what its critical path says."""
     unfinished = (
@@ -58,8 +65,7 @@ def why(advice: Advice) -> str:
     shares = sorted(((k.removeprefix("breakdown_"), v) for k, v in s.items() if k.startswith("breakdown_") and v > 0.02), key=lambda kv: -kv[1])
     path = ", ".join(f"{name} {share:.0%}" for name, share in shares[:3])
     parts = [
-        f"{winner.label} gives {f['tok_s_per_device']:.1f} tok/s per device at TPOT p50 {f['tpot_ms_p50']:.2f} ms"
-        + (f", TTFT {f['ttft_ms']:.1f} ms" if f["ttft_ms"] is not None else "") + ".",
+        f"{winner.label} gives {f['tok_s_per_device']:.1f} tok/s per device{_latency_text(f)}.",
         f"It is {f['bound']}-bound (critical path: {path}), the device idle {f['bubble_ratio']:.0%} of the time"
         + (f", padding waste {f['padding_waste']:.1%}" if f["padding_waste"] else "") + ".",
     ]
@@ -85,7 +91,7 @@ def preset_text(base: list[str], winner: Candidate, command: str) -> str:
     head = [
         "# @package _global_",
         f"{WRITTEN_MARK} on {datetime.date.today().isoformat()}: {command}",
-        f"# ranked first: {f['tok_s_per_device']:.1f} tok/s per device, TPOT p50 {f['tpot_ms_p50']:.2f} ms, {f['bound']}-bound",
+        f"# ranked first: {f['tok_s_per_device']:.1f} tok/s per device{_latency_text(f)}, {f['bound']}-bound",
         "defaults:",
         *(f"  - override /{key}: {name}" for key, name in choices.items()),
     ]

@@ -18,17 +18,15 @@ from omegaconf import OmegaConf
 from harness.base.errors import HarnessError
 from harness.base.stopping import held, raise_if_stopped
 from harness.config.advise import AdviseConfig
-from harness.config.compose import compose_run, to_run_config
+from harness.config.compose import compose_config, compose_run, to_run_config
 from harness.config.paths import CONF_DIR, launch_folder_conf
-from harness.config.schema import GraphMode, Phase, RunConfig
+from harness.config.schema import GraphMode, RunConfig, flatten
 from harness.model.workload import build_workload
-from harness.sim.policies import graph_budget, layer_count
-
-GIB = 1e9
-MIB = 2**20
+from harness.sim.policies import MIB, graph_budget, layer_count
+from harness.sim.simulate import last_step
 
 
-@dataclass
+@dataclass(eq=False)  # one candidate is itself: comparing field by field (its RunConfig, its summary) was slow and meant nothing
 class Candidate:
     overrides: list[str]  # the space's values, as `key=value`
     run: RunConfig | None = None
@@ -77,13 +75,7 @@ _GROUPS = frozenset(p.name for p in CONF_DIR.iterdir() if p.is_dir() and p.name 
 def _composed(groups: tuple[str, ...], launch_conf: Path | None):
     """Hydra's composition of the run with these preset choices (the expensive part: ~0.2 s). Keyed by the
     launch folder's conf/ too: `hardware=NAME` of a machine fitted there is that folder's."""
-    from hydra import compose, initialize_config_dir
-
-    from harness.config.compose import register_configs
-
-    register_configs()
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        return compose(config_name="config", overrides=list(groups))
+    return compose_config(groups)
 
 
 def make_run(overrides: list[str]) -> RunConfig:
@@ -113,8 +105,6 @@ def _make_run(overrides: list[str]) -> RunConfig:
 def same_run_key(run: RunConfig) -> str:
     """Candidates with equal keys simulate the same thing: the config, less the capture sizes of a run that
     captures no graphs and pads no batches (an eager candidate of each size list)."""
-    from harness.config.schema import flatten
-
     params = flatten(OmegaConf.to_container(OmegaConf.structured(run), resolve=True, enum_to_str=True))
     if not graph_sizes(run) and not run.strategy.shape_buckets:
         params.pop("strategy.graph.buckets", None)
@@ -148,22 +138,22 @@ def check_limits_before(candidate: Candidate, advise: AdviseConfig) -> None:
     sizes = graph_sizes(run)
     costs = run.hardware.graph
     batch = largest_batch(run)
-    kv = run.workload.context_len + (run.workload.steps if run.workload.phase == Phase.decode else 0)
-    if run.workload.serving.enabled:
-        kv = run.workload.serving.prompt_len_mean + run.workload.serving.output_len_mean
-    try:
-        workload = build_workload(
+    serving = run.workload.serving
+    try:  # the step that holds the most: the last (its KV cache longest), a serving run's at max_batch sequences
+        workload = last_step(run) if not serving.enabled else build_workload(
             dataclasses.replace(run.workload, steps=1, warmup_steps=0), devices_per_node=run.hardware.link.devices_per_node,
-            batch=np.array([batch]), kv_len=np.array([float(kv)]), engine_layer_us=run.engine.layer_overhead_us,
+            batch=np.array([batch]), kv_len=np.array([float(serving.prompt_len_mean + serving.output_len_mean)]),
+            engine_layer_us=run.engine.layer_overhead_us,
         )
     except HarnessError as exc:
         candidate.rejected = str(exc)
         return
     candidate.graphs = len(sizes)
-    candidate.graph_mem_gb = len(sizes) * costs.graph_mem_mib * MIB / GIB
+    candidate.graph_mem_gb = len(sizes) * costs.graph_mem_mib * MIB / 1e9
     candidate.capture_s = len(sizes) * costs.capture_ms / 1e3
     memory = workload.memory
-    candidate.memory_gb = memory.weights_gb + memory.kv_cache_gb + memory.workspace_gb + candidate.graph_mem_gb
+    memory.graphs_gb = candidate.graph_mem_gb
+    candidate.memory_gb = memory.total_gb
     hbm_gb = min(run.hardware.device.hbm_gb, advise.hbm_gb_max or float("inf"))
     if sizes:
         layers = layer_count(workload)

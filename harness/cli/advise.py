@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
 
     preset, advise_overrides, base, out_text = split_arguments(argv)
     advise = compose_advise(preset, advise_overrides)
-    from harness.advisor.answer import preset_path, run_command_of, write_answer
+    from harness.advisor.answer import preset_path, run_command_of, shown_table, why, write_answer
     from harness.advisor.candidates import make_run
     from harness.advisor.search import advise_runs
 
@@ -65,8 +65,6 @@ def main(argv: list[str] | None = None) -> int:
     command = shlex.join(["python", "-m", "harness.advise", *argv])
     advice = advise_runs(base, advise, say=lambda line: print(f"hostbound advise: {line}", file=sys.stderr, flush=True))
     frame, written = write_answer(advice, base, command, out, advise.name)
-    from harness.advisor.answer import shown_table, why
-
     shown = shown_table(frame, 10)
     print(shown.to_markdown(index=False, floatfmt=".3f") if len(shown) else "no candidate meets the limits")
     print(f"\n{why(advice)}")

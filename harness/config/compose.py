@@ -47,15 +47,19 @@ def register_configs() -> None:
     warnings.filterwarnings("ignore", message=r"\s*'hydra/launcher/ray' is validated against ConfigStore schema", category=UserWarning)
 
 
-def compose_run(overrides: list[str] | tuple[str, ...] = ()) -> RunConfig:
-    """The RunConfig `python -m harness <overrides>` would run (composed from conf/, values checked)."""
+def compose_config(overrides: list[str] | tuple[str, ...] = ()) -> DictConfig:
+    """Hydra's composition of conf/ with `overrides`, as `python -m harness` makes it (values not yet checked)."""
     from hydra import compose, initialize_config_dir
 
     register_configs()
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        return compose(config_name="config", overrides=list(overrides))
+
+
+def compose_run(overrides: list[str] | tuple[str, ...] = ()) -> RunConfig:
+    """The RunConfig `python -m harness <overrides>` would run (composed from conf/, values checked)."""
     with held():  # a stop raised inside OmegaConf left its nodes broken: the next call failed with AttributeError
-        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-            cfg = compose(config_name="config", overrides=list(overrides))
-        run = to_run_config(cfg)
+        run = to_run_config(compose_config(overrides))
     raise_if_stopped()
     return run
 

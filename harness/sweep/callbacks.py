@@ -115,7 +115,7 @@ class SweepTracking(Callback):
         from harness.results.comparison import comparison, load_run_dirs, plot, to_markdown
 
         table = load_run_dirs([sweep_dir])
-        description = ""
+        description, plots = "", []
         if not table.empty:
             atomic_write(sweep_dir / RESULTS_CSV, lambda tmp: table.to_csv(tmp, index=False))  # every summary key of every job
             compared_table = comparison(table)
@@ -133,7 +133,8 @@ class SweepTracking(Callback):
         failed_jobs = sorted(p.parent for p in sweep_dir.glob(f"*/{JOB_FAILED_FILE}"))
         tracking = _tracking(config)
         if tracking.enabled:
-            self._finish_tracking(sweep_dir, tracking, len(table), failed=bool(failed_jobs), description=description)
+            written = [sweep_dir / name for name in (RESULTS_CSV, RESULTS_MD) if (sweep_dir / name).exists()] + plots
+            self._finish_tracking(sweep_dir, tracking, len(table), failed=bool(failed_jobs), description=description, artifacts=written)
         if failed_jobs:
             first = (failed_jobs[0] / JOB_FAILED_FILE).read_text().strip()
             print(
@@ -143,8 +144,7 @@ class SweepTracking(Callback):
             )
             raise SystemExit(EXIT_BAD_INPUT)
 
-    def _finish_tracking(self, sweep_dir: Path, tracking, jobs: int, failed: bool, description: str) -> None:
-        from harness.results.comparison import PLOTS
+    def _finish_tracking(self, sweep_dir: Path, tracking, jobs: int, failed: bool, description: str, artifacts: list[Path]) -> None:
         from harness.tracking.store import FAILED_FILE, later_command
         from harness.tracking.sweep_runs import finish_parent_run
 
@@ -153,8 +153,6 @@ class SweepTracking(Callback):
             run_id = parent_file.read_text().strip()
             try:
                 with store_call():
-                    names = (RESULTS_CSV, RESULTS_MD, *(file for _, file, _ in PLOTS))
-                    artifacts = [sweep_dir / name for name in names if (sweep_dir / name).exists()]
                     finish_parent_run(tracking, run_id, artifacts, jobs, failed, description)
             except Exception as exc:  # the store went away during the sweep; the jobs' markers say which
                 log.warning("tracking: could not finish the sweep's parent run %s: %s", run_id, exc)
