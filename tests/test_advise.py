@@ -183,13 +183,19 @@ def test_a_space_given_whole_replaces_the_presets():
     assert set(compose_advise("max_throughput", ["space.hardware.host.threads=[4]"]).space) == {"strategy", "workload.batch_size", "hardware.host.threads"}
 
 
-def test_a_search_that_runs_out_of_time_says_so_first():
+def test_a_search_that_runs_out_of_time_says_so_first(monkeypatch):
+    """A clock past advise.budget_s after the limits are checked: no candidate is simulated, and the answer
+    says so before anything else (the clock is the search's own, made to jump, not this machine's speed)."""
+    import itertools
+
+    from harness.advisor import search
     from harness.advisor.answer import why
 
-    advice = advise_runs(H100, question(space={"workload.batch_size": [1, 8, 32]}, budget_s=1e-9 + 1, steps=[4]))
-    assert advice.out_of_time == 0  # a second is enough for three short runs: nothing to say
-    advice.out_of_time = 2
-    assert why(advice).startswith("advise.budget_s ran out: 2 simulations were not run, and the ranking is of the candidates that were")
+    ticks = itertools.chain([0.0], itertools.repeat(1000.0))
+    monkeypatch.setattr(search.time, "perf_counter", lambda: next(ticks))
+    advice = advise_runs(H100, question(space={"workload.batch_size": [1, 8, 32]}, budget_s=60))
+    assert advice.out_of_time == 3 and advice.ranked == [] and all(not c.summary for c in advice.candidates)
+    assert why(advice).startswith("advise.budget_s ran out: 3 simulations were not run, and the ranking is of the candidates that were")
 
 
 def test_a_winner_without_latency_figures_is_still_described():
