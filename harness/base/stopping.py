@@ -67,8 +67,8 @@ def held() -> contextlib.AbstractContextManager[None]:
 
 def forget() -> None:
     """No stop and no store call: a forked child (a helper, a sweep's worker) starts so, and a test ends so."""
-    global _depth, _pending, _requested, _said
-    _depth, _pending, _requested, _said = 0, None, None, False
+    global _depth, _pending, _requested, _said, _left
+    _depth, _pending, _requested, _said, _left = 0, None, None, False, ""
 
 
 os.register_at_fork(after_in_child=forget)
@@ -91,6 +91,7 @@ class SweepStopped(Stopped):
 
 _requested: Optional[Stopped] = None  # the stop that reached this process, once one has
 _said = False  # its line was printed
+_left = ""  # what the command has left behind so far, for a stop that comes after its work (`leaves`)
 
 
 def requested() -> Optional[Stopped]:
@@ -119,6 +120,13 @@ def stop_on_signals() -> None:
         signal.signal(signal.SIGTERM, _stop)
 
 
+def leaves(what: str) -> None:
+    """From here on the command's work is done and `what` says what it left ("… holds the finished run"): a
+    stop during the exit that follows (helpers waited for, exit handlers) says so instead of nothing."""
+    global _left
+    _left = what
+
+
 def say_stopped(detail: str = "") -> None:
     """The one line for a stop (once), e.g. `hostbound: error: stopped by SIGINT (Ctrl-C); …`."""
     global _said
@@ -127,7 +135,7 @@ def say_stopped(detail: str = "") -> None:
     _said = True
     name = signal.Signals(_requested.signum).name
     why = {"SIGINT": " (Ctrl-C)"}.get(name, "")
-    detail = detail or _requested.where
+    detail = detail or _requested.where or _left
     if sys.stderr.isatty():  # a progress line may be showing: the line replaces it
         sys.stderr.write("\r\033[K")
     print(f"hostbound: error: stopped by {name}{why}" + (f"; {detail}" if detail else ""), file=sys.stderr)

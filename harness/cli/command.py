@@ -21,6 +21,7 @@ from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from harness.sweep.compose_cache import compose_job
@@ -31,7 +32,7 @@ from harness.config.schema import RunConfig, flatten
 from harness.base.files import check_folder
 from harness.base.errors import EXIT_TRACKING_FAILED, EXIT_WRITE_FAILED, HarnessError, fail, one_line_text
 from harness.model.ops import check_memory
-from harness.base.stopping import Stopped, stop_with
+from harness.base.stopping import Stopped, leaves, stop_with
 from harness.model.workload import build_workload
 
 log = logging.getLogger(__name__)
@@ -292,7 +293,10 @@ def run_from_hydra(cfg: DictConfig) -> float:
     """The body of the @hydra.main task: validate, run, print; returns throughput (for optimisers)."""
     _end_runs_on_sigterm()
     try:
-        return _run_job(cfg)
+        throughput = _run_job(cfg)
+        if HydraConfig.get().mode != RunMode.MULTIRUN:  # a sweep's stop line speaks for all its jobs
+            leaves(f"{HydraConfig.get().runtime.output_dir} holds the finished run")
+        return throughput
     except Stopped as stopped:  # the stop's line says what the run's folder holds
         from harness.results.outputs import SUMMARY_FILE
 
@@ -307,9 +311,6 @@ def run_from_hydra(cfg: DictConfig) -> float:
 def _run_job(cfg: DictConfig) -> float:
     from harness.results.outputs import format_summary
     from harness.cli.job import execute
-
-    from hydra.types import RunMode
-
     from harness.base.files import WriteError
 
     try:
