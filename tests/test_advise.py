@@ -10,6 +10,7 @@ import sys
 
 import pytest
 
+from harness.advisor import candidates
 from harness.advisor.candidates import make_run, with_steps
 from harness.advisor.search import advise_runs, figures
 from harness.base.errors import ConfigError
@@ -41,6 +42,30 @@ def test_the_winner_is_brute_forces_on_a_small_space():
     assert advice.ranked[0].overrides == [f"strategy={winner[0]}", f"workload.batch_size={winner[1]}"]
     assert figures(advice.ranked[0].summary)["tok_s_per_device"] == best[winner]
     assert [figures(c.summary)["tok_s_per_device"] for c in advice.ranked] == sorted(best.values(), reverse=True)
+
+
+@pytest.mark.parametrize("overrides", [
+    ["strategy=acl_graph", "workload.batch_size=24", "strategy.graph.buckets=[1,8,16,32]"],
+    ["engine=vllm_v1", "engine.async_scheduling=true", "engine.multi_step=4", "engine.schedule.per_step_us=55.5"],
+    ["workload.tp=8", "hardware.link.devices_per_node=4", "workload.serving.enabled=true", "workload.serving.max_batch=16", "seed=3"],
+    ["workload.batch_size=8", "workload.batch_size=16", "hardware.device.hbm_gb=80"],  # the last value wins, as in Hydra
+], ids=["graph", "engine", "serving", "twice"])
+def test_a_candidate_is_the_run_its_overrides_compose(overrides):
+    """Candidates are made by replacing the fields their keys name on a preset's composed run, not by
+    composing each: the result must be the RunConfig Hydra composes."""
+    assert make_run(H100 + overrides) == compose_run(H100 + overrides)
+    groups = [o for o in overrides if o.partition("=")[0] in ("strategy", "engine")]
+    dotted = [o for o in overrides if o not in groups]
+    assert candidates._patched(make_run(H100 + groups), dotted) is not None  # made the fast way, not composed
+
+
+@pytest.mark.parametrize("bad", ["workload.batch_size=x", "workload.batch_size=0", "strategy.graph.bucket=[1]", "engine.multi_step=-1"])
+def test_a_refused_candidate_is_refused_in_the_words_of_any_run(bad):
+    with pytest.raises(Exception) as composed:  # ConfigError, or Hydra's own (the command line turns both into one line)
+        compose_run(H100 + [bad])
+    with pytest.raises(Exception) as made:
+        make_run(H100 + [bad])
+    assert (type(made.value), str(made.value)) == (type(composed.value), str(composed.value))
 
 
 def test_successive_halving_keeps_the_leaders_and_ranks_them_at_the_longest_rung():
