@@ -47,10 +47,10 @@ def wait_until_up(url: str, process: subprocess.Popen, seconds: float = 90) -> N
             time.sleep(0.5)
 
 
-def run_cli(*args: str, cwd: Path, timeout: float = 120) -> subprocess.CompletedProcess:
+def run_cli(*args: str, cwd: Path, timeout: float = 120, module: str = "harness") -> subprocess.CompletedProcess:
     env = {**os.environ, "MLFLOW_DISABLE_TELEMETRY": "true"}
     return subprocess.run(
-        [sys.executable, "-m", "harness", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
+        [sys.executable, "-m", module, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
     )
 
 

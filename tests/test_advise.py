@@ -230,3 +230,39 @@ def test_a_winner_without_latency_figures_is_still_described():
     assert _latency_text({"tpot_ms_p50": None, "ttft_ms": None}) == ""
     assert _latency_text({"tpot_ms_p50": 7.0871, "ttft_ms": None}) == " at TPOT p50 7.09 ms"
     assert _latency_text({"tpot_ms_p50": 7.0871, "ttft_ms": 10.93}) == " at TPOT p50 7.09 ms, TTFT 10.9 ms"
+
+
+def test_the_answer_does_not_depend_on_where_it_is_simulated():
+    """In this process or on two forked workers: the same candidates, the same figures, the same ranking."""
+    from harness.advisor.evaluate import ForkedWorkers, InProcess
+
+    space = {"strategy": ["eager", "cuda_graph"], "workload.batch_size": [1, 8, 64]}
+    here = advise_runs(H100, question(space=space, steps=[2, 4], keep=0.5), where=InProcess())
+    forked = advise_runs(H100, question(space=space, steps=[2, 4], keep=0.5), where=ForkedWorkers(2))
+    assert (here.workers, forked.workers) == (1, 2)
+    assert [(c.label, c.steps, without_wall_clock(c.summary)) for c in forked.candidates] == [
+        (c.label, c.steps, without_wall_clock(c.summary)) for c in here.candidates]
+    assert [c.label for c in forked.ranked] == [c.label for c in here.ranked]
+
+
+OPTUNA_SPACE = {"strategy": ["eager", "async", "cuda_graph"], "workload.batch_size": list(range(1, 65))}
+
+
+@pytest.fixture(scope="module")
+def brute_force_192():
+    return advise_runs(H100, question(space=OPTUNA_SPACE, search="exhaustive", tpot_ms_max=8))
+
+
+def test_a_large_space_is_searched_by_optuna_near_brute_force(brute_force_192):
+    """24 of 192 candidates, picked by TPE, find a winner within 10 % of the best of all 192 (measured: 97.8 %
+    at seed 0; 92-98 % at seeds 0-3), and it meets the limit."""
+    picked = advise_runs(H100, question(space=OPTUNA_SPACE, exhaustive_max=100, trials=24, tpot_ms_max=8))
+    assert picked.method == "optuna" and brute_force_192.method == "exhaustive"
+    assert len(picked.candidates) == 24 and len({c.label for c in picked.candidates}) == 24
+    best = figures(brute_force_192.ranked[0].summary)["tok_s_per_device"]
+    found = figures(picked.ranked[0].summary)
+    assert found["tok_s_per_device"] >= 0.9 * best and found["tpot_ms_p50"] <= 8
+    assert all(figures(c.summary)["tpot_ms_p50"] <= 8 for c in picked.ranked)
+    again = advise_runs(H100, question(space=OPTUNA_SPACE, search="optuna", trials=24, tpot_ms_max=8))
+    assert [c.label for c in again.candidates] == [c.label for c in picked.candidates]  # seeded: the same picks
+

@@ -17,7 +17,7 @@ import pytest
 
 from conftest import comparable_results, run_cli
 from harness.sweep import callbacks as sweep
-from harness.sweep.launcher import cores_usable
+from harness.base.forking import cores_usable
 from harness.base.stopping import stop_with, store_call
 from harness.base.stopping import SweepStopped
 from harness.tracking.store import PARENT_FILE

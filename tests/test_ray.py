@@ -145,3 +145,26 @@ def test_a_ray_sweep_without_the_extra_is_refused_in_one_line(tmp_path, monkeypa
     assert proc.stderr.strip().splitlines()[-1].startswith("hostbound: error: hydra/launcher=ray: its plugin")
     assert "pip install -e '.[cluster]'" in proc.stderr
     assert not (tmp_path / "sw").exists() and not (tmp_path / "outputs").exists()
+
+
+def test_an_advice_on_a_running_ray_cluster_is_the_advice_made_here(tmp_path, ray_head):
+    """advise.ray_address: the candidates are simulated as Ray tasks on the cluster, and the answer is the one
+    simulated in this process: the same candidates, figures and winner."""
+    address, _ = ray_head
+    question = ["hardware=h100", "workload=llama31_8b_decode", "advise.space={strategy:[eager,cuda_graph],workload.batch_size:[1,8,32]}",
+                "advise.steps=[2,4]", "tracking.enabled=false"]
+    here = run_cli(*question, "advise.workers=1", "advise.out=here", "advise.name=here", module="harness.advise", cwd=tmp_path, timeout=300)
+    assert here.returncode == 0, here.stderr[-3000:]
+    on_ray = run_cli(*question, f"advise.ray_address={address}", "advise.out=ray", "advise.name=ray", module="harness.advise", cwd=tmp_path,
+                     timeout=300)
+    assert on_ray.returncode == 0, on_ray.stderr[-3000:]
+    assert "simulating on 2 cores of Ray" in on_ray.stderr and "simulating on this process" in here.stderr
+    assert (tmp_path / "ray" / "candidates.csv").read_text() == (tmp_path / "here" / "candidates.csv").read_text()
+
+
+def test_an_advice_for_a_ray_cluster_that_is_not_there_is_one_line(tmp_path, ray_env):
+    proc = run_cli("advise.space={strategy:[eager]}", f"advise.ray_address=127.0.0.1:{free_port()}", "advise.out=adv",
+                   "tracking.enabled=false", module="harness.advise", cwd=tmp_path, timeout=300)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert proc.stderr.strip().splitlines()[-1].startswith(f"hostbound: error: advise.ray_address=127.0.0.1:"), proc.stderr[-2000:]
+    assert not (tmp_path / "adv").exists()

@@ -195,6 +195,32 @@ def test_every_other_command_stopped_ends_in_one_line_by_the_signal(command, fin
         assert "RUNNING" not in _statuses(tmp_path / "mlflow.db")
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_an_advice_stopped_while_its_workers_simulate_ends_them(sig, tmp_path):
+    """The advice's simulations run on processes forked from it: a stop while they run ends every one."""
+    space = "{strategy:[eager,async,pipeline,acl_graph],workload.batch_size:[" + ",".join(map(str, range(1, 41))) + "]}"
+    proc = subprocess.Popen([sys.executable, "-m", "harness.advise", f"advise.space={space}", "advise.workers=2",
+                             f"advise.out={tmp_path / 'advice'}", "tracking.enabled=false"],
+                            cwd=tmp_path, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    seen = []
+    for line in proc.stderr:
+        seen.append(line)
+        if "simulating on 2 worker processes" in line:
+            time.sleep(0.5)  # the workers are simulating
+            assert len(_group_left(proc.pid)) == 3, "the advice and its two workers"
+            os.killpg(proc.pid, sig)
+            break
+    _, err = proc.communicate(timeout=60)
+    err = "".join(seen) + err
+    deadline = time.monotonic() + 10
+    while _group_left(proc.pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _group_left(proc.pid) == [], "a worker was left running"
+    assert_stopped_cleanly(proc, err, sig, tmp_path)
+    assert not (tmp_path / "advice" / "advice.md").exists()
+
+
 def test_a_stop_swallowed_on_its_way_up_still_ends_the_command(monkeypatch):
     """A stop raised inside a `__del__` is printed as 'Exception ignored' and lost: the command went on, and an
     error it then met was reported as bad input. The stop stays requested: the next safe point and any

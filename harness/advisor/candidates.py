@@ -5,6 +5,7 @@ must meet before it is worth simulating.
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
 import itertools
 import typing
@@ -21,7 +22,7 @@ from harness.base.stopping import held, raise_if_stopped
 from harness.config.advise import AdviseConfig
 from harness.config.compose import compose_config, compose_run, to_run_config
 from harness.config.paths import CONF_DIR, launch_folder_conf
-from harness.config.schema import GraphMode, RunConfig, flatten
+from harness.config.schema import GraphMode, RunConfig
 from harness.model.workload import build_workload
 from harness.sim.policies import MIB, graph_budget, layer_count
 from harness.sim.simulate import last_step
@@ -155,11 +156,15 @@ def _value_fields(owner: type) -> dict[str, Any]:
 
 def same_run_key(run: RunConfig) -> str:
     """Candidates with equal keys simulate the same thing: the config, less the capture sizes of a run that
-    captures no graphs and pads no batches (an eager candidate of each size list)."""
-    params = flatten(OmegaConf.to_container(OmegaConf.structured(run), resolve=True, enum_to_str=True))
+    captures no graphs and pads no batches (an eager candidate of each size list). The dataclasses' own
+    repr: building an OmegaConf tree of the run for it took ~40 ms a candidate."""
+    parts = {f.name: getattr(run, f.name) for f in dataclasses.fields(run)}
     if not graph_sizes(run) and not run.strategy.shape_buckets:
-        params.pop("strategy.graph.buckets", None)
-    return repr(sorted(params.items()))
+        graph = copy.copy(run.strategy.graph)  # copies: the run's own sections are shared with other candidates
+        graph.buckets = []
+        parts["strategy"] = copy.copy(run.strategy)
+        parts["strategy"].graph = graph
+    return repr(parts)
 
 
 def with_steps(run: RunConfig, steps: int) -> RunConfig:

@@ -18,6 +18,14 @@ def can_fork() -> bool:
     return hasattr(os, "fork") and threading.active_count() == 1
 
 
+def cores_usable() -> int:
+    """Cores this process may run on (its CPU affinity, as a container or taskset limits it)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS
+        return os.cpu_count() or 1
+
+
 def single_run(argv: list[str], *off: str) -> bool:
     """Whether a command line asks for one run a helper may serve: no flag (-m, --cfg, --help ...), no
     sweep (a value with a comma), none of the `off` overrides (`tracking.enabled=false`)."""

@@ -7,8 +7,9 @@ Arguments are Hydra overrides: `advise=PRESET` (conf/advise/) and `advise.KEY=VA
 (objective, limits, search space, steps, budget); every other override sets the run the candidates
 start from, as for `python -m harness`. Each candidate (a combination of the space's values) is checked
 against the limits that need no simulation (graph streams, the largest batch against the largest capture
-size, capture time, device memory), then simulated in this process, short runs first and longer ones for
-the leaders. Writes `candidates.csv` (every candidate, its figures or why it was rejected) and
+size, capture time, device memory), then simulated, short runs first and longer ones for the leaders: on
+one worker process per core (advise.workers), or on a Ray cluster (advise.ray_address=HOST:PORT). Every
+combination of a space up to advise.exhaustive_max; beyond it, advise.trials of them picked by Optuna. Writes `candidates.csv` (every candidate, its figures or why it was rejected) and
 `advice.md` to `advise.out` (default outputs/advise/<date>/<time>), and the winner as
 `conf/experiment/<advise.name>.yaml` in this folder, which `python -m harness experiment=<name>` runs.
 """
@@ -69,8 +70,11 @@ def main(argv: list[str] | None = None) -> int:
     print(shown.to_markdown(index=False, floatfmt=".3f") if len(shown) else "no candidate meets the limits")
     print(f"\n{why(advice)}")
     rejected = int((frame["rejected"] != "").sum())
+    how = (f"all {advice.space_size:,} combinations" if advice.method == "exhaustive" else
+           f"{len(frame)} of {advice.space_size:,} combinations, picked by Optuna's TPE sampler")
     print(
-        f"\n  searched     {len(frame)} candidates in {advice.seconds:.1f} s ({rejected} rejected; steps per rung"
+        f"\n  searched     {how} in {advice.seconds:.1f} s on {advice.workers} core{'s' if advice.workers > 1 else ''}"
+        f" ({rejected} rejected; steps per rung"
         f" {', '.join(f'{steps}: {n} met the limits' for steps, n in advice.rungs)})"
         + (f"; {advice.out_of_time} not simulated: advise.budget_s={advise.budget_s:g} ran out" if advice.out_of_time else "")
     )

@@ -16,6 +16,7 @@ from harness.config.paths import CONF_DIR
 
 ADVISE_DIR = CONF_DIR / "advise"
 OBJECTIVES = ("throughput",)  # tokens per second per device
+SEARCHES = ("auto", "exhaustive", "optuna")
 
 
 @dataclass
@@ -31,6 +32,13 @@ class AdviseConfig:
     steps: List[int] = field(default_factory=lambda: [8, 32])
     keep: float = 0.34
     budget_s: float = 60.0  # stop simulating new candidates after this long (the ranking says how many ran)
+    # exhaustive: every combination; optuna: `trials` of them, picked by Optuna's TPE sampler as it learns;
+    # auto: exhaustive up to `exhaustive_max` combinations.
+    search: str = "auto"
+    exhaustive_max: int = 1500
+    trials: int = 300
+    workers: Optional[int] = None  # simulations at once on this machine; null: one per core it may use
+    ray_address: Optional[str] = None  # simulate on Ray: a cluster's HOST:PORT, auto (this machine's), or local
     # The search space: config key (or group) → the values tried; every combination is a candidate.
     space: Dict[str, List[Any]] = field(default_factory=dict)
     baseline: List[str] = field(default_factory=list)  # the user's current configuration, as overrides
@@ -39,6 +47,7 @@ class AdviseConfig:
     def __post_init__(self) -> None:
         check_limits(self)
         check_field(self, self.objective in OBJECTIVES, "objective", f"must be one of {', '.join(OBJECTIVES)}")
+        check_field(self, self.search in SEARCHES, "search", f"must be one of {', '.join(SEARCHES)}")
         check_field(self, 0 < len(self.steps) <= 8 and self.steps == sorted(self.steps), "steps", "must be 1..8 step counts, rising")
         check_field(self, 0 < len(self.space) <= 16, "space", "must name 1..16 keys to search")
         for key, values in self.space.items():

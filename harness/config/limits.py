@@ -100,7 +100,8 @@ LIMITS: dict[str, Limit] = {
     # python -m harness.advise (harness.config.advise)
     "advise.tpot_ms_max": MS, "advise.ttft_ms_max": MS, "advise.hbm_gb_max": Limit(1e-3, 1e5, "GB"),
     "advise.capture_s_max": Limit(0, 1e5, "s"), "advise.steps": Limit(1, 100_000, "steps"), "advise.keep": FRACTION,
-    "advise.budget_s": Limit(1, 86_400, "s"),
+    "advise.budget_s": Limit(1, 86_400, "s"), "advise.exhaustive_max": Limit(1, 1_000_000, "candidates"),
+    "advise.trials": Limit(1, 100_000, "candidates"), "advise.workers": Limit(1, 4096, "processes"),
     "hardware.graph.comm_group_streams": Limit(0, 1e4, "streams"),
     "hardware.graph.comm_group_reserved_streams": Limit(0, 1e6, "streams"),
     "workload.ops[].flops": Limit(0, 1e18, "FLOP"),

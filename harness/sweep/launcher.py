@@ -42,6 +42,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 from harness.sweep.compose_cache import copy_config
 
 from harness.base.errors import EXIT_WORKER_DIED, ConfigError, fail
+from harness.base.forking import cores_usable
 from harness.base.stopping import SweepStopped, stop_with
 
 log = logging.getLogger(__name__)
@@ -54,14 +55,6 @@ _stopping = False  # in a worker: SIGTERM came; the worker exits once its job ha
 def check_n_jobs(n_jobs: object) -> None:
     if n_jobs is not None and (isinstance(n_jobs, bool) or not isinstance(n_jobs, int) or n_jobs < 1):
         raise ConfigError(f"hydra.launcher.n_jobs={n_jobs!r}: must be a whole number >= 1, or null for one per core")
-
-
-def cores_usable() -> int:
-    """Cores this process may run on (its CPU affinity, as a container or taskset limits it)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # macOS
-        return os.cpu_count() or 1
 
 
 class WarmWorkerLauncher(Launcher):

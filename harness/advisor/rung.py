@@ -1,0 +1,97 @@
+"""One rung of an advice's search: candidates made and checked against the limits that need no simulation,
+simulated at the rung's steps where the evaluator says, and measured against the latency limits; the
+figures an advice ranks and shows, from a run's summary."""
+from __future__ import annotations
+
+import time
+
+from harness.advisor.candidates import Candidate, check_limits_before, make_run, same_run_key
+from harness.advisor.evaluate import Evaluator, Result, simulate_one
+from harness.base.errors import HarnessError
+from harness.config.advise import AdviseConfig
+
+
+def figures(summary: dict) -> dict:
+    """The figures an advice ranks and shows, from a run's summary: per device, TPOT and TTFT whichever
+    way the run measures them (a serving run's medians, a decode or prefill step's own time)."""
+    serving = "median_tpot_ms" in summary
+    devices = max(1, int(summary.get("devices", 1)))
+    return {
+        "tok_s_per_device": summary["throughput_tok_s"] / devices,
+        "tpot_ms_p50": summary.get("median_tpot_ms") if serving else summary["step_ms_p50"],
+        "tpot_ms_p99": summary.get("p99_tpot_ms") if serving else summary["step_ms_p99"],
+        "ttft_ms": summary.get("median_ttft_ms") if serving else summary.get("ttft_ms"),
+        "bubble_ratio": summary["bubble_ratio"],
+        "bound": summary["bound"],
+        "padding_waste": summary.get("padding_waste", 0.0),
+    }
+
+
+def latency_miss(summary: dict, advise: AdviseConfig) -> str:
+    """Which latency limit a simulated candidate misses, in one line ("" when it meets them)."""
+    f = figures(summary)
+    if advise.tpot_ms_max is not None and f["tpot_ms_p50"] is not None and f["tpot_ms_p50"] > advise.tpot_ms_max:
+        return f"TPOT p50 {f['tpot_ms_p50']:.2f} ms > advise.tpot_ms_max={advise.tpot_ms_max:g}"
+    if advise.ttft_ms_max is not None and f["ttft_ms"] is not None and f["ttft_ms"] > advise.ttft_ms_max:
+        return f"TTFT {f['ttft_ms']:.1f} ms > advise.ttft_ms_max={advise.ttft_ms_max:g}"
+    return ""
+
+
+def simulate(candidate: Candidate, steps: int) -> None:
+    """One candidate in this process (the baseline; tests)."""
+    assert candidate.run is not None
+    record(candidate, steps, simulate_one(candidate.run, steps))
+
+
+def record(candidate: Candidate, steps: int, result: Result) -> None:
+    summary, refused = result
+    if summary is None:
+        candidate.rejected = refused
+    else:
+        candidate.summary, candidate.steps = summary, steps
+
+
+def prepare(candidates: list[Candidate], base: list[str], advise: AdviseConfig, first_of: dict[str, Candidate]) -> None:
+    """Make each candidate's run and check it against the limits that need no simulation; one that runs
+    what an earlier one runs (a value that does not apply) is marked so and not simulated again."""
+    for candidate in candidates:
+        try:
+            candidate.run = make_run(base + candidate.overrides)
+        except HarnessError as exc:
+            candidate.rejected = str(exc)
+            continue
+        check_limits_before(candidate, advise)
+        if not candidate.rejected:
+            first = first_of.setdefault(same_run_key(candidate.run), candidate)
+            if first is not candidate:
+                candidate.rejected = f"runs as {first.label} does (a value that does not apply here)"
+
+
+class Clock:
+    """advise.budget_s, from the search's start."""
+
+    def __init__(self, budget_s: float) -> None:
+        self.started, self.budget_s = time.perf_counter(), budget_s
+
+    def out(self) -> bool:
+        return time.perf_counter() - self.started > self.budget_s
+
+
+def simulate_all(candidates: list[Candidate], steps: int, where: Evaluator, clock: Clock,
+                 advise: AdviseConfig) -> tuple[list[Candidate], int]:
+    """Simulate `candidates` at `steps` where the evaluator says; returns those that meet the latency limits,
+    in order, and how many were not run: past the budget no more results are taken (the workers are ended)."""
+    met: list[Candidate] = []
+    if clock.out():
+        return met, len(candidates)
+    results = where.map([(c.run, steps) for c in candidates])
+    for i, candidate in enumerate(candidates):
+        record(candidate, steps, next(results))
+        if not candidate.rejected:
+            candidate.rejected = latency_miss(candidate.summary, advise)
+        if not candidate.rejected:
+            met.append(candidate)
+        if clock.out() and i + 1 < len(candidates):
+            where.close()
+            return met, len(candidates) - i - 1
+    return met, 0
