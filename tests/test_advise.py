@@ -164,6 +164,44 @@ def test_the_command_writes_a_preset_that_runs_as_ranked(tmp_path):
     table = pd.read_csv(tmp_path / "adv" / "candidates.csv")
     assert summary["throughput_tok_s"] / summary["devices"] == pytest.approx(table.loc[0, "tok_s_per_device"], rel=1e-12)
     assert summary["strategy"] == "cuda_graph" and summary["steps"] == 4
+    _check_advice_runs(tmp_path, table)
+
+
+def _check_advice_runs(launch, table) -> None:
+    """The advice's MLflow parent run holds the question, the winner's figures, the answer's files and its
+    description; the leaders are its children, named by what they set, ranked as in candidates.csv."""
+    import mlflow
+
+    client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{launch / 'outputs' / 'mlflow.db'}")
+    runs = client.search_runs([client.get_experiment_by_name("hostbound").experiment_id])
+    parents = [r for r in runs if r.data.tags.get("kind") == "advice"]
+    assert len(parents) == 1 and parents[0].info.status == "FINISHED"
+    parent = parents[0]
+    assert parent.info.run_name == "advise: llama31_8b_decode on h100"
+    assert parent.data.params["advise.space.strategy"] == "[eager,cuda_graph]" and parent.data.params["hardware"] == "h100"
+    assert parent.data.params["advise.search"] == "exhaustive" and "advise.trials" not in parent.data.params  # defaults left out
+    assert {a.path for a in client.list_artifacts(parent.info.run_id)} == {"advice.md", "candidates.csv", "pareto.png", "my_advice.yaml"}
+    assert "gives" in parent.data.tags["mlflow.note.content"] and "| rank |" in parent.data.tags["mlflow.note.content"].replace("   ", " ")
+    children = sorted((r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id), key=lambda r: r.data.metrics["advice/rank"])
+    ranked = table[table["rank"].notna()]
+    assert [r.info.run_name for r in children] == list(ranked["candidate"])[:5]
+    assert {r.info.status for r in children} == {"FINISHED"}
+    assert children[0].data.metrics["headline/throughput_tok_s"] == pytest.approx(ranked["tok_s_per_device"].iloc[0], rel=1e-12)
+    assert parent.data.metrics["headline/throughput_tok_s"] == children[0].data.metrics["headline/throughput_tok_s"]
+    assert children[0].data.params == dict(o.split("=", 1) for o in children[0].data.tags["overrides"].split())
+
+
+def test_an_advice_whose_store_fails_keeps_its_files_and_says_so(tmp_path):
+    (tmp_path / "store").write_text("")  # a file where the store's folder should be
+    proc = subprocess.run(
+        [sys.executable, "-m", "harness.advise", *H100, "advise.steps=[2]", "advise.space={strategy:[eager]}", "advise.out=adv",
+         f"tracking.uri=sqlite:///{tmp_path / 'store' / 'mlflow.db'}", "tracking.timeout_s=5"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 3, proc.stderr[-2000:]
+    assert proc.stderr.strip().splitlines()[-1].startswith("hostbound: error: tracking failed, the advice's files are kept (tracking.uri=sqlite:///")
+    assert "Traceback" not in proc.stderr
+    assert (tmp_path / "adv" / "advice.md").is_file() and (tmp_path / "adv" / "candidates.csv").is_file()
 
 
 @pytest.mark.parametrize(

@@ -34,7 +34,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
 # task categories and the metric formulas, nothing that simulates.
 IMPORTERS_MAY_USE = {"harness.sim.task_graph", "harness.sim.metrics"}
 # Third-party packages only one layer talks to.
-OWNED_IMPORTS = {"mlflow": "tracking", "matplotlib": "results"}
+OWNED_IMPORTS = {"mlflow": "tracking", "matplotlib": "results", "optuna": "advisor", "ray": "advisor"}
 
 
 def module_name(path: Path, root: Path) -> str:

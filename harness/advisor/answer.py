@@ -1,8 +1,9 @@
 """What an advice tells the user: the ranked table, the winner's margins, why it wins (from the critical
-path), the rejected candidates with their reasons, and the winner as an `experiment=` preset that
-`python -m harness` runs as is."""
+path), the rejected candidates with their reasons, the winner as an `experiment=` preset that
+`python -m harness` runs as is, and what its MLflow runs hold (`record`)."""
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import shlex
 from pathlib import Path
@@ -10,8 +11,9 @@ from pathlib import Path
 import pandas as pd
 import yaml
 
-from harness.advisor.candidates import Candidate
+from harness.advisor.candidates import Candidate, value_text
 from harness.advisor.search import Advice, figures
+from harness.config.advise import AdviseConfig
 from harness.base.errors import ConfigError
 from harness.base.files import write_text
 from harness.config.paths import CONF_DIR, LAUNCH_FOLDER_CONF
@@ -139,6 +141,63 @@ def write_answer(advice: Advice, base: list[str], command: str, out: Path, name:
         preset.parent.mkdir(parents=True, exist_ok=True)
         write_text(preset, preset_text(base, advice.ranked[0], command))
     return frame, preset
+
+
+@dataclasses.dataclass
+class LeaderRecord:
+    """A leader of the advice, as its MLflow child run holds it."""
+
+    name: str  # what it sets ("strategy=acl_graph batch_size=64")
+    rank: int
+    overrides: list[str]
+    summary: dict  # its simulation's, at the last rung
+    tags: dict
+
+
+@dataclasses.dataclass
+class AdviceRecord:
+    """What the advice's MLflow parent run holds (harness.tracking.advice_runs logs it)."""
+
+    name: str
+    params: dict  # the question: the run's overrides and the advise.* values set
+    metrics: dict  # advice/…: candidates, rejected, seconds
+    winner_summary: dict  # its numbers become the parent's headline metrics
+    tags: dict
+    description: str  # Markdown: the why and the ranked table
+    artifacts: list[Path]
+    leaders: list[LeaderRecord]
+
+
+def record(advice: Advice, advise: AdviseConfig, base: list[str], names: dict[str, str], command: str, out: Path,
+           preset: Path | None, leaders: int) -> AdviceRecord:
+    """The advice as an MLflow parent run with its `leaders` best candidates as children."""
+    frame = table(advice)
+    question = {key: value for key, _, value in (o.partition("=") for o in base)}
+    for f in dataclasses.fields(advise):  # the values that ask something: the objective, and any not left at its default
+        value = getattr(advise, f.name)
+        default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+        if f.name == "space":
+            question.update({f"advise.space.{key}": value_text(values) for key, values in value.items()})
+        elif (value != default or f.name == "objective") and f.name != "name":
+            question[f"advise.{f.name}"] = value_text(value)
+    question["advise.search"] = advice.method  # auto, resolved
+    winner = advice.ranked[0] if advice.ranked else None
+    shown = shown_table(frame, 20)
+    description = "\n\n".join([f"`{command}`", why(advice), shown.to_markdown(index=False, floatfmt=".3f") if len(shown) else ""])
+    artifacts = [out / "advice.md", out / "candidates.csv", *([out / "pareto.png"] if (out / "pareto.png").exists() else []),
+                 *([preset] if preset is not None else [])]
+    return AdviceRecord(
+        name=f"advise: {names['workload']} on {names['hardware']}",
+        params=question,
+        metrics={"advice/candidates": len(frame), "advice/rejected": int((frame["rejected"] != "").sum()), "advice/seconds": advice.seconds,
+                 "advice/space_size": advice.space_size},
+        winner_summary=winner.summary if winner else {},
+        tags={**names, "advice_dir": str(out.absolute()), "command": command, **({"bound": winner.summary["bound"]} if winner else {})},
+        description=description,
+        artifacts=artifacts,
+        leaders=[LeaderRecord(name=c.label, rank=i + 1, overrides=c.overrides, summary=c.summary, tags={**c.run.names, "bound": c.summary["bound"]})
+                 for i, c in enumerate(advice.ranked[:leaders]) if c.run is not None],
+    )
 
 
 def run_command_of(name: str) -> str:

@@ -11,7 +11,8 @@ size, capture time, device memory), then simulated, short runs first and longer 
 one worker process per core (advise.workers), or on a Ray cluster (advise.ray_address=HOST:PORT). Every
 combination of a space up to advise.exhaustive_max; beyond it, advise.trials of them picked by Optuna. Writes `candidates.csv` (every candidate, its figures or why it was rejected) and
 `advice.md` to `advise.out` (default outputs/advise/<date>/<time>), and the winner as
-`conf/experiment/<advise.name>.yaml` in this folder, which `python -m harness experiment=<name>` runs.
+`conf/experiment/<advise.name>.yaml` in this folder, which `python -m harness experiment=<name>` runs;
+with tracking on (as for a run), an MLflow run holding all of it, the advise.leaders best as its children.
 """
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from harness.base.errors import ConfigError
+from harness.base.errors import EXIT_TRACKING_FAILED, ConfigError, TrackingError, fail
 from harness.base.files import check_folder
 
 _HELP = ("-h", "--help")
@@ -60,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     from harness.advisor.search import advise_runs
 
     preset_path(advise.name)  # refused now, not after the search
-    make_run(base)  # the run itself must compose: one line naming the key, before any candidate
+    run = make_run(base)  # the run itself must compose: one line naming the key, before any candidate
     now = datetime.datetime.now()
     out = check_folder("advise.out", out_text or Path("outputs") / "advise" / now.strftime("%Y-%m-%d") / now.strftime("%H-%M-%S"))
     command = shlex.join(["python", "-m", "harness.advise", *argv])
@@ -81,4 +82,14 @@ def main(argv: list[str] | None = None) -> int:
     print(f"  results      {out.absolute() / 'advice.md'} (every candidate: candidates.csv)")
     if written is not None:
         print(f"  winner       {written} — run it: {run_command_of(advise.name)}")
+    if run.tracking.enabled:
+        from harness.advisor.answer import record
+        from harness.tracking.advice_runs import log_advice
+        from harness.tracking.store import resolve_uri
+
+        try:
+            run_id = log_advice(run.tracking, record(advice, advise, base, run.names, command, out, written, advise.leaders))
+        except TrackingError as exc:
+            fail(str(exc), EXIT_TRACKING_FAILED)
+        print(f"  mlflow       run {run_id} in {resolve_uri(run.tracking)} (the {min(advise.leaders, len(advice.ranked))} best as its children)")
     return 0 if advice.ranked else 2

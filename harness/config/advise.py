@@ -43,6 +43,7 @@ class AdviseConfig:
     space: Dict[str, List[Any]] = field(default_factory=dict)
     baseline: List[str] = field(default_factory=list)  # the user's current configuration, as overrides
     name: str = "advised"  # the winner is written as conf/experiment/<name>.yaml in the launch folder
+    leaders: int = 5  # the best candidates logged as child runs of the advice's MLflow run (tracking.enabled)
 
     def __post_init__(self) -> None:
         check_limits(self)

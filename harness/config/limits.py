@@ -102,6 +102,7 @@ LIMITS: dict[str, Limit] = {
     "advise.capture_s_max": Limit(0, 1e5, "s"), "advise.steps": Limit(1, 100_000, "steps"), "advise.keep": FRACTION,
     "advise.budget_s": Limit(1, 86_400, "s"), "advise.exhaustive_max": Limit(1, 1_000_000, "candidates"),
     "advise.trials": Limit(1, 100_000, "candidates"), "advise.workers": Limit(1, 4096, "processes"),
+    "advise.leaders": Limit(0, 1000, "runs"),
     "hardware.graph.comm_group_streams": Limit(0, 1e4, "streams"),
     "hardware.graph.comm_group_reserved_streams": Limit(0, 1e6, "streams"),
     "workload.ops[].flops": Limit(0, 1e18, "FLOP"),
