@@ -222,8 +222,27 @@ def test_bad_input_is_one_line_and_nothing_is_written(args, says, tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.parametrize("preset, base", [
+    ("max_throughput", H100), ("decode_slo", A2), ("ascend_graph_limited", A2),
+    ("engine_options", ["hardware=h100", "workload=llama31_8b_decode", "engine=vllm_v1", "workload.serving.enabled=true"]),
+    ("host_options", ["hardware=atlas_a2", "workload=llama2_7b_decode", "strategy=async"]),
+])
+def test_every_preset_asks_about_keys_a_run_has(preset, base):
+    """Each axis of each shipped preset makes a run on a platform it is meant for: its first and last values."""
+    from harness.config.advise import presets
+
+    assert preset in presets()
+    advise = compose_advise(preset, [])
+    for key, values in advise.space.items():
+        if key == "strategy":
+            continue  # a preset choice, not a key: cuda_graph and acl_graph each run on their own platform
+        for value in (values[0], values[-1]):
+            override = f"{key}={candidates.value_text(value)}"
+            assert make_run(base + [override]) == compose_run(base + [override]), override
+
+
 def test_the_presets_compose():
-    for name in ("max_throughput", "decode_slo", "ascend_graph_limited"):
+    for name in ("max_throughput", "decode_slo", "ascend_graph_limited", "engine_options", "host_options"):
         assert compose_advise(name, []).space
     with pytest.raises(ConfigError, match="advise.steps="):
         compose_advise("max_throughput", ["steps=[8,4]"])

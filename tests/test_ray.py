@@ -166,5 +166,5 @@ def test_an_advice_for_a_ray_cluster_that_is_not_there_is_one_line(tmp_path, ray
     proc = run_cli("advise.space={strategy:[eager]}", f"advise.ray_address=127.0.0.1:{free_port()}", "advise.out=adv",
                    "tracking.enabled=false", module="harness.advise", cwd=tmp_path, timeout=300)
     assert proc.returncode == 2, proc.stderr[-2000:]
-    assert proc.stderr.strip().splitlines()[-1].startswith(f"hostbound: error: advise.ray_address=127.0.0.1:"), proc.stderr[-2000:]
+    assert proc.stderr.strip().splitlines()[-1].startswith("hostbound: error: advise.ray_address=127.0.0.1:"), proc.stderr[-2000:]
     assert not (tmp_path / "adv").exists()
