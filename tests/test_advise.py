@@ -133,6 +133,26 @@ def test_finer_capture_sizes_beat_coarse_ones_at_a_batch_between_them():
     assert advice.ranked[0] is fine
     # Padding that is left is the routed experts' token counts, padded to powers of two either way.
     assert figures(coarse.summary)["padding_waste"] > figures(fine.summary)["padding_waste"] + 0.03
+    from harness.advisor.answer import why
+
+    waste = figures(fine.summary)["padding_waste"], figures(coarse.summary)["padding_waste"]
+    assert (f"Its capture sizes [8,16,24,32,40,48,56,64] cut padding waste to {waste[0]:.1%} from {waste[1]:.1%} with [16,64] (4 steps)."
+            in why(advice))
+
+
+def test_the_why_compares_the_winner_with_the_best_of_another_strategy_at_equal_steps():
+    """The answer says what the winning strategy buys: the best candidate of another strategy, compared at
+    the first rung, where both were simulated for the same steps (not the winner's longer run)."""
+    from harness.advisor.answer import why
+
+    space = {"strategy": ["eager", "cuda_graph"], "workload.batch_size": [1, 4, 16, 64]}
+    advice = advise_runs(H100, question(space=space, steps=[2, 6], keep=0.25))
+    winner = advice.ranked[0]
+    others = [c for c in advice.candidates if c.run.strategy.name != winner.run.strategy.name]
+    best = max(others, key=lambda c: figures(c.summaries[2])["tok_s_per_device"])
+    mine, theirs = figures(winner.summaries[2])["tok_s_per_device"], figures(best.summaries[2])["tok_s_per_device"]
+    assert (f"The best candidate with another strategy, {best.label}, gives {theirs:.1f} tok/s per device against the winner's"
+            f" {mine:.1f} ({mine / theirs:.2f}×, both over 2 steps)") in why(advice)
 
 
 def test_the_same_question_gives_the_same_answer():
@@ -323,3 +343,51 @@ def test_a_large_space_is_searched_by_optuna_near_brute_force(brute_force_192):
     again = advise_runs(H100, question(space=OPTUNA_SPACE, search="optuna", trials=24, tpot_ms_max=8))
     assert [c.label for c in again.candidates] == [c.label for c in picked.candidates]  # seeded: the same picks
 
+
+
+def test_an_advice_whose_worker_dies_ends_in_one_line(tmp_path):
+    """A worker killed from outside (SIGKILL, the out-of-memory killer) loses the simulation it ran: the
+    advice ends with exit status 5 and one line instead of waiting for it for ever."""
+    import os
+    import signal
+    import time
+    from pathlib import Path
+
+    space = "{strategy:[eager,async,pipeline,cuda_graph],workload.batch_size:[" + ",".join(map(str, range(1, 101))) + "]}"
+    proc = subprocess.Popen([sys.executable, "-m", "harness.advise", *H100, f"advise.space={space}", "advise.workers=2", "advise.out=adv",
+                             "tracking.enabled=false"], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    seen = []
+    for line in proc.stderr:
+        seen.append(line)
+        if "simulating on 2 worker processes" in line:
+            time.sleep(0.5)
+            workers = [int(p.parent.name) for p in Path("/proc").glob("[0-9]*/stat") if _parent_of(p) == proc.pid]
+            assert len(workers) == 2
+            os.kill(workers[0], signal.SIGKILL)
+            break
+    _, err = proc.communicate(timeout=120)
+    err = "".join(seen) + err
+    assert proc.returncode == 5, err[-2000:]
+    assert err.strip().splitlines()[-1].startswith("hostbound: error: an advice's worker process died (killed by a signal, or out of memory)")
+    assert "Traceback" not in err
+
+
+def _parent_of(stat) -> int | None:
+    try:
+        return int(stat.read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):  # ended meanwhile
+        return None
+
+
+def test_the_why_says_when_no_other_strategy_meets_the_limits():
+    from harness.advisor.answer import why
+
+    space = {"strategy": ["eager", "cuda_graph"], "workload.batch_size": [1]}
+    free = advise_runs(H100, question(space=space))
+    tpot = {c.run.strategy.name: figures(c.summary)["tpot_ms_p50"] for c in free.candidates}
+    assert tpot["cuda_graph"] < tpot["eager"]  # replay never slower than eager at equal batch
+    limit = (tpot["cuda_graph"] + tpot["eager"]) / 2
+    limited = advise_runs(H100, question(space=space, tpot_ms_max=limit))
+    assert [c.run.strategy.name for c in limited.ranked] == ["cuda_graph"]
+    assert why(limited).endswith(f"No candidate with another strategy meets the limits: the best of them, strategy=eager batch_size=1, has"
+                                 f" TPOT p50 {tpot['eager']:.2f} ms > advise.tpot_ms_max={limit:g}.")

@@ -63,12 +63,10 @@ def why(advice: Advice) -> str:
     if not advice.ranked:
         return unfinished + "No candidate meets the limits: the table says why each was rejected."
     winner = advice.ranked[0]
-    s, f = winner.summary, figures(winner.summary)
-    shares = sorted(((k.removeprefix("breakdown_"), v) for k, v in s.items() if k.startswith("breakdown_") and v > 0.02), key=lambda kv: -kv[1])
-    path = ", ".join(f"{name} {share:.0%}" for name, share in shares[:3])
+    f = figures(winner.summary)
     parts = [
         f"{winner.label} gives {f['tok_s_per_device']:.1f} tok/s per device{_latency_text(f)}.",
-        f"It is {f['bound']}-bound (critical path: {path}), the device idle {f['bubble_ratio']:.0%} of the time"
+        f"It is {f['bound']}-bound (critical path: {_path_text(winner.summary)}), the device idle {f['bubble_ratio']:.0%} of the time"
         + (f", padding waste {f['padding_waste']:.1%}" if f["padding_waste"] else "") + ".",
     ]
     different = [c for c in advice.ranked[1:] if figures(c.summary)["tok_s_per_device"] != f["tok_s_per_device"]]
@@ -80,7 +78,60 @@ def why(advice: Advice) -> str:
     parts += [f"{m[0].upper()}{m[1:]}." for m in (runner_up, baseline) if m]
     if winner.graphs:
         parts.append(f"It captures {winner.graphs} graphs ({winner.graph_mem_gb:.2f} GB, {winner.capture_s:.1f} s at start-up).")
+    parts += _against_other_strategies(advice, winner) + _against_other_sizes(advice, winner)
     return unfinished + " ".join(parts)
+
+
+def _path_text(summary: dict) -> str:
+    """The three largest shares of the critical path ("launch 26%, framework 22%, tiling 22%")."""
+    shares = sorted(((k.removeprefix("breakdown_"), v) for k, v in summary.items() if k.startswith("breakdown_") and v > 0.02), key=lambda kv: -kv[1])
+    return ", ".join(f"{name} {share:.0%}" for name, share in shares[:3])
+
+
+def _rivals(advice: Advice, winner: Candidate, differs) -> tuple[int, list[Candidate]]:
+    """Candidates simulated at the winner's first rung, meeting every limit there, for which `differs` holds:
+    compared at equal steps only (a short rung's figures are not a long one's)."""
+    steps = min(winner.summaries)
+    return steps, [c for c in advice.candidates if c is not winner and not c.rejected and steps in c.summaries and c.run is not None and differs(c)]
+
+
+def _against_other_strategies(advice: Advice, winner: Candidate) -> list[str]:
+    """What the winner's strategy buys: the best candidate of another strategy, at the same steps."""
+    assert winner.run is not None
+    steps, rivals = _rivals(advice, winner, lambda c: c.run.strategy.name != winner.run.strategy.name)
+    if not rivals:
+        missed = [c for c in advice.candidates if c.run is not None and steps in c.summaries and c.run.strategy.name != winner.run.strategy.name]
+        if not missed:
+            return []
+        closest = max(missed, key=lambda c: figures(c.summaries[steps])["tok_s_per_device"])
+        return [f"No candidate with another strategy meets the limits: the best of them, {closest.label}, has {closest.rejected}."]
+    best = max(rivals, key=lambda c: figures(c.summaries[steps])["tok_s_per_device"])
+    mine, theirs = (figures(c.summaries[steps]) for c in (winner, best))
+    if theirs["tok_s_per_device"] <= 0:
+        return []
+    return [f"The best candidate with another strategy, {best.label}, gives {theirs['tok_s_per_device']:.1f} tok/s per device against"
+            f" the winner's {mine['tok_s_per_device']:.1f} ({mine['tok_s_per_device'] / theirs['tok_s_per_device']:.2f}×, both over {steps}"
+            f" steps): {theirs['bound']}-bound, critical path {_path_text(best.summaries[steps])}."]
+
+
+def _against_other_sizes(advice: Advice, winner: Candidate) -> list[str]:
+    """What the winner's capture sizes buy: the same candidate with another size list, at the same steps."""
+    sizes_key = "strategy.graph.buckets="
+    rest = [o for o in winner.overrides if not o.startswith(sizes_key)]
+    if not winner.graphs or len(rest) == len(winner.overrides):
+        return []
+    steps, rivals = _rivals(advice, winner, lambda c: c.graphs > 0 and [o for o in c.overrides if not o.startswith(sizes_key)] == rest)
+    mine = figures(winner.summaries[steps])["padding_waste"]
+    worse = [c for c in rivals if figures(c.summaries[steps])["padding_waste"] > mine]
+    if not worse:
+        return []
+    most = max(worse, key=lambda c: figures(c.summaries[steps])["padding_waste"])
+
+    def sizes(candidate: Candidate) -> str:
+        return next(o for o in candidate.overrides if o.startswith(sizes_key)).removeprefix(sizes_key)
+
+    return [f"Its capture sizes {sizes(winner)} cut padding waste to {mine:.1%} from {figures(most.summaries[steps])['padding_waste']:.1%}"
+            f" with {sizes(most)} ({steps} steps)."]
 
 
 def preset_text(base: list[str], winner: Candidate, command: str) -> str:

@@ -39,6 +39,7 @@ class Candidate:
     memory_gb: float = 0.0  # weights + KV cache + workspace + graphs of one rank, at its largest batch
     summary: dict = field(default_factory=dict)  # of the longest rung it was simulated in
     steps: int = 0  # that rung's steps
+    summaries: dict[int, dict] = field(default_factory=dict)  # every rung's: steps → summary (candidates compare at equal steps)
 
     @property
     def label(self) -> str:

@@ -11,12 +11,13 @@ them) and die at SIGTERM: they hold nothing that needs saving.
 from __future__ import annotations
 
 import multiprocessing
-import multiprocessing.pool
 import signal
 import socket
+from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from typing import Iterator, Optional, Sequence, Union
 
-from harness.base.errors import ConfigError, HarnessError
+from harness.base.errors import EXIT_WORKER_DIED, ConfigError, HarnessError, fail
 from harness.base.forking import cores_usable
 from harness.advisor.candidates import with_steps
 from harness.config.schema import RunConfig
@@ -57,24 +58,37 @@ def _simulate_job(job: tuple[RunConfig, int]) -> Result:
 
 class ForkedWorkers:
     """Simulations on `workers` processes forked from this one (made at the first map: forked as late as
-    possible, they inherit the kernels compiled by then)."""
+    possible, they inherit the kernels compiled by then). A worker that dies (killed, out of memory) ends
+    the advice in one line (exit status 5) instead of leaving it waiting for a result that never comes."""
 
     def __init__(self, workers: int) -> None:
         self.workers = workers
-        self._pool: Optional[multiprocessing.pool.Pool] = None
+        self._pool: Optional[ProcessPoolExecutor] = None
 
     def map(self, jobs: Sequence[tuple[RunConfig, int]]) -> Iterator[Result]:
         if self._pool is None:
-            self._pool = multiprocessing.get_context("fork").Pool(self.workers, initializer=_start_worker)
-        # One job at a time: a simulation takes 10-100 ms, far more than sending its config.
-        return self._pool.imap(_simulate_job, jobs, chunksize=1)
+            self._pool = ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("fork"), initializer=_start_worker)
+        # One job a task: a simulation takes 10-100 ms, far more than sending its config.
+        return self._results([self._pool.submit(_simulate_job, job) for job in jobs])
+
+    def _results(self, futures: list[Future]) -> Iterator[Result]:
+        for done, future in enumerate(futures):
+            try:
+                yield future.result()
+            except BrokenProcessPool:
+                self.close()
+                fail(f"an advice's worker process died (killed by a signal, or out of memory) after {done} of {len(futures)}"
+                     " simulations of this rung; advise.workers=1 simulates in the command's own process", EXIT_WORKER_DIED)
 
     def close(self) -> None:
         """End the workers now (a search that is done, stopped, or out of time waits for none of them)."""
-        if self._pool is not None:
-            self._pool.terminate()
-            self._pool.join()
-            self._pool = None
+        pool, self._pool = self._pool, None
+        if pool is None:
+            return
+        for process in list(getattr(pool, "_processes", {}).values()):  # Python < 3.14 has no terminate_workers()
+            if process.is_alive():
+                process.kill()
+        pool.shutdown(wait=True, cancel_futures=True)
 
 
 class OnRay:

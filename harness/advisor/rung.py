@@ -49,6 +49,7 @@ def record(candidate: Candidate, steps: int, result: Result) -> None:
         candidate.rejected = refused
     else:
         candidate.summary, candidate.steps = summary, steps
+        candidate.summaries[steps] = summary
 
 
 def prepare(candidates: list[Candidate], base: list[str], advise: AdviseConfig, first_of: dict[str, Candidate]) -> None:
