@@ -7,7 +7,7 @@ from harness.base import stopping
 EXIT_BAD_INPUT = 2  # a key, value, preset, trace file or output folder: nothing written
 EXIT_TRACKING_FAILED = 3  # the tracking store failed: the run's files are complete
 EXIT_WRITE_FAILED = 4  # a file could not be written (disk full, file-size limit): files before it are complete
-EXIT_WORKER_DIED = 5  # a sweep's worker process was killed: finished jobs keep their folders (resume=true)
+EXIT_WORKER_DIED = 5  # a sweep's (or an advice's) worker process was killed: a sweep's finished jobs keep their folders (resume=true)
 
 
 def one_line_text(message: str) -> str:
