@@ -92,6 +92,24 @@ def pytest_sessionfinish(session, exitstatus) -> None:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
+_STORE_BOUNDS = ("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "MLFLOW_HTTP_REQUEST_TIMEOUT")
+
+
+@pytest.fixture(autouse=True)
+def _no_store_bounds_left_over():
+    """Logging in this process sets MLflow's request bounds in its environment (tracking.store.bound_requests,
+    where MLflow reads them), and a user's own values win there: a test that logged in-process left
+    MLFLOW_HTTP_REQUEST_TIMEOUT=5 to every later command the worker started, whatever tracking.timeout_s those
+    asked for (test_team_auth's login server then missed 5 s under load). Each test ends with the values it found."""
+    before = {key: os.environ.get(key) for key in _STORE_BOUNDS}
+    yield
+    for key, value in before.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+
+
 @pytest.fixture(autouse=True)
 def _no_stop_left_over():
     """A test that raises a stop in this process (harness.base.stopping) leaves it requested, and every
