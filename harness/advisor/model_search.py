@@ -1,8 +1,8 @@
 """A space too large to simulate whole: Optuna's TPE sampler picks the candidates (advise.trials of them),
 learning from those simulated so far which values give throughput and which break a limit.
 
-Each axis of advise.space is one categorical parameter (the value's index: capture-size lists are values
-too). A candidate that breaks a limit, before or after its simulation, is a violated constraint for the
+Each axis of advise.space is one parameter, the index of its value: ordered where the values are numbers
+in order (batch sizes, threads), a category otherwise (strategies; capture-size lists are values too). A candidate that breaks a limit, before or after its simulation, is a violated constraint for the
 sampler (`Trial.set_constraint`), so it learns to avoid the region instead of only scoring it low. Trials
 are asked and simulated in batches of a fixed size, whatever the number of workers: the sampler (seeded
 with the run's `seed`) then sees the same history, and the same question gives the same answer anywhere.
