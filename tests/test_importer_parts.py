@@ -242,6 +242,47 @@ def test_a_graph_step_is_the_outermost_annotation_around_its_launch(tmp_path):
     assert find_windows(load_profile(trace_file(tmp_path, events))) == ("graph", [Window("graph launch 0", 0.0, 100.0)])
 
 
+def piecewise_events(sync_between: bool, annotated: bool) -> list[dict]:
+    """Two graph pieces (launches at 10 and 40 µs) with an eagerly launched attention kernel between them
+    (at 25 µs), as vLLM V1 runs a step with piecewise graphs; a stream sync at 30 µs when asked, an
+    annotation from 5 to 65 µs when asked."""
+    events = [
+        runtime_call("cudaGraphLaunch", 10, 4, 1), device_task("piece0_gemm", 15, 5, 1), device_task("piece0_norm", 20, 2, 1),
+        runtime_call("cudaLaunchKernel", 25, 3, 2), device_task("attention", 28, 6, 2),
+        runtime_call("cudaGraphLaunch", 40, 4, 3), device_task("piece1_gemm", 45, 5, 3),
+        runtime_call("cudaStreamSynchronize", 60, 2),
+    ]
+    if sync_between:
+        events.append(runtime_call("cudaStreamSynchronize", 30, 5))
+    if annotated:
+        events.append({"ph": "X", "cat": "user_annotation", "name": "execute_model", "pid": 1, "tid": 1, "ts": 5, "dur": 60})
+    return events
+
+
+@pytest.mark.parametrize("annotated", [False, True])
+def test_graph_pieces_with_eager_work_between_them_are_one_step(tmp_path, annotated):
+    """Both launches under one annotation, or with no blocking sync between them, are the pieces of one
+    step: it holds both pieces and the eager kernel (the importer made a step of each launch, most of them
+    empty, and its replay was ten times off a vLLM V1 profile)."""
+    profile = load_profile(trace_file(tmp_path, piecewise_events(sync_between=False, annotated=annotated)))
+    rule, windows = find_windows(profile)
+    expected = (0.0, 60.0) if annotated else (0.0, 52.0)  # µs from the trace's first event (5 or 10)
+    assert rule == "graph" and [(w.start_us, w.end_us) for w in windows] == [expected]
+    imported = import_profile(profile)
+    ops = ops_table(imported)
+    devices = ops[ops["kernel"] != ""]
+    assert devices["kernel"].tolist() == ["piece0_gemm", "piece0_norm", "attention", "piece1_gemm"]
+    assert devices["in_graph"].tolist() == [1, 1, 0, 1]
+    measured = measured_summary(imported)
+    assert (measured["graph_launches_per_step"], measured["graph_ops_per_step"], measured["launches_per_step"]) == (2, 3, 3)
+
+
+def test_graph_launches_with_a_blocking_sync_between_them_are_two_steps(tmp_path):
+    """The host waited for the first launch's results before the second: two steps, split at the sync."""
+    rule, windows = find_windows(load_profile(trace_file(tmp_path, piecewise_events(sync_between=True, annotated=False))))
+    assert rule == "graph" and [(w.start_us, w.end_us) for w in windows] == [(0.0, 25.0), (25.0, 52.0)]  # from 10 µs
+
+
 def test_entries_that_are_not_events_are_skipped(tmp_path):
     """A number, a string and a duration event with no category in traceEvents (seen in hand-edited
     files) are passed over, not the end of the trace."""

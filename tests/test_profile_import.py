@@ -50,6 +50,8 @@ TRACES = Path(__file__).parent / "data" / "traces"
 # not reported), kernels linked / kernels (Ascend: hardware tasks).
 REFERENCE = {
     "tl_vllm_decode_fullgraph_amd": (0.9976, 4.26, 95.42, None, 458.0, (425, 425)),
+    # Measured here (HTA was not run on it): 413 kernels and 10 copies.
+    "tl_vllm_prefilldecode_piecewise_mi300": (0.9976, None, None, None, None, (413, 413)),
     "tl_sglang_qwen3_decode_mi300": (0.0206, 98.05, 1.94, 465987.0, 558.0, (555, 555)),
     "tl_qwen05b_mi300": (0.9146, 11.76, 88.24, 3424.0, 1936.0, (1053, 1516)),
     "hta_event_sync_multistream_a100": (0.0191, 98.08, 1.90, 32.0, 30.0, (3, 3)),
@@ -60,6 +62,7 @@ REFERENCE = {
 # How auto splits each trace: rule, steps found, steps replayed.
 STEPS = {
     "tl_vllm_decode_fullgraph_amd": ("graph", 1, [0]),
+    "tl_vllm_prefilldecode_piecewise_mi300": ("graph", 1, [0]),  # 25 pieces under one annotation
     "tl_sglang_qwen3_decode_mi300": ("graph", 1, [0]),
     "tl_qwen05b_mi300": ("profiler", 1, [0]),
     "hta_event_sync_multistream_a100": ("sync", 1, [0]),

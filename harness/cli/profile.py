@@ -293,4 +293,9 @@ def describe(record: dict) -> str:
         f"  {record['ops_per_step']:.0f} device ops/step, {record['launches_per_step']:.0f} launches/step;"
         f" linked {record['linkage']['device_tasks_linked']}/{record['linkage']['device_tasks']} device tasks",
     ]
+    if record.get("graph_launches_per_step"):
+        launches, in_graphs = record["graph_launches_per_step"], record["graph_ops_per_step"]
+        kind = "one graph per step" if launches == 1 else f"piecewise: {launches:.0f} graph pieces per step"
+        eager = record["ops_per_step"] - in_graphs
+        lines.append(f"  graphs       {kind}, {in_graphs:.0f} device ops replayed from graphs, {eager:.0f} run eagerly")
     return "\n".join(lines)

@@ -24,7 +24,7 @@ import numpy as np
 
 from harness.sim.task_graph import CATEGORIES
 from harness.importers.steps import Imported, StepOps
-from harness.importers.events import ISSUING
+from harness.importers.events import CALL_GRAPH, ISSUING
 from harness.sim.metrics import occupancy
 
 US_PER_MS = 1e3
@@ -113,6 +113,7 @@ def _step_measures(step: StepOps) -> dict:
         "latency": b - a, "busy": busy, "host_wait": host_wait, "device_wait": device_wait, "path": path,
         "main_busy": main_busy, "launch_lane": step.launch_lane_us, "host": host_ms, "launches": len(issued),
         "ops": len(device), "delays": delays,
+        "graph_launches": int((issued["kind"] == CALL_GRAPH).sum()), "graph_ops": sum(1 for op in device if op["in_graph"]),
     }
 
 
@@ -138,6 +139,10 @@ def measured_summary(imported: Imported) -> dict:
         **occupancy(breakdown, busy, lanes, window),
         "ops_per_step": float(np.mean([p["ops"] for p in parts])),
         "launches_per_step": float(np.mean([p["launches"] for p in parts])),
+        # Graph launches and the device ops they replay: one launch holding every op is a whole-step
+        # graph; several launches with ops between them are piecewise graphs (vLLM V1's default).
+        "graph_launches_per_step": float(np.mean([p["graph_launches"] for p in parts])),
+        "graph_ops_per_step": float(np.mean([p["graph_ops"] for p in parts])),
         "window_ms": window / US_PER_MS,
         "steps_measured": n,
         **{f"breakdown_{c}": float(breakdown[i]) for i, c in enumerate(CATEGORIES)},
