@@ -311,3 +311,31 @@ def test_a_host_twice_as_fast_halves_every_host_task_and_nothing_else(overrides)
     assert np.array_equal(fast["lane"], base["lane"]) and np.array_equal(fast["category"], base["category"])
     assert np.allclose(fast["duration_us"][on_host], base["duration_us"][on_host] / 2, rtol=1e-12, atol=0)
     assert np.array_equal(fast["duration_us"][~on_host], base["duration_us"][~on_host])
+
+
+@pytest.mark.parametrize(
+    "batch, moe_pad, picks, rows",
+    [
+        (12, False, 96, 96),  # 12 tokens x 8 experts (TP 4, no EP: each rank sees every pick)
+        (12, True, 96, 128),  # graph shapes: rows padded up to a power of two, no more experts hit
+        (16, True, 128, 128),  # the batch padded to a 16-graph: its 4 padding tokens route too
+    ],
+)
+def test_routed_experts_read_are_set_by_the_tokens_that_route_not_by_padded_rows(batch, moe_pad, picks, rows):
+    """Qwen3-30B-A3B (128 experts, 8 a token) on TP 4: `picks` uniform picks hit 128 (1 - (127/128)^picks)
+    distinct experts, whose weights are read once (67.71 for 96 picks, 81.10 for 128). Padding the rows of
+    the experts already hit (graph shapes) adds multiplications, not weights; padding the batch adds tokens,
+    which route (vllm-ascend#16049: 12 -> 16 costs +11.4 % a step)."""
+    from harness.model.workload import Shapes, _grouped, _moe
+
+    card = {"n_routed_experts": 128, "num_experts_per_tok": 8, "dtype_bytes": 2}
+    shapes = Shapes(card, np.array([float(batch)]), np.array([float(batch)]), np.array([100.0]), 100, True, 4, 1, 1, False,
+                    extra={"moe_pad": moe_pad})
+    m = _moe(shapes)
+    active = 128 * (1 - (127 / 128) ** picks)
+    assert (m["local"], m["sent"].tolist(), m["received"].tolist()) == (128, [batch / 4], [rows])
+    assert m["active"].tolist() == [pytest.approx(active, rel=1e-12)]
+    assert active == pytest.approx({96: 67.715, 128: 81.096}[picks], abs=1e-3)
+    cost = _grouped(shapes, 2048, 768)
+    assert cost.bytes.tolist() == [pytest.approx(active * 2048 * 768 * 2 + rows * (2048 + 768) * 2, rel=1e-12)]
+    assert cost.flops.tolist() == [pytest.approx(2.0 * rows * 2048 * 768, rel=1e-12)]
