@@ -64,6 +64,18 @@ def comparable_results(results: pd.DataFrame) -> pd.DataFrame:
     return kept.sort_values(list(kept.columns)).reset_index(drop=True)
 
 
+def read_local_artifact(client, run_id: str, path: str) -> str:
+    """The text of a run's artifact in a local artifact store, read from its file. MLflow's own
+    download_artifacts would leave its artifact thread pool and tqdm's monitor thread running in the test
+    worker, and a later test that forks (the timeline drawer, the tracking process) then rightly refuses
+    to fork and skips."""
+    from urllib.parse import urlparse
+
+    uri = client.get_run(run_id).info.artifact_uri
+    local = urlparse(uri).path if uri.startswith("file:") else uri
+    return (Path(local) / path).read_text()
+
+
 @pytest.fixture
 def repo_root() -> Path:
     return REPO_ROOT

@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 from omegaconf import OmegaConf
 
-from conftest import compose_run, run_cli
+from conftest import compose_run, read_local_artifact, run_cli
 from harness.sim.task_graph import CATEGORIES
 
 CONTRACT_KEYS = {
@@ -83,7 +83,7 @@ def test_mlflow_run_is_logged_to_the_given_store(tmp_path):
     listed = {a.path for a in mlflow.MlflowClient().list_artifacts(run_id)}
     # The large trace.json stays in the run folder only (tracking.artifacts=small), and the run says so.
     assert {"summary.json", "steps.parquet", "timeline.png", ".hydra", "resolved_config.yaml"} <= listed and "trace.json" not in listed
-    resolved = OmegaConf.load(mlflow.MlflowClient().download_artifacts(run_id, "resolved_config.yaml", str(tmp_path)))
+    resolved = OmegaConf.create(read_local_artifact(mlflow.MlflowClient(), run_id, "resolved_config.yaml"))
     assert resolved.strategy.dispatch == "async" and resolved.hardware.host.launch_us == 12.0 and resolved.workload.steps == 4
     assert tags["files_only_in_run_dir"] == "trace.json" and tags["run_dir"] == str(run_dir)
     assert (run_dir / "trace.json").exists()

@@ -10,6 +10,7 @@ import pandas as pd
 import pytest
 import yaml
 
+from conftest import read_local_artifact
 from harness.config.schema import ArtifactPolicy, TrackingConfig
 from harness.base.errors import HarnessError, TrackingError
 from harness.tracking.store import (
@@ -174,7 +175,7 @@ def test_a_run_is_logged_with_every_number_its_params_and_its_step_series(tmp_pa
     assert run.data.params == {**NAMES, "workload.batch_size": "8", "workload.steps": "3", "seed": "0",
                                "exact": "z" * MAX_PARAM_VAL_LENGTH, "long": "y" * (MAX_PARAM_VAL_LENGTH - 3) + "..."}
     # ... and the whole config in an artifact, every value as the run had it.
-    resolved = yaml.safe_load(Path(client.download_artifacts(run_id, "resolved_config.yaml", str(tmp_path))).read_text())
+    resolved = yaml.safe_load(read_local_artifact(client, run_id, "resolved_config.yaml"))
     assert resolved == {"workload": {"batch_size": 8, "steps": 3}, "seed": 0, "hardware": {"host": {"launch_us": 12.0}},
                         "strategy": {"tiling_cache": False}, "long": params["long"], "exact": params["exact"], "tracking": {"uri": "sqlite:///x.db"}}
     tags = run.data.tags
