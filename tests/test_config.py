@@ -45,7 +45,7 @@ def _pairs_of_presets() -> list[tuple[str, str, str]]:
 def test_every_pair_of_presets_composes(hardware, workload, strategy):
     extra = [f"workload.path={TINY_TRACE}"] if workload == "trace" else []
     overrides = (f"hardware={hardware}", f"workload={workload}", f"strategy={strategy}", *extra)
-    stack_specific = {"ge_sink": "ascend", "mindspore": "ascend", "cuda_graph": "cuda"}
+    stack_specific = {"ge_sink": "ascend", "mindspore": "ascend", "cuda_graph": "cuda", "cuda_graph_piecewise": "cuda"}
     has = "ascend" if hardware.startswith("atlas") else "cuda"
     if stack_specific.get(strategy, has) != has:
         with pytest.raises(ConfigError, match=rf"^strategy={strategy}: runs on {stack_specific[strategy]} hardware, hardware={hardware} is {has}"):

@@ -59,6 +59,35 @@ def test_replay_refreshes_dynamic_tasks_in_place():
     assert (dynamic - static) * 1e3 == pytest.approx(7.0)  # one param update before the replay launch
 
 
+def piecewise_run(splitting_ops: list[str], ops=THREE_OPS, steps: int = 4):
+    run = graph_run("capture", ops=ops, steps=steps)
+    graph = dataclasses.replace(run.strategy.graph, splitting_ops=splitting_ops)
+    return dataclasses.replace(run, strategy=dataclasses.replace(run.strategy, graph=graph))
+
+
+def test_a_piecewise_replay_launches_each_piece_and_the_split_op_eagerly_hand_computed():
+    """b is a splitting op (vLLM's attention in piecewise CUDA graphs): a replay is piece [a], b eagerly,
+    piece [c]. Host: h2d issue [0,1], trigger [1,11], b's six stages [11,17] (launch ends 16), trigger
+    [17,27]. Device: a [11,13.5] (+0.5 graph dispatch), b [16,26] (no gap on this preset's eager
+    kernels), c [27,30.5]. b is dynamic but eager: its arguments are set at its launch, no refresh."""
+    ops = [OpSpec(name="a", device_us=2.0), OpSpec(name="b", device_us=10.0, dynamic=True), OpSpec(name="c", device_us=3.0)]
+    outcome = simulate_run(piecewise_run(["b"], ops=ops))
+    steps = outcome.steps
+    assert steps["mode"].tolist() == ["build", "replay", "replay", "replay"]
+    assert steps["latency_ms"][1:].to_numpy() * 1e3 == pytest.approx([30.5 + TOKEN_BACK_US + 2] * 3)
+    assert steps["launches"].tolist() == [3, 3, 3, 3]  # two triggers and b's own launch
+    assert outcome.summary["graph_pieces"] == 2
+    assert outcome.summary["graph_note"] == "piecewise: 2 graph pieces a step, 1 ops run eagerly between them"
+    tasks = outcome.result.graph.tasks
+    replayed = tasks[tasks["step"] == 1]
+    assert sorted(replayed["op"][replayed["stage"] > 0].tolist()) == [-1, -1, 1, 1, 1, 1, 1, 1]  # triggers, b's stages
+
+
+def test_splitting_ops_that_are_not_in_the_workload_are_refused_in_one_line():
+    with pytest.raises(ConfigError, match=r"^strategy.graph.splitting_ops=\['attention'\]: no op of type attention in this workload \(types: a, b, c\)$"):
+        simulate_run(piecewise_run(["attention"]))
+
+
 def test_sink_loads_once_and_triggers():
     outcome = simulate_run(graph_run("sink"))
     assert outcome.steps["mode"].tolist() == ["build", "replay", "replay", "replay"]

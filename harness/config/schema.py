@@ -306,10 +306,14 @@ class GraphStrategyConfig:
     # for its own refresh (an event), so the host refreshes layer i + 1 while the device runs layer i;
     # false: all of them before the launch.
     refresh_after_launch: bool = False
+    # Capture mode: op types that run eagerly between captured pieces instead of inside one graph (vLLM
+    # V1's piecewise CUDA graphs, `compilation_config.splitting_ops`: attention); empty: one graph a step.
+    splitting_ops: List[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         check_limits(self)
         check_field(self, 0 < len(self.buckets) <= 10_000, "buckets", "must be a list of 1..10000 sizes")
+        check_field(self, len(self.splitting_ops) <= 64, "splitting_ops", "must name at most 64 op types")
 
 
 @dataclass

@@ -272,9 +272,11 @@ def host_cost_table(workload: Workload, hardware: HardwareConfig, strategy: Stra
 
 
 def build_template(
-    workload: Workload, hardware: HardwareConfig, strategy: StrategyConfig, mode: int, cpu_ops: np.ndarray, engine: EngineConfig | None = None
+    workload: Workload, hardware: HardwareConfig, strategy: StrategyConfig, mode: int, cpu_ops: np.ndarray, engine: EngineConfig | None = None,
+    split_ops: np.ndarray | None = None,
 ) -> StepTemplate:
-    """Tasks and edges of one step in the given mode (EAGER, BUILD or REPLAY)."""
+    """Tasks and edges of one step in the given mode (EAGER, BUILD or REPLAY); `split_ops`: ops a replay
+    launches eagerly between the pieces of its graph."""
     lanes = lanes_for(strategy, workload, engine)
     host = hardware.host
     tpl = StepTemplate()
@@ -295,7 +297,12 @@ def build_template(
     if workload.not_before_us is not None:
         gated = np.any(~np.isnan(workload.not_before_us), axis=0)
     body = _Body(tpl, workload, hardware, strategy, lanes, start, gated)
-    last_device = body.replay() if mode == REPLAY else body.host_scheduled(cpu_ops)
+    if mode != REPLAY:
+        last_device = body.host_scheduled(cpu_ops)
+    elif split_ops is not None and split_ops.any():
+        last_device = body.replay_pieces(split_ops)
+    else:
+        last_device = body.replay()
     if serving:  # with async scheduling, the next step is scheduled while this one's device work runs
         tpl.add(0, "engine", -1, _ENGINE, ENGINE_SLOT["ahead"], host=True)
     if workload.step_io:
@@ -345,7 +352,6 @@ class _Body:
     def host_scheduled(self, cpu_ops: np.ndarray) -> int:
         tpl, workload, hardware, strategy, lanes = self.tpl, self.workload, self.hardware, self.strategy, self.lanes
         host = hardware.host
-        launch_stage = HOST_STAGES.index("launch")
         free_stage = HOST_STAGES.index("free")
         # Frees handed back to the main thread run there one queue length later (seed 000: frees delayed,
         # peak memory up) instead of on the allocating thread right after the launch.
@@ -381,34 +387,90 @@ class _Body:
             if flags[j] & FLAG_VALUE_DEPENDENT and producers:
                 _read_back(tpl, producers, lanes.d2h, j, _FIXED, copy_time_us(VALUE_READ_BYTES, hardware.link), host.sync_us)
             stages = CPU_OP_STAGES if cpu_ops[j] else HOST_STAGES
-            first_on_lane: dict[int, int] = {}
-            previous = -1
-            for stage in stages:
-                k = HOST_STAGES.index(stage)
-                if deferred and k == free_stage:
-                    pending.append((j, int(launch_of[j])))
-                    continue
-                lane = lanes.stage_lane[k]
-                source = _TILING if stage == "tiling" else _STAGE
-                task = tpl.add(lane, STAGE_CATEGORY[stage], j, source, j, host=True, stage=k + 1)
-                if lane not in first_on_lane:
-                    first_on_lane[lane] = task
-                    if previous >= 0:
-                        tpl.edge(previous, task)
-                        producer_lane = tpl.lane[previous]
-                        items = tpl.queue_items.setdefault((producer_lane, lane), ([], []))
-                        items[0].append(first_on_lane[producer_lane])
-                        items[1].append(task)
-                if k == launch_stage:
-                    launch_of[j] = task
-                    device_task[j] = self.device_task(j, producers, task, in_graph)
-                previous = task
+            previous = self.host_stages(j, stages, producers, launch_of, device_task, in_graph, pending if deferred else None)
             if cpu_ops[j]:
                 device_task[j] = _cpu_op(tpl, workload, hardware, lanes, j, producers, previous)
             if flags[j] & FLAG_COMPUTE_DEPENDENT:
                 _read_back(tpl, [int(device_task[j])], lanes.d2h, j, _FIXED, copy_time_us(SHAPE_READ_BYTES, hardware.link), host.sync_us)
         for op, launch in pending:
             _deferred_free(tpl, op, launch)
+        return int(device_task[-1])
+
+    def host_stages(
+        self, j: int, stages, producers: list[int], launch_of: np.ndarray, device_task: np.ndarray, in_graph: bool,
+        pending: list[tuple[int, int]] | None = None,
+    ) -> int:
+        """Op j's host stages on their lanes, its device task after the launch stage; returns the last
+        stage's task. `pending`: frees handed back to the main thread are queued there, not added."""
+        tpl, lanes = self.tpl, self.lanes
+        launch_stage, free_stage = HOST_STAGES.index("launch"), HOST_STAGES.index("free")
+        first_on_lane: dict[int, int] = {}
+        previous = -1
+        for stage in stages:
+            k = HOST_STAGES.index(stage)
+            if pending is not None and k == free_stage:
+                pending.append((j, int(launch_of[j])))
+                continue
+            lane = lanes.stage_lane[k]
+            source = _TILING if stage == "tiling" else _STAGE
+            task = tpl.add(lane, STAGE_CATEGORY[stage], j, source, j, host=True, stage=k + 1)
+            if lane not in first_on_lane:
+                first_on_lane[lane] = task
+                if previous >= 0:
+                    tpl.edge(previous, task)
+                    producer_lane = tpl.lane[previous]
+                    items = tpl.queue_items.setdefault((producer_lane, lane), ([], []))
+                    items[0].append(first_on_lane[producer_lane])
+                    items[1].append(task)
+            if k == launch_stage:
+                launch_of[j] = task
+                device_task[j] = self.device_task(j, producers, task, in_graph)
+            previous = task
+        return previous
+
+    def replay_pieces(self, split_ops: np.ndarray) -> int:
+        """A replay split into pieces (vLLM V1's piecewise CUDA graphs): each run of graph ops is one
+        graph launch, and the split ops between runs (attention) are launched eagerly with their host
+        stages; the next piece is launched after them on the host, as the model's forward reaches it.
+        Dynamic arguments of the ops inside pieces are refreshed as in `replay` (before each piece's
+        launch, or after it when `refresh_after_launch`)."""
+        tpl, workload, strategy = self.tpl, self.workload, self.strategy
+        g = self.hardware.graph
+        dynamic = ((workload.flags & FLAG_DYNAMIC) > 0) & ((workload.flags & FLAG_ROUTED) == 0) & ~split_ops
+        after_launch = strategy.graph.refresh_after_launch
+        launch_stage = HOST_STAGES.index("launch") + 1
+        host_only = np.isin(workload.kind, (KIND_HOST, KIND_SYNC))
+        launch_of = np.full(workload.n_ops, -1, dtype=np.int64)
+        device_task = np.full(workload.n_ops, -1, dtype=np.int64)
+        trigger = -1
+        refreshes: dict[int, int] = {}
+        for j in range(workload.n_ops):
+            producers = [int(device_task[d]) for d in workload.after[j]]
+            if host_only[j]:  # the graph skips front-end code and host waits
+                device_task[j] = max(producers) if producers else self.start
+                continue
+            if workload.flags[j] & FLAG_CARRIED_IN:
+                device_task[j] = self.device_task(j, producers, self.start, True)
+                continue
+            if split_ops[j]:
+                self.host_stages(j, HOST_STAGES, producers, launch_of, device_task, False)
+                trigger = -1  # the next graph op opens a new piece
+                continue
+            if trigger < 0:
+                piece = [k for k in range(j, workload.n_ops) if not host_only[k]]
+                piece = piece[: next((i for i, k in enumerate(piece) if split_ops[k]), len(piece))]
+                if not after_launch:
+                    for k in piece:
+                        if dynamic[k]:
+                            tpl.add(0, "graph", int(k), _FIXED, g.param_update_us, host=True)
+                trigger = tpl.add(0, "launch", -1, _FIXED, g.replay_launch_us, host=True, stage=launch_stage)
+                if after_launch:
+                    for k in piece:
+                        if dynamic[k]:
+                            refreshes[int(k)] = tpl.add(0, "graph", int(k), _FIXED, g.param_update_us, host=True)
+            device_task[j] = self.device_task(j, producers, trigger, True)
+            if j in refreshes:
+                tpl.edge(refreshes[j], int(device_task[j]))
         return int(device_task[-1])
 
     def replay(self) -> int:
@@ -651,7 +713,7 @@ class Lowering:
         for run in runs:
             m = int(mode[run[0]])
             if m not in self.templates:
-                self.templates[m] = build_template(workload, hardware, strategy, m, plan.cpu_ops, self.engine)
+                self.templates[m] = build_template(workload, hardware, strategy, m, plan.cpu_ops, self.engine, plan.split_ops)
         sizes = [run.size * len(self.templates[int(mode[run[0]])].lane) for run in runs]
         all_tasks = np.empty(sum(sizes), dtype=TASK_DTYPE)
         # Tile each run of equal-mode steps in place; a barrier joins each piece's last step to the

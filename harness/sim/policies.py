@@ -66,6 +66,7 @@ class StepPlan:
     tiling_hit: np.ndarray  # bool (steps, ops)
     cpu_ops: np.ndarray  # bool per op
     info: dict = field(default_factory=dict)  # summary keys the policies report
+    split_ops: np.ndarray | None = None  # bool per op: run eagerly between the pieces of a captured graph
 
     @staticmethod
     def host_only(workload: Workload) -> "StepPlan":
@@ -226,7 +227,48 @@ def prepare(
         hits = lru_hits(keys.ravel(), strategy.tiling_cache_entries).reshape(keys.shape)
         tiling_hit[np.ix_(host_steps, np.flatnonzero(looked_up))] = hits
         info["tiling_cache_hit_rate"] = float(hits.mean()) if hits.size else 0.0
-    return workload, StepPlan(mode=mode, tiling_hit=tiling_hit, cpu_ops=cpu_ops, info=info)
+    split_ops = _split_ops(workload, graph.splitting_ops) if graph.mode == GraphMode.capture and graph.splitting_ops else None
+    if split_ops is not None and np.any(mode == REPLAY):
+        pieces = _graph_pieces(workload, split_ops)
+        info["graph_pieces"] = pieces
+        info.setdefault("graph_note", f"piecewise: {pieces} graph pieces a step, {int(split_ops.sum())} ops run eagerly between them")
+    return workload, StepPlan(mode=mode, tiling_hit=tiling_hit, cpu_ops=cpu_ops, info=info, split_ops=split_ops)
+
+
+def _op_types(workload: Workload) -> np.ndarray:
+    return np.array([name.rsplit(".", 1)[-1] for name in workload.op_names])
+
+
+def _split_ops(workload: Workload, op_types: list[str]) -> np.ndarray:
+    """Ops of the `strategy.graph.splitting_ops` types: kernels launched eagerly between graph pieces."""
+    types = _op_types(workload)
+    unknown = sorted(set(op_types) - set(types.tolist()))
+    if unknown:
+        raise ConfigError(
+            f"strategy.graph.splitting_ops={list(op_types)}: no op of type {', '.join(unknown)} in this workload"
+            f" (types: {', '.join(sorted(set(types.tolist())))})"
+        )
+    chosen = np.isin(types, list(op_types))
+    misplaced = chosen & (np.isin(workload.kind, HOST_ONLY_KINDS) | ((workload.flags & FLAG_CARRIED_IN) > 0) | (workload.group >= 0))
+    if misplaced.any():
+        raise ConfigError(
+            f"strategy.graph.splitting_ops={list(op_types)}: {workload.op_names[int(np.argmax(misplaced))]} is a host-only op,"
+            " work carried in from before the step or part of a launch group: only a kernel of its own can run between pieces"
+        )
+    return chosen
+
+
+def _graph_pieces(workload: Workload, split_ops: np.ndarray) -> int:
+    """Graph launches a replayed step makes: one per run of graph ops between the eager ones (host-only
+    ops, which a replay skips, do not split a piece)."""
+    device = ~np.isin(workload.kind, HOST_ONLY_KINDS)
+    pieces, open_piece = 0, False
+    for j in np.flatnonzero(device):
+        if split_ops[j]:
+            open_piece = False
+        elif not open_piece:
+            pieces, open_piece = pieces + 1, True
+    return pieces
 
 
 def _row_keys(shape_key: np.ndarray) -> np.ndarray:
@@ -249,7 +291,7 @@ FLAGGED = "flagged"  # strategy.heterogeneous entry selecting the ops flagged cp
 
 def _cpu_ops(workload: Workload, op_types: list[str]) -> np.ndarray:
     """Ops run on the CPU: those of the listed types, plus the ops flagged cpu_eligible with `flagged`."""
-    types = np.array([name.rsplit(".", 1)[-1] for name in workload.op_names])
+    types = _op_types(workload)
     unknown = sorted(set(op_types) - set(types.tolist()) - {FLAGGED})
     if unknown:
         raise ConfigError(
