@@ -6,6 +6,7 @@ model, at steady state (graph builds and warm-up left out of the measured steps)
 - the graph's gain shrinks as the batch grows (host work is per op, device work grows with the batch);
 - a piecewise graph (attention launched eagerly between captured pieces) is never slower than eager:
   it does a subset of eager's host work, and its pieces' tasks pay the graph's gap, not the eager one;
+  nor faster than the whole step as one graph, which does the same with one launch and no eager kernels;
 - more AI cores, a faster host, more host threads never slower: tests/test_laws_resources.py.
 """
 from __future__ import annotations
@@ -70,3 +71,13 @@ def test_the_graph_gain_shrinks_as_the_batch_grows(hardware, workload):
 @pytest.mark.parametrize("hardware", HARDWARE)
 def test_a_piecewise_graph_is_never_slower_than_eager_at_the_same_batch(hardware, workload):
     assert_never_slower_than_eager(hardware, workload, "piecewise", f"strategy={graph_strategy(hardware)}", "strategy.graph.splitting_ops=[attention]")
+
+
+@pytest.mark.parametrize("workload", WORKLOADS)
+@pytest.mark.parametrize("hardware", HARDWARE)
+def test_a_whole_graph_is_never_slower_than_a_piecewise_one(hardware, workload):
+    for batch in BATCHES:
+        common = (f"hardware={hardware}", f"workload={workload}", f"workload.batch_size={batch}", f"strategy={graph_strategy(hardware)}")
+        whole = step_ms(*common)
+        pieces = step_ms(*common, "strategy.graph.splitting_ops=[attention]")
+        assert whole <= pieces * (1 + SLACK), f"batch {batch}: whole graph {whole:.4f} ms > piecewise {pieces:.4f} ms"

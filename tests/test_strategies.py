@@ -67,14 +67,15 @@ def piecewise_run(splitting_ops: list[str], ops=THREE_OPS, steps: int = 4):
 
 def test_a_piecewise_replay_launches_each_piece_and_the_split_op_eagerly_hand_computed():
     """b is a splitting op (vLLM's attention in piecewise CUDA graphs): a replay is piece [a], b eagerly,
-    piece [c]. Host: h2d issue [0,1], trigger [1,11], b's six stages [11,17] (launch ends 16), trigger
-    [17,27]. Device: a [11,13.5] (+0.5 graph dispatch), b [16,26] (no gap on this preset's eager
-    kernels), c [27,30.5]. b is dynamic but eager: its arguments are set at its launch, no refresh."""
+    piece [c]. b is dynamic: its arguments are refreshed before the first launch, as in a whole-graph
+    replay (the step's attention metadata is built either way). Host: h2d issue [0,1], refresh [1,8],
+    trigger [8,18], b's six stages [18,24] (launch ends 23), trigger [24,34]. Device: a [18,20.5] (+0.5
+    graph dispatch), b [23,33] (no gap on this preset's eager kernels), c [34,37.5]."""
     ops = [OpSpec(name="a", device_us=2.0), OpSpec(name="b", device_us=10.0, dynamic=True), OpSpec(name="c", device_us=3.0)]
     outcome = simulate_run(piecewise_run(["b"], ops=ops))
     steps = outcome.steps
     assert steps["mode"].tolist() == ["build", "replay", "replay", "replay"]
-    assert steps["latency_ms"][1:].to_numpy() * 1e3 == pytest.approx([30.5 + TOKEN_BACK_US + 2] * 3)
+    assert steps["latency_ms"][1:].to_numpy() * 1e3 == pytest.approx([37.5 + TOKEN_BACK_US + 2] * 3)
     assert steps["launches"].tolist() == [3, 3, 3, 3]  # two triggers and b's own launch
     assert outcome.summary["graph_pieces"] == 2
     assert outcome.summary["graph_note"] == "piecewise: 2 graph pieces a step, 1 ops run eagerly between them"

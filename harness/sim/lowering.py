@@ -432,11 +432,12 @@ class _Body:
         """A replay split into pieces (vLLM V1's piecewise CUDA graphs): each run of graph ops is one
         graph launch, and the split ops between runs (attention) are launched eagerly with their host
         stages; the next piece is launched after them on the host, as the model's forward reaches it.
-        Dynamic arguments of the ops inside pieces are refreshed as in `replay` (before each piece's
-        launch, or after it when `refresh_after_launch`)."""
+        Dynamic arguments are refreshed as in `replay`, the split ops' too (the step's attention
+        metadata is built whichever way attention runs): all before the first launch, or, when
+        `refresh_after_launch`, each after its piece's launch (a split op's before its own stages)."""
         tpl, workload, strategy = self.tpl, self.workload, self.strategy
         g = self.hardware.graph
-        dynamic = ((workload.flags & FLAG_DYNAMIC) > 0) & ((workload.flags & FLAG_ROUTED) == 0) & ~split_ops
+        dynamic = ((workload.flags & FLAG_DYNAMIC) > 0) & ((workload.flags & FLAG_ROUTED) == 0)
         after_launch = strategy.graph.refresh_after_launch
         launch_stage = HOST_STAGES.index("launch") + 1
         host_only = np.isin(workload.kind, (KIND_HOST, KIND_SYNC))
@@ -444,6 +445,9 @@ class _Body:
         device_task = np.full(workload.n_ops, -1, dtype=np.int64)
         trigger = -1
         refreshes: dict[int, int] = {}
+        if not after_launch:
+            for j in np.flatnonzero(dynamic & ~host_only):
+                tpl.add(0, "graph", int(j), _FIXED, g.param_update_us, host=True)
         for j in range(workload.n_ops):
             producers = [int(device_task[d]) for d in workload.after[j]]
             if host_only[j]:  # the graph skips front-end code and host waits
@@ -453,18 +457,16 @@ class _Body:
                 device_task[j] = self.device_task(j, producers, self.start, True)
                 continue
             if split_ops[j]:
+                if after_launch and dynamic[j]:
+                    tpl.add(0, "graph", int(j), _FIXED, g.param_update_us, host=True)
                 self.host_stages(j, HOST_STAGES, producers, launch_of, device_task, False)
                 trigger = -1  # the next graph op opens a new piece
                 continue
             if trigger < 0:
-                piece = [k for k in range(j, workload.n_ops) if not host_only[k]]
-                piece = piece[: next((i for i, k in enumerate(piece) if split_ops[k]), len(piece))]
-                if not after_launch:
-                    for k in piece:
-                        if dynamic[k]:
-                            tpl.add(0, "graph", int(k), _FIXED, g.param_update_us, host=True)
                 trigger = tpl.add(0, "launch", -1, _FIXED, g.replay_launch_us, host=True, stage=launch_stage)
                 if after_launch:
+                    piece = [k for k in range(j, workload.n_ops) if not host_only[k]]
+                    piece = piece[: next((i for i, k in enumerate(piece) if split_ops[k]), len(piece))]
                     for k in piece:
                         if dynamic[k]:
                             refreshes[int(k)] = tpl.add(0, "graph", int(k), _FIXED, g.param_update_us, host=True)
