@@ -156,5 +156,5 @@ def test_help_says_what_the_harness_is_and_lists_the_presets(tmp_path):
     done = run_cli("--help", cwd=tmp_path)
     assert done.returncode == 0
     assert done.stdout.startswith("hostbound: simulate how LLM inference is scheduled between a host CPU and an accelerator")
-    assert "strategy: acl_graph, async, cuda_graph, eager, ge_sink, mindspore, pipeline, tiling_cache" in done.stdout
+    assert "strategy: acl_graph, async, cuda_graph, cuda_graph_piecewise, eager, ge_sink, mindspore, pipeline, tiling_cache" in done.stdout
     assert "Powered by Hydra" not in done.stdout and not (tmp_path / "outputs").exists()

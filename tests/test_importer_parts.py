@@ -283,6 +283,34 @@ def test_graph_launches_with_a_blocking_sync_between_them_are_two_steps(tmp_path
     assert rule == "graph" and [(w.start_us, w.end_us) for w in windows] == [(0.0, 25.0), (25.0, 52.0)]  # from 10 µs
 
 
+def test_whole_step_graphs_launched_back_to_back_are_a_step_each(tmp_path):
+    """Three launches of one graph (the same kernels), each after a prep kernel, and one sync at the end
+    (a host that runs ahead): three steps, not one step of three pieces."""
+    events, correlation = [], 1
+    for k in range(3):
+        t = 100.0 * k
+        events += [runtime_call("cudaLaunchKernel", t, 3, correlation), device_task("prep", t + 5, 2, correlation),
+                   runtime_call("cudaGraphLaunch", t + 10, 4, correlation + 1), device_task("gemm", t + 15, 20, correlation + 1),
+                   device_task("norm", t + 36, 3, correlation + 1)]
+        correlation += 2
+    events.append(runtime_call("cudaStreamSynchronize", 300, 2))
+    rule, windows = find_windows(load_profile(trace_file(tmp_path, events)))
+    assert rule == "graph" and len(windows) == 3
+    imported = import_profile(load_profile(trace_file(tmp_path, events)))
+    assert measured_summary(imported)["graph_launches_per_step"] == 1
+
+
+def test_unannotated_pieces_before_an_annotated_one_join_its_step(tmp_path):
+    """Piece 0 launched outside the annotation, piece 1 inside it, attention between, no sync: one step
+    from piece 0's window to the annotation's end, holding the attention launch."""
+    events = piecewise_events(sync_between=False, annotated=False)
+    events.append({"ph": "X", "cat": "user_annotation", "name": "execute_model", "pid": 1, "tid": 1, "ts": 38, "dur": 30})
+    rule, windows = find_windows(load_profile(trace_file(tmp_path, events)))
+    assert rule == "graph" and [(w.start_us, w.end_us) for w in windows] == [(0.0, 58.0)]  # from 10 µs to 68 µs
+    ops = ops_table(import_profile(load_profile(trace_file(tmp_path, events))))
+    assert ops.loc[ops["kernel"] != "", "kernel"].tolist() == ["piece0_gemm", "piece0_norm", "attention", "piece1_gemm"]
+
+
 def test_entries_that_are_not_events_are_skipped(tmp_path):
     """A number, a string and a duration event with no category in traceEvents (seen in hand-edited
     files) are passed over, not the end of the trace."""

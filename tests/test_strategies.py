@@ -59,8 +59,8 @@ def test_replay_refreshes_dynamic_tasks_in_place():
     assert (dynamic - static) * 1e3 == pytest.approx(7.0)  # one param update before the replay launch
 
 
-def piecewise_run(splitting_ops: list[str], ops=THREE_OPS, steps: int = 4):
-    run = graph_run("capture", ops=ops, steps=steps)
+def piecewise_run(splitting_ops: list[str], ops=THREE_OPS, steps: int = 4, **strategy):
+    run = graph_run("capture", ops=ops, steps=steps, **strategy)
     graph = dataclasses.replace(run.strategy.graph, splitting_ops=splitting_ops)
     return dataclasses.replace(run, strategy=dataclasses.replace(run.strategy, graph=graph))
 
@@ -82,6 +82,15 @@ def test_a_piecewise_replay_launches_each_piece_and_the_split_op_eagerly_hand_co
     tasks = outcome.result.graph.tasks
     replayed = tasks[tasks["step"] == 1]
     assert sorted(replayed["op"][replayed["stage"] > 0].tolist()) == [-1, -1, 1, 1, 1, 1, 1, 1]  # triggers, b's stages
+
+
+def test_the_tiling_cache_serves_the_ops_a_piecewise_replay_launches_eagerly():
+    """Step 0 (build) looks up a, b and c: three misses; each replay looks up b alone, which runs its host
+    stages between the pieces: three hits. 3 of 6."""
+    run = piecewise_run(["b"], tiling_cache=True)
+    workload, plan = prepare(run, np.ones(4, dtype=np.int64), None)
+    assert plan.info["tiling_cache_hit_rate"] == pytest.approx(0.5)
+    assert plan.tiling_hit.tolist() == [[False, False, False], [False, True, False], [False, True, False], [False, True, False]]
 
 
 def test_splitting_ops_that_are_not_in_the_workload_are_refused_in_one_line():

@@ -296,6 +296,6 @@ def describe(record: dict) -> str:
     if record.get("graph_launches_per_step"):
         launches, in_graphs = record["graph_launches_per_step"], record["graph_ops_per_step"]
         kind = "one graph per step" if launches == 1 else f"piecewise: {launches:.0f} graph pieces per step"
-        eager = record["ops_per_step"] - in_graphs
-        lines.append(f"  graphs       {kind}, {in_graphs:.0f} device ops replayed from graphs, {eager:.0f} run eagerly")
+        outside = record["ops_per_step"] - in_graphs
+        lines.append(f"  graphs       {kind}, {in_graphs:.0f} device ops replayed from graphs, {outside:.0f} not (launched alone, copies)")
     return "\n".join(lines)

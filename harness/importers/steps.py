@@ -9,7 +9,8 @@ Steps (`--steps`, default `auto`, first rule that applies):
   graph      each graph launch (cudaGraphLaunch / hipGraphLaunch) is a step: the outermost annotation
              around it, else from the previous step's end to the first blocking sync after it. Launches
              under one annotation, or with no blocking sync between them, are the pieces of one step
-             (piecewise graphs: vLLM V1 replays a graph per piece and runs attention eagerly between);
+             (piecewise graphs: vLLM V1 replays a graph per piece and runs attention eagerly between),
+             unless a launch replays the same kernels as the open step's first one: that is the next step;
   sync       device-wide syncs (cudaDeviceSynchronize, hipDeviceSynchronize, aclrtSynchronizeDevice)
              end steps;
   from=NAME  from each occurrence of annotation NAME to the next (auto: the most repeated annotation
@@ -143,30 +144,44 @@ def find_windows(profile: Profile, rule: str = "auto") -> tuple[str, list[Window
             raise ProfileError(f"{profile.path}: --steps graph: no graph launch (cudaGraphLaunch, hipGraphLaunch) in the trace")
         syncs = calls[calls["kind"].isin((CALL_SYNC, CALL_COPY_SYNC))]
         launch_starts = graphs["start_us"].tolist() + [np.inf]
-        windows, previous_end, open_piece = [], first_call, False
+        # What each launch replays (its kernels in order): a launch that replays what the open step's first
+        # one did is the next step (whole-step graphs launched back to back with no sync between them),
+        # any other is one more piece of the open step.
+        kernels_of: dict[int, tuple] = {}
+        if len(profile.tasks):
+            for key, names in profile.tasks.sort_values("start_us").groupby("key")["name"]:
+                kernels_of[int(key)] = tuple(names)
+        windows, previous_end = [], first_call
+        open_piece, first_piece = False, None  # whether the last window may take more pieces; its first launch's kernels
         for i, g in enumerate(graphs.itertuples()):
+            kernels = kernels_of.get(int(g.key), ())
+            more = open_piece and kernels != first_piece
             around = on_threads[(on_threads["thread"] == g.thread) & (on_threads["start_us"] <= g.start_us) & (on_threads["end_us"] >= g.end_us)]
             if len(around):
                 outer = around.loc[(around["end_us"] - around["start_us"]).idxmax()]
                 start, end = float(outer.start_us), float(outer.end_us)
                 if windows and (windows[-1].start_us, windows[-1].end_us) == (start, end):
                     continue  # another piece of the annotated step
-                open_piece = False
+                if more:  # the open step's earlier pieces were launched outside the annotation
+                    windows[-1].end_us = previous_end = max(windows[-1].end_us, end)
+                    open_piece = False
+                    continue
+                open_piece, first_piece = False, kernels
             else:
                 # No annotation: the step runs from the previous one's end to the first blocking sync
                 # after its launch (the host waits for its results), else to the end of the launch;
                 # host work between launches is the next step's input preparation. A launch with no
-                # blocking sync before the next one is a piece of the step that launch belongs to.
+                # blocking sync before the next one leaves the step open to more pieces.
                 waits = syncs[(syncs["start_us"] >= g.end_us) & (syncs["start_us"] < launch_starts[i + 1])]
                 start = previous_end
                 end = float(waits["end_us"].iloc[0]) if len(waits) else float(g.end_us)
                 if i == len(graphs) - 1 and not len(waits):
                     end = max(end, last_call)
-                if open_piece:
-                    windows[-1].end_us = end
-                    previous_end, open_piece = end, not len(waits)
+                if more:
+                    windows[-1].end_us = previous_end = end
+                    open_piece = not len(waits)
                     continue
-                open_piece = not len(waits)
+                open_piece, first_piece = not len(waits), kernels
             windows.append(Window(f"graph launch {i}", start, end))
             previous_end = end
         return "graph", windows

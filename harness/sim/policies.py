@@ -214,24 +214,29 @@ def prepare(
     cpu_ops = _cpu_ops(workload, strategy.heterogeneous)
     if strategy.fusion:
         workload, cpu_ops = fuse(workload, strategy.fusion_max_ops, cpu_ops)
-    tiling_hit = np.zeros((steps, workload.n_ops), dtype=bool)
-    if strategy.tiling_cache:
-        host_steps = np.flatnonzero(mode != REPLAY)
-        # Ops that run a Tiling stage: kernels with host scheduling of their own (not CPU ops, copies,
-        # host-only ops, work carried in from before the step, or followers of a launch group).
-        leads = (workload.group < 0) | (workload.group == np.arange(workload.n_ops))
-        looked_up = ~cpu_ops & ~np.isin(workload.kind, (*HOST_ONLY_KINDS, KIND_COPY)) & ((workload.flags & FLAG_CARRIED_IN) == 0) & leads
-        # Each node caches its own results: the key is the node and its run-time shapes.
-        node_keys = mix_keys(workload.shape_key, np.arange(workload.n_ops, dtype=np.int64)[None, :])
-        keys = node_keys[np.ix_(host_steps, np.flatnonzero(looked_up))]
-        hits = lru_hits(keys.ravel(), strategy.tiling_cache_entries).reshape(keys.shape)
-        tiling_hit[np.ix_(host_steps, np.flatnonzero(looked_up))] = hits
-        info["tiling_cache_hit_rate"] = float(hits.mean()) if hits.size else 0.0
     split_ops = _split_ops(workload, graph.splitting_ops) if graph.mode == GraphMode.capture and graph.splitting_ops else None
     if split_ops is not None and np.any(mode == REPLAY):
         pieces = _graph_pieces(workload, split_ops)
         info["graph_pieces"] = pieces
-        info.setdefault("graph_note", f"piecewise: {pieces} graph pieces a step, {int(split_ops.sum())} ops run eagerly between them")
+        piecewise = f"piecewise: {pieces} graph pieces a step, {int(split_ops.sum())} ops run eagerly between them"
+        info["graph_note"] = f"{info['graph_note']}; {piecewise}" if info.get("graph_note") else piecewise
+    tiling_hit = np.zeros((steps, workload.n_ops), dtype=bool)
+    if strategy.tiling_cache:
+        # Ops that run a Tiling stage: kernels with host scheduling of their own (not CPU ops, copies,
+        # host-only ops, work carried in from before the step, or followers of a launch group), on
+        # host-scheduled steps, and the ops a piecewise replay launches eagerly on replayed ones.
+        leads = (workload.group < 0) | (workload.group == np.arange(workload.n_ops))
+        looked_up = ~cpu_ops & ~np.isin(workload.kind, (*HOST_ONLY_KINDS, KIND_COPY)) & ((workload.flags & FLAG_CARRIED_IN) == 0) & leads
+        replayed = (mode == REPLAY)[:, None]
+        lookups = looked_up[None, :] & ~replayed
+        if split_ops is not None:
+            lookups |= (looked_up & split_ops)[None, :] & replayed
+        # Each node caches its own results: the key is the node and its run-time shapes, looked up in
+        # program order, step by step and op by op (a boolean mask reads row-major).
+        node_keys = mix_keys(workload.shape_key, np.arange(workload.n_ops, dtype=np.int64)[None, :])
+        hits = lru_hits(node_keys[lookups], strategy.tiling_cache_entries)
+        tiling_hit[lookups] = hits
+        info["tiling_cache_hit_rate"] = float(hits.mean()) if hits.size else 0.0
     return workload, StepPlan(mode=mode, tiling_hit=tiling_hit, cpu_ops=cpu_ops, info=info, split_ops=split_ops)
 
 
