@@ -93,6 +93,11 @@ def test_the_tiling_cache_serves_the_ops_a_piecewise_replay_launches_eagerly():
     assert plan.tiling_hit.tolist() == [[False, False, False], [False, True, False], [False, True, False], [False, True, False]]
 
 
+def test_splitting_ops_without_a_captured_graph_are_refused_in_one_line():
+    with pytest.raises(ConfigError, match=r"^strategy.graph.splitting_ops=\['attention'\]: splits a captured graph into pieces: it needs strategy.graph.mode=capture \(here none\)$"):
+        compose_run("strategy=eager", "strategy.graph.splitting_ops=[attention]")
+
+
 def test_splitting_ops_that_are_not_in_the_workload_are_refused_in_one_line():
     with pytest.raises(ConfigError, match=r"^strategy.graph.splitting_ops=\['attention'\]: no op of type attention in this workload \(types: a, b, c\)$"):
         simulate_run(piecewise_run(["attention"]))

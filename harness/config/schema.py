@@ -314,6 +314,10 @@ class GraphStrategyConfig:
         check_limits(self)
         check_field(self, 0 < len(self.buckets) <= 10_000, "buckets", "must be a list of 1..10000 sizes")
         check_field(self, len(self.splitting_ops) <= 64, "splitting_ops", "must name at most 64 op types")
+        check_field(
+            self, not self.splitting_ops or self.mode == GraphMode.capture, "splitting_ops",
+            f"splits a captured graph into pieces: it needs strategy.graph.mode=capture (here {self.mode.value})",
+        )
 
 
 @dataclass
