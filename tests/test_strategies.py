@@ -84,6 +84,18 @@ def test_a_piecewise_replay_launches_each_piece_and_the_split_op_eagerly_hand_co
     assert sorted(replayed["op"][replayed["stage"] > 0].tolist()) == [-1, -1, 1, 1, 1, 1, 1, 1]  # triggers, b's stages
 
 
+def test_a_piecewise_replay_refreshing_after_launch_hand_computed():
+    """vllm-ascend's order (refresh_after_launch): each refresh follows its piece's launch, a split op's
+    precedes its own stages, and a task waits for its own refresh. b (split) and c are dynamic. Host: h2d
+    issue [0,1], trigger [1,11], b's refresh [11,18], b's stages [18,24] (launch ends 23), trigger [24,34],
+    c's refresh [34,41]. Device: a [11,13.5], b [23,33], c waits for its refresh: [41,44.5]."""
+    ops = [OpSpec(name="a", device_us=2.0), OpSpec(name="b", device_us=10.0, dynamic=True), OpSpec(name="c", device_us=3.0, dynamic=True)]
+    run = piecewise_run(["b"], ops=ops)
+    graph = dataclasses.replace(run.strategy.graph, refresh_after_launch=True)
+    outcome = simulate_run(dataclasses.replace(run, strategy=dataclasses.replace(run.strategy, graph=graph)))
+    assert outcome.steps["latency_ms"][1:].to_numpy() * 1e3 == pytest.approx([44.5 + TOKEN_BACK_US + 2] * 3)
+
+
 def test_the_tiling_cache_serves_the_ops_a_piecewise_replay_launches_eagerly():
     """Step 0 (build) looks up a, b and c: three misses; each replay looks up b alone, which runs its host
     stages between the pieces: three hits. 3 of 6."""

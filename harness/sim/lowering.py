@@ -443,6 +443,9 @@ class _Body:
         host_only = np.isin(workload.kind, (KIND_HOST, KIND_SYNC))
         launch_of = np.full(workload.n_ops, -1, dtype=np.int64)
         device_task = np.full(workload.n_ops, -1, dtype=np.int64)
+        # Frees handed back to the main thread, as in host_scheduled (the split ops' own allocations).
+        deferred = strategy.free_on_main and self.lanes.stage_lane[HOST_STAGES.index("free")] != 0
+        pending: list[tuple[int, int]] = []
         trigger = -1
         refreshes: dict[int, int] = {}
         if not after_launch:
@@ -455,11 +458,15 @@ class _Body:
                 continue
             if workload.flags[j] & FLAG_CARRIED_IN:
                 device_task[j] = self.device_task(j, producers, self.start, True)
+                if j in refreshes:
+                    tpl.edge(refreshes[j], int(device_task[j]))
                 continue
             if split_ops[j]:
+                while deferred and pending and pending[0][0] <= j - strategy.queue_capacity:
+                    _deferred_free(tpl, *pending.pop(0))
                 if after_launch and dynamic[j]:
                     tpl.add(0, "graph", int(j), _FIXED, g.param_update_us, host=True)
-                self.host_stages(j, HOST_STAGES, producers, launch_of, device_task, False)
+                self.host_stages(j, HOST_STAGES, producers, launch_of, device_task, False, pending if deferred else None)
                 trigger = -1  # the next graph op opens a new piece
                 continue
             if trigger < 0:
@@ -473,6 +480,8 @@ class _Body:
             device_task[j] = self.device_task(j, producers, trigger, True)
             if j in refreshes:
                 tpl.edge(refreshes[j], int(device_task[j]))
+        for op, launch in pending:
+            _deferred_free(tpl, op, launch)
         return int(device_task[-1])
 
     def replay(self) -> int:
