@@ -293,6 +293,11 @@ def describe(record: dict) -> str:
         f"  {record['ops_per_step']:.0f} device ops/step, {record['launches_per_step']:.0f} launches/step;"
         f" linked {record['linkage']['device_tasks_linked']}/{record['linkage']['device_tasks']} device tasks",
     ]
+    if record.get("breakdown_external", 0.0) >= 0.1:
+        lines.append(
+            f"  device work  {record['device_work_ms']:.3f} ms a step; {record['breakdown_external']:.0%} of the critical path waits for"
+            " work outside the trace (another stream, process or step): compare predictions of the device with this"
+        )
     if record.get("graph_launches_per_step"):
         launches, in_graphs = record["graph_launches_per_step"], record["graph_ops_per_step"]
         kind = "one graph per step" if launches == 1 else f"piecewise: {launches:.0f} graph pieces per step"

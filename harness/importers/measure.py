@@ -144,6 +144,9 @@ def measured_summary(imported: Imported) -> dict:
         "graph_launches_per_step": float(np.mean([p["graph_launches"] for p in parts])),
         "graph_ops_per_step": float(np.mean([p["graph_ops"] for p in parts])),
         "window_ms": window / US_PER_MS,
+        # The device's own work a step (union of its tasks): what a prediction of the step's device time
+        # compares with when the step also waited for work outside the trace (breakdown_external).
+        "device_work_ms": busy / n / US_PER_MS,
         "steps_measured": n,
         **{f"breakdown_{c}": float(breakdown[i]) for i, c in enumerate(CATEGORIES)},
         "idle_host_wait_ms": sum(p["host_wait"] for p in parts) / n / US_PER_MS,
