@@ -110,9 +110,20 @@ def test_comparing_two_jobs_shows_the_throughput_of_both(ui, browser):
     ids = [jobs["eager·llama2_7b_decode·atlas_a2·steps=4"], jobs["eager·qwen3_30b_decode·atlas_a2·steps=4"]]
     runs = ",".join(f'"{i}"' for i in ids)
     page = opened(browser, f'{address}/#/compare-runs?runs=[{runs}]&experiments=["1"]', shots, "compare", "Run details")
-    plotted = " ".join(page.inner_text("body").split())
-    plot = plotted[: plotted.index("Run details")]
-    axis = plot[plot.rindex("throughput_tok_s"):]  # the metric axis's name, then its top and bottom values
+    expected = [f"{throughput[run_id]:.5f}" for run_id in ids]
+
+    def read() -> tuple[str, str]:
+        plotted = " ".join(page.inner_text("body").split())
+        plot = plotted[: plotted.index("Run details")]
+        return plotted, plot[plot.rindex("throughput_tok_s"):]  # the metric axis's name, then its top and bottom values
+
+    # The table shows before the plot draws its axes (a loaded CI machine once read an empty axis): wait for them.
+    for _ in range(120):
+        plotted, axis = read()
+        if all(value in axis for value in expected):
+            break
+        page.wait_for_timeout(500)
+    page.screenshot(path=str(shots / "compare_plotted.png"))
     for run_id in ids:
         assert f"{throughput[run_id]:.5f}" in axis, f"{axis!r} lacks {throughput[run_id]:.5f}; see {shots}"
     # Below the plot: the handful of params that were chosen (what differs among them), then the metrics,

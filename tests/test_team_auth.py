@@ -64,8 +64,11 @@ def test_a_client_without_credentials_is_refused_and_one_with_them_logs_a_sweep(
     assert "401" in errors[0] or "credentials" in errors[0].lower() or "unauthorized" in errors[0].lower(), errors[0]
     assert (tmp_path / "anonymous" / "summary.json").is_file()
 
-    logged = _harness("-m", "strategy=eager,async", *small, f"hydra.sweep.dir={tmp_path / 'sweep'}", cwd=tmp_path,
-                      credentials=("admin", password))
+    # The login server hashes the password on every request; with the MLflow UI test's Chromium busy on the
+    # other core a request took longer than tracking.timeout_s's 5 s once (clean-clone CI, 2026-12-03).
+    # This test is about who may log, not how fast: the logged sweep waits up to 30 s a request.
+    logged = _harness("-m", "strategy=eager,async", *small, "tracking.timeout_s=30", f"hydra.sweep.dir={tmp_path / 'sweep'}",
+                      cwd=tmp_path, credentials=("admin", password))
     assert logged.returncode == 0, logged.stderr[-3000:]
     token = base64.b64encode(f"admin:{password}".encode()).decode()
     request = urllib.request.Request(f"{uri}/api/2.0/mlflow/runs/search", data=json.dumps({"experiment_ids": ["1"]}).encode(),
