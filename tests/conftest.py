@@ -69,11 +69,9 @@ def read_local_artifact(client, run_id: str, path: str) -> str:
     download_artifacts would leave its artifact thread pool and tqdm's monitor thread running in the test
     worker, and a later test that forks (the timeline drawer, the tracking process) then rightly refuses
     to fork and skips."""
-    from urllib.parse import urlparse
+    from mlflow.utils.file_utils import local_file_uri_to_path
 
-    uri = client.get_run(run_id).info.artifact_uri
-    local = urlparse(uri).path if uri.startswith("file:") else uri
-    return (Path(local) / path).read_text()
+    return (Path(local_file_uri_to_path(client.get_run(run_id).info.artifact_uri)) / path).read_text()
 
 
 @pytest.fixture
