@@ -78,6 +78,18 @@ def opened(browser, url: str, shots: Path, name: str, ready: str):
     return page
 
 
+def settled(page, read, done, seconds: float = 60):
+    """`read()` once `done(value)` holds, or its last value after `seconds`: MLflow draws a page in parts (the
+    text a test waits for shows before the grid's columns and the plot's axes; a loaded CI machine read
+    them empty), so a test reads what it checks until it has drawn."""
+    for _ in range(int(seconds * 2)):
+        value = read()
+        if done(value):
+            return value
+        page.wait_for_timeout(500)
+    return read()
+
+
 def cells(page, column: str) -> list[str]:
     return page.locator(f'[role="gridcell"][col-id="{column}"]').all_inner_texts()
 
@@ -85,8 +97,9 @@ def cells(page, column: str) -> list[str]:
 def test_the_runs_table_opens_with_the_headline_metrics_and_jobs_named_by_what_varies(ui, browser):
     address, _, shots = ui
     page = opened(browser, view_url(address, "1"), shots, "runs", "matching runs")
-    headers = set(page.locator('[role="columnheader"]').all_inner_texts())
-    assert {"Run Name", "headline/throughput_tok_s", "headline/step_ms_p50", "headline/step_ms_p99", "headline/bubble_ratio", "bound"} <= headers, f"{headers}; see {shots}"
+    wanted = {"Run Name", "headline/throughput_tok_s", "headline/step_ms_p50", "headline/step_ms_p99", "headline/bubble_ratio", "bound"}
+    headers = settled(page, lambda: set(page.locator('[role="columnheader"]').all_inner_texts()), lambda found: wanted <= found)
+    assert wanted <= headers, f"{headers}; see {shots}"
     names = cells(page, "attributes.`Run Name`")
     assert len(names) == 1 and "sweep atlas_a2·steps=4 · strategy=eager,acl_graph × workload=" in names[0], f"{names}; see {shots}"
     # The parent folds its jobs: open it.
@@ -117,12 +130,7 @@ def test_comparing_two_jobs_shows_the_throughput_of_both(ui, browser):
         plot = plotted[: plotted.index("Run details")]
         return plotted, plot[plot.rindex("throughput_tok_s"):]  # the metric axis's name, then its top and bottom values
 
-    # The table shows before the plot draws its axes (a loaded CI machine once read an empty axis): wait for them.
-    for _ in range(120):
-        plotted, axis = read()
-        if all(value in axis for value in expected):
-            break
-        page.wait_for_timeout(500)
+    plotted, axis = settled(page, read, lambda text: all(value in text[1] for value in expected))
     page.screenshot(path=str(shots / "compare_plotted.png"))
     for run_id in ids:
         assert f"{throughput[run_id]:.5f}" in axis, f"{axis!r} lacks {throughput[run_id]:.5f}; see {shots}"
