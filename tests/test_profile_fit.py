@@ -122,3 +122,94 @@ def test_a_bad_keep_is_refused_in_one_line_before_anything_is_written(synthetic,
     assert stopped.value.code == 2
     assert capsys.readouterr().err.strip() == f"hostbound: error: {message}"
     assert not (tmp_path / "profiled").exists()
+
+
+# Device values from a trace's shapes (harness/importers/fit.py: device_fits), by hand.
+BF16 = "c10::BFloat16"
+
+
+def test_a_gemms_work_follows_its_operands_shapes():
+    from harness.importers.fit import matmul_work
+
+    # addmm(bias, A[M,K], B[K,N]): 2·M·N·K FLOPs; A, B and the output read or written once, 2 bytes each.
+    assert matmul_work("aten::addmm", [[1024], [8944, 1024], [1024, 1024], [], []], [BF16, BF16, BF16, "Scalar", "Scalar"]) == (
+        2.0 * 8944 * 1024 * 1024, 2.0 * (8944 * 1024 + 1024 * 1024 + 8944 * 1024))
+    assert matmul_work("aten::bmm", [[2, 3, 4], [2, 4, 5]], ["float", "float"]) == (2.0 * 2 * 3 * 5 * 4, 4.0 * 2 * (12 + 20 + 15))
+    assert matmul_work("aten::mm", [[3, 4], [5, 6]], [BF16, BF16]) is None  # inner sizes differ: not a GEMM's operands
+    assert matmul_work("aten::bmm", [[2, 3, 4], [3, 4, 5]], [BF16, BF16]) is None  # batches differ
+    assert matmul_work("aten::mm", [[3, 4]], [BF16]) is None  # shapes not recorded in full
+
+
+def test_an_element_wise_ops_bytes_are_its_inputs_and_one_output():
+    from harness.importers.fit import pointwise_bytes
+
+    n = 16 * 559 * 1024
+    # x * rms: read both (the second broadcast), write one the size of the larger.
+    assert pointwise_bytes("aten::mul", [[16, 559, 1024], [16, 559, 1]], [BF16, BF16]) == 2 * (n + 16 * 559) + 2 * n
+    # copy_(dst bf16, src float): writes dst, reads src; the scalar moves nothing.
+    assert pointwise_bytes("aten::copy_", [[16, 559, 1024], [16, 559, 1024], []], [BF16, "float", "Scalar"]) == 2 * n + 4 * n
+    assert pointwise_bytes("aten::add", [[], []], ["Scalar", "Scalar"]) is None  # no tensor
+
+
+def _shaped(rows):
+    import pandas as pd
+
+    return pd.DataFrame(rows, columns=["name", "dims", "types", "device_us", "kernels"])
+
+
+def test_the_kernel_floor_is_the_median_of_tiny_element_wise_kernels_and_needs_five():
+    from harness.importers.fit import TINY_BYTES, device_fits
+
+    base = compose_run(["hardware=h100"]).hardware.device
+    at_limit = TINY_BYTES // 2 // 2  # elements of one bf16 input whose read + write is exactly 256 KiB
+    tiny = [("aten::rsqrt", [[at_limit]], [BF16], us, 1) for us in (4.0, 4.5, 5.0, 6.0)]
+    assert device_fits(_shaped(tiny), base) == []  # four: too few
+    five = tiny + [("aten::neg", [[8]], [BF16], 4.2, 1)]
+    (floor,) = device_fits(_shaped(five), base)
+    assert (floor.key, floor.value) == ("device.vector_fixed_us", 4.5)
+    assert floor.note.startswith("median time of 5 element-wise kernels moving 256 KiB or less")
+    # One element more is no longer tiny, an op of two kernels does not say what one costs, a GEMM is no element-wise op.
+    over = [("aten::rsqrt", [[at_limit + 1]], [BF16], 9.0, 1), ("aten::add", [[8], [8]], [BF16, BF16], 9.0, 2), ("aten::mm", [[1, 1], [1, 1]], [BF16, BF16], 9.0, 1)]
+    (floor,) = device_fits(_shaped(five + over), base)
+    assert floor.value == 4.5
+
+
+def test_matmul_efficiency_comes_from_compute_bound_gemms_on_every_core():
+    from harness.importers.fit import device_fits
+
+    base = compose_run(["hardware=h100"]).hardware.device  # 989 TFLOPS, matmul_fixed_us 3
+    flops = 2.0 * 4096**3
+    # 4096³ at 400 TFLOPS of work after the fixed 3 µs: 0.4044 of the peak.
+    busy_us = flops / 400e6
+    big = [("aten::mm", [[4096, 4096], [4096, 4096]], [BF16, BF16], busy_us + 3.0, 1)] * 5
+    # A decode GEMV (memory-bound) and a GEMM too small to hold every core price other things: left out.
+    gemv = [("aten::mm", [[1, 4096], [4096, 4096]], [BF16, BF16], 20.0, 1)] * 5
+    small = [("aten::mm", [[64, 64], [64, 64]], [BF16, BF16], 4.0, 1)] * 5
+    (fit,) = device_fits(_shaped(big + gemv + small), base)
+    assert fit.key == "device.matmul_efficiency"
+    assert fit.value == pytest.approx(400 / 989)
+    assert fit.note.startswith("5 compute-bound GEMMs on all cores: 0.687 TFLOP")
+    assert device_fits(_shaped(big[:4] + gemv + small), base) == []  # four: too few
+
+
+def test_a_machine_fitted_from_a_trace_with_shapes_predicts_a_sibling_engines_prefill(tmp_path, monkeypatch):
+    """Out of sample, on one device: fitted on HF transformers' Qwen1.5-0.5B forward on an MI300X (a
+    TraceLens test trace recorded with shapes), the kernel floor and GEMM rate predict SGLang's Qwen3-8B
+    prefill on an MI300X (another TraceLens trace: 492.8 ms of device work, 15 prompts of 1,024 tokens;
+    conf/claims.yaml) within 10 %, where the shipped preset's best-GEMM rate is 29 % short."""
+    from pathlib import Path
+
+    from harness.importers import load_profile
+
+    monkeypatch.chdir(tmp_path)
+    trace = Path(__file__).parent / "data" / "traces" / "tl_qwen05b_mi300.json.gz"
+    profile = load_profile(trace)
+    launched = profile.calls[profile.calls["op_id"] >= 0]
+    assert (profile.framework_ops["name"].to_numpy()[launched["op_id"]] == launched["op"].to_numpy()).all()
+    profile_main([str(trace), "--out", "profiled", "--fit", "mi300x_hf", "--base", "mi300x"])
+    device = yaml.safe_load((tmp_path / "conf" / "hardware" / "mi300x_hf.yaml").read_text())["device"]
+    assert 4.2 < device["vector_fixed_us"] < 5.0  # rsqrt, add, fill of a few thousand elements
+    assert 0.33 < device["matmul_efficiency"] < 0.43  # ~500 of 1307 TFLOPS on 1,024-wide GEMMs
+    assert "hbm_efficiency" not in device  # element-wise rates there are the Infinity Cache's (fit.py)
+    run = simulate_run(compose_run(["+experiment=mi300x_sglang_qwen3_8b_extend", "hardware=mi300x_hf"])).summary
+    assert run["step_ms_mean"] * run["device_busy"] == pytest.approx(492.8, rel=0.10)

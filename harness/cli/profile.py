@@ -40,7 +40,7 @@ from harness.base.errors import HarnessError, fail
 from harness.base.files import check_folder
 from harness.importers import READ_LIMIT_MB, load_profile
 from harness.config.paths import CONF_DIR, LAUNCH_FOLDER_CONF
-from harness.importers.fit import base_preset, eager_kernel_gaps_us, fit_machine, graph_task_gaps_us, preset_yaml
+from harness.importers.fit import base_preset, device_fits, eager_kernel_gaps_us, fit_machine, graph_task_gaps_us, preset_yaml, shaped_ops
 from harness.importers.steps import Imported, import_profile, ops_table
 from harness.model.ops_csv import write_ops_table
 from harness.importers.measure import linkage, measured_summary, peer_breakdown, step_table
@@ -275,6 +275,9 @@ def write_fit(
     fitted = fit_machine(table, len(imported.kept), summary.get("host_ms_sync", 0.0), eager_gaps, graph_gaps)
     if not fitted:
         fail(f"{args.trace}: no kernel launch in the replayed steps: nothing to fit a machine from")
+    from harness.config.compose import compose_run
+
+    fitted += device_fits(shaped_ops(imported), compose_run([f"hardware={base}"]).hardware.device)
     origin = " ".join(shlex.quote(a) for a in [args.trace.name, *(["--steps", args.steps] if args.steps != "auto" else []), *(["--keep", args.keep] if args.keep else [])])
     path.parent.mkdir(parents=True, exist_ok=True)
     write_text(path, preset_yaml(args.fit, base, fitted, origin))

@@ -65,6 +65,7 @@ CALL_COLUMNS = {
     "kind": np.int8,
     "name": object,
     "op": object,  # the framework op it ran in (aten::mm), "" if unknown
+    "op_id": np.int64,  # that op's row in Profile.framework_ops (its shapes), -1 if unknown
     "key": np.int64,
     "stream": np.int64,  # syncs: the stream waited for; waits: the waiting stream; -1: all / unknown
     "wait_stream": np.int64,  # waits / event syncs: the stream the event was recorded on (-1: unknown)
@@ -105,6 +106,10 @@ class Profile:
     # does not load this format. Columns: name, cat, start_us, end_us, stream, runtime_start_us.
     peer_rows: Optional[pd.DataFrame] = None
     notes: list[str] = field(default_factory=list)  # what the reader had to assume or leave out
+    # The framework ops (cpu_op) with the shapes the profiler recorded (`record_shapes=True`): columns
+    # name, dims (a list per input: a tensor's sizes, [] for a scalar) and types ("c10::BFloat16", ...);
+    # None where the format has none. A call's op_id is its innermost op's row.
+    framework_ops: Optional[pd.DataFrame] = None
 
     @property
     def issuing_threads(self) -> list[int]:

@@ -15,8 +15,20 @@ fitted from: how many calls, and their spread):
 * `graph.task_dispatch_us`: the device gap between the tasks of one graph launch, when the trace
   replays graphs.
 
-Device peaks and efficiencies, links and graph capture costs are not in a trace without shapes: they
-stay the base preset's (a preset of the same device, named in the file).
+Where the trace was recorded with shapes (`record_shapes=True`: each framework op's input sizes and
+types), the kernels a framework op launched are priced by its shapes, and the device's preset values
+follow from their measured times and the base preset's datasheet peaks (`device_fits`):
+
+* `device.vector_fixed_us`: the median time of element-wise kernels on tiny tensors (256 KiB or less
+  moved: under 0.1 µs of memory traffic), i.e. the floor every kernel pays;
+* `device.matmul_efficiency`: the FLOPs of GEMMs that are compute-bound and hold every core in the
+  harness's device model, over their time less `matmul_fixed_us`, as a fraction of the matmul peak.
+
+Each needs five ops or more. `hbm_efficiency` is not fitted: the element-wise ops of a forward read what
+the op before wrote, much of it from the last-level cache (an MI300X's 256 MB Infinity Cache: the adds of
+`tl_qwen05b_mi300` move 5.6 TB/s, above its 5.3 TB/s HBM peak), so their rate is not the HBM's that a
+decode step's weight reads see. Peaks, links, HBM and graph capture costs stay the base preset's (a preset
+of the same device, named in the file).
 """
 from __future__ import annotations
 
@@ -25,7 +37,10 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from harness.config.schema import DeviceConfig
+from harness.importers.events import CALL_LAUNCH, TASK_KERNEL
 from harness.importers.steps import Imported
+from harness.model.device import KIND_CUBE, block_dim
 from harness.model.ops import HOST_COSTS
 
 # Host stages of a kernel's launch, as the op list (ops.csv) holds them: <stage>_us per op.
@@ -119,8 +134,8 @@ def preset_yaml(name: str, base: str, fitted: list[Fitted], origin: str) -> str:
     """The hardware preset: the base preset's values, the fitted ones over them, each commented."""
     lines = [
         f"# Fitted by `python -m harness.profile {origin} --fit {name}` (harness/importers/fit.py).",
-        f"# The host costs and device gaps below are the trace's; everything else is conf/hardware/{base}.yaml's",
-        "# (device peaks and efficiencies, links, graph capture), as the trace does not show them.",
+        f"# The values below are the trace's; everything else is conf/hardware/{base}.yaml's (device peaks, links,",
+        "# graph capture, and the device efficiencies the trace's shapes did not show), as the trace does not show them.",
         "defaults:",
         f"  - {base}",
         "  - _self_",
@@ -133,3 +148,114 @@ def preset_yaml(name: str, base: str, fitted: list[Fitted], origin: str) -> str:
             lines.append(f"{section}:")
             lines += [f"  {f.key.split('.', 1)[1]}: {f.value:.6g}  # {f.note}" for f in mine]
     return "\n".join(lines) + "\n"
+
+
+# Bytes per element of the profiler's "Input type" names; a scalar or an unknown type moves nothing.
+DTYPE_BYTES = {
+    "c10::BFloat16": 2, "c10::Half": 2, "float": 4, "double": 8, "long int": 8, "int": 4, "short int": 2,
+    "signed char": 1, "unsigned char": 1, "bool": 1, "c10::Float8_e4m3fn": 1, "c10::Float8_e5m2": 1,
+}
+# GEMMs: where their two operands are among the op's inputs (addmm's first input is the bias).
+MATMUL_OPERANDS = {"aten::mm": (0, 1), "aten::addmm": (1, 2), "aten::bmm": (0, 1), "aten::baddbmm": (1, 2)}
+# Element-wise ops: one output the size of their largest input (copy_ writes its first input).
+POINTWISE_OPS = frozenset({
+    "aten::add", "aten::add_", "aten::sub", "aten::sub_", "aten::mul", "aten::mul_", "aten::div", "aten::div_",
+    "aten::neg", "aten::silu", "aten::silu_", "aten::rsqrt", "aten::pow", "aten::sigmoid", "aten::exp", "aten::tanh",
+    "aten::gelu", "aten::relu", "aten::relu_", "aten::fill_", "aten::zero_", "aten::copy_",
+})
+TINY_BYTES = 256 * 1024  # element-wise ops this small show the kernel floor (< 0.1 µs of HBM traffic)
+MIN_OPS = 5  # fewer ops than this fit nothing
+BYTES_PER_US_PER_GBPS = 1e3  # 1 GB/s = 1e3 bytes/µs
+FLOP_PER_US_PER_TFLOPS = 1e6
+
+
+def shaped_ops(imported: Imported) -> pd.DataFrame:
+    """The framework ops of the replayed steps that launched kernels, with their recorded shapes and the
+    device time of those kernels: columns name, dims, types, device_us, kernels. Empty when the trace has
+    no shapes."""
+    profile = imported.profile
+    columns = ["name", "dims", "types", "device_us", "kernels"]
+    if profile.framework_ops is None or profile.framework_ops.empty:
+        return pd.DataFrame(columns=columns)
+    calls = pd.concat([imported.found[i].calls for i in imported.kept], ignore_index=True) if imported.kept else profile.calls.iloc[:0]
+    launches = calls[(calls["kind"] == CALL_LAUNCH) & (calls["op_id"] >= 0) & (calls["key"] >= 0)]
+    kernels = profile.tasks[profile.tasks["kind"] == TASK_KERNEL]
+    timed = launches.merge(kernels.assign(device_us=kernels["end_us"] - kernels["start_us"])[["key", "device_us"]], on="key")
+    if timed.empty:
+        return pd.DataFrame(columns=columns)
+    per_op = timed.groupby("op_id").agg(device_us=("device_us", "sum"), kernels=("device_us", "size"))
+    ops = profile.framework_ops.loc[per_op.index]
+    return pd.DataFrame({"name": ops["name"].to_numpy(), "dims": ops["dims"].to_numpy(), "types": ops["types"].to_numpy(),
+                         "device_us": per_op["device_us"].to_numpy(), "kernels": per_op["kernels"].to_numpy()})
+
+
+def _tensors(dims: list, types: list) -> list[tuple[int, int]]:
+    """(elements, bytes per element) of each tensor input (sizes a list of whole numbers, type known)."""
+    found = []
+    for size, dtype in zip(dims, types):
+        if isinstance(size, list) and size and all(type(d) is int and d >= 0 for d in size) and dtype in DTYPE_BYTES:
+            found.append((int(np.prod(size, dtype=np.float64)), DTYPE_BYTES[dtype]))
+    return found
+
+
+def matmul_work(name: str, dims: list, types: list) -> tuple[float, float] | None:
+    """(FLOPs, bytes) of a GEMM from its operands' shapes, None when they are not a (batched) GEMM's."""
+    a_at, b_at = MATMUL_OPERANDS[name]
+    if len(dims) <= b_at or len(types) <= b_at or types[a_at] not in DTYPE_BYTES:
+        return None
+    a, b = dims[a_at], dims[b_at]
+    if not (isinstance(a, list) and isinstance(b, list) and len(a) == len(b) and len(a) in (2, 3)):
+        return None
+    batch = a[0] if len(a) == 3 else 1
+    m, k = a[-2], a[-1]
+    k2, n = b[-2], b[-1]
+    if k != k2 or (len(a) == 3 and b[0] != batch):
+        return None
+    size = DTYPE_BYTES[types[a_at]]
+    return 2.0 * batch * m * n * k, float(size * batch * (m * k + k * n + m * n))
+
+
+def pointwise_bytes(name: str, dims: list, types: list) -> float | None:
+    """Bytes an element-wise op moves: its tensor inputs read, one output the size of the largest written
+    (copy_ and fill_ write their first input and read the rest)."""
+    tensors = _tensors(dims, types)
+    if not tensors:
+        return None
+    if name in ("aten::copy_", "aten::fill_", "aten::zero_"):
+        return float(sum(n * b for n, b in tensors))
+    return float(sum(n * b for n, b in tensors) + max(n * b for n, b in tensors))
+
+
+def _ratio_spread(values: np.ndarray) -> str:
+    p10, p50, p90 = np.percentile(values, [10, 50, 90])
+    return f"per op p10 {p10:.3g}, p50 {p50:.3g}, p90 {p90:.3g}"
+
+
+def device_fits(shaped: pd.DataFrame, base: DeviceConfig) -> list[Fitted]:
+    """The device values the shaped ops' measured times give, against the base preset's peaks."""
+    fitted: list[Fitted] = []
+    one_kernel = shaped[shaped["kernels"] == 1]
+    pointwise = [(pointwise_bytes(r.name, r.dims, r.types), r.device_us, r.name) for r in one_kernel.itertuples() if r.name in POINTWISE_OPS]
+    pointwise = [(b, us, name) for b, us, name in pointwise if b is not None and us > 0]
+    floor_us = base.vector_fixed_us
+    tiny = np.array([us for b, us, _ in pointwise if b <= TINY_BYTES])
+    if tiny.size >= MIN_OPS:
+        floor_us = float(np.median(tiny))
+        fitted.append(Fitted("device.vector_fixed_us", floor_us, f"median time of {tiny.size} element-wise kernels moving 256 KiB or less; {_spread(tiny)}"))
+    gemms = [(matmul_work(r.name, r.dims, r.types), r.device_us) for r in shaped.itertuples() if r.name in MATMUL_OPERANDS]
+    gemms = [(w[0], w[1], us) for w, us in gemms if w is not None and us > base.matmul_fixed_us]
+    if gemms:
+        flops = np.array([g[0] for g in gemms])
+        moved = np.array([g[1] for g in gemms])
+        busy_us = np.array([g[2] for g in gemms]) - base.matmul_fixed_us
+        peak = base.cube_tflops * FLOP_PER_US_PER_TFLOPS
+        cores = block_dim(flops, np.full(flops.shape, KIND_CUBE), base)
+        # Compute-bound at the base preset's rates, and holding every core: what matmul_efficiency prices.
+        compute_bound = flops / (peak * base.matmul_efficiency) > moved / (base.hbm_gbps * BYTES_PER_US_PER_GBPS * base.hbm_efficiency)
+        chosen = compute_bound & (cores >= base.ai_cores)
+        if chosen.sum() >= MIN_OPS:
+            value = float(flops[chosen].sum() / busy_us[chosen].sum() / peak)
+            note = (f"{int(chosen.sum())} compute-bound GEMMs on all cores: {flops[chosen].sum() / 1e12:.3g} TFLOP in {busy_us[chosen].sum() / 1e3:.3g} ms,"
+                    f" {value * base.cube_tflops:.4g} of {base.cube_tflops:.5g} TFLOPS; {_ratio_spread(flops[chosen] / busy_us[chosen] / peak)}")
+            fitted.append(Fitted("device.matmul_efficiency", min(value, 1.0), note))
+    return fitted

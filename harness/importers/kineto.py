@@ -201,6 +201,7 @@ def read_kineto(path: Path, data: Any, rank: Optional[int]) -> Profile:
     op_start = _times(ops.column("ts"), first)
     op_end = op_start + np.asarray(ops.column("dur", 0.0), dtype=np.float64)
     call_table = _calls(calls, ops, op_start, op_end, syncs, first)
+    framework_ops = _framework_ops(ops)
     mark_start = _times(marks.column("ts"), first)
     mark_table = frame(
         {
@@ -234,6 +235,7 @@ def read_kineto(path: Path, data: Any, rank: Optional[int]) -> Profile:
         marks=mark_table,
         span_us=(0.0, float(ends.max()) - shift),
         peer_rows=_peer_rows(peer_rows, host_start, first, shift, rounding) if isinstance(data, dict) else None,
+        framework_ops=framework_ops,
     )
 
 
@@ -251,6 +253,7 @@ def _calls(calls: _Group, ops: _Group, op_start: np.ndarray, op_end: np.ndarray,
             on = np.flatnonzero(thread == tid)
             keep[on] = top_level(start[on], end[on]) | ~driver[on]
     op = np.full(len(calls), "", dtype=object)
+    op_id = np.full(len(calls), -1, dtype=np.int64)
     if ops:
         op_thread = np.array([_int(t, 0) for t in ops.column("tid")], dtype=np.int64)
         op_name = np.array(ops.names(), dtype=object)
@@ -259,6 +262,7 @@ def _calls(calls: _Group, ops: _Group, op_start: np.ndarray, op_end: np.ndarray,
             theirs = np.flatnonzero(op_thread == tid)
             found = innermost(op_start[theirs], op_end[theirs], start[on])
             op[on[found >= 0]] = op_name[theirs[found[found >= 0]]]
+            op_id[on[found >= 0]] = theirs[found[found >= 0]]
     name = calls.names()
     key = np.array([_int(a.get("correlation")) for a in calls.args()], dtype=np.int64)
     # What each sync or stream-wait waited for, recorded on the device side under its correlation.
@@ -281,6 +285,7 @@ def _calls(calls: _Group, ops: _Group, op_start: np.ndarray, op_end: np.ndarray,
             "kind": [call_kind(n) for n in name],
             "name": name,
             "op": op,
+            "op_id": op_id,
             "key": key,
             "stream": info[:, 0],
             "wait_stream": info[:, 1],
@@ -289,6 +294,15 @@ def _calls(calls: _Group, ops: _Group, op_start: np.ndarray, op_end: np.ndarray,
         CALL_COLUMNS,
     )
     return table[keep].sort_values(["start_us", "end_us"], kind="stable").reset_index(drop=True)
+
+
+def _framework_ops(ops: _Group) -> pd.DataFrame:
+    """The framework ops' names and recorded shapes (`args["Input Dims"]`, `args["Input type"]`; empty
+    lists where the trace was recorded without shapes or an entry is not a list)."""
+    args = ops.args()
+    dims = [a.get("Input Dims") if isinstance(a.get("Input Dims"), list) else [] for a in args]
+    types = [a.get("Input type") if isinstance(a.get("Input type"), list) else [] for a in args]
+    return pd.DataFrame({"name": ops.names(), "dims": pd.Series(dims, dtype=object), "types": pd.Series(types, dtype=object)})
 
 
 def _peer_rows(rows: list[tuple], host_start: dict, origin: int, shift: float, rounding: bool) -> pd.DataFrame:

@@ -194,7 +194,7 @@ def read_torch_npu(path: Path, data: Any, rank: Optional[int]) -> Profile:
             top[k] = len(calls)
             calls.append(
                 {"thread": tid, "start_us": lane["start"][k], "end_us": lane["end"][k], "launch_us": lane["end"][k] - lane["start"][k],
-                 "ready_us": lane["end"][k], "kind": api_kind(api), "name": api, "op": "", "key": -1,
+                 "ready_us": lane["end"][k], "kind": api_kind(api), "name": api, "op": "", "op_id": -1, "key": -1,
                  "stream": ALL_STREAMS, "wait_stream": -1, "wait_key": -1}
             )
         top_of[tid] = top
