@@ -13,7 +13,8 @@ Reads a PyTorch-profiler (Kineto) trace (`.json` / `.json.gz`, CUDA or HIP) or a
 
 `--fit NAME` also writes a hardware preset of the traced machine, `conf/hardware/NAME.yaml` in the
 folder the command starts in (searched after the shipped presets): its host costs per launch, device
-front-end gaps and graph task gap are the trace's, each commented with what it was fitted from; the rest
+front-end gaps and graph task gap are the trace's, and where it recorded shapes its kernel floor and GEMM
+rate, each commented with what it was fitted from; the rest
 is the shipped preset of the same device (`--base`). `python -m harness hardware=NAME workload=…
 strategy=…` then predicts other models, batch sizes and strategies on that machine
 (harness/importers/fit.py).
