@@ -22,13 +22,15 @@ follow from their measured times and the base preset's datasheet peaks (`device_
 * `device.vector_fixed_us`: the median time of element-wise kernels on tiny tensors (256 KiB or less
   moved: under 0.1 µs of memory traffic), i.e. the floor every kernel pays;
 * `device.matmul_efficiency`: the FLOPs of GEMMs that are compute-bound and hold every core in the
-  harness's device model, over their time less `matmul_fixed_us`, as a fraction of the matmul peak.
+  harness's device model, over their time less `matmul_fixed_us`, as a fraction of the matmul peak;
+* `device.hbm_efficiency`: the bytes of memory-bound GEMMs moving 8 MB or more (a decode step's weight
+  reads), over their time less `matmul_fixed_us`, as a fraction of the HBM bandwidth. Element-wise ops
+  do not set it: a forward's read what the op before wrote, much of it from the last-level cache (an
+  MI300X's 256 MB Infinity Cache: the adds of `tl_qwen05b_mi300` move 5.6 TB/s, above its 5.3 TB/s HBM
+  peak), where a step's weights, read once, come from HBM.
 
-Each needs five ops or more. `hbm_efficiency` is not fitted: the element-wise ops of a forward read what
-the op before wrote, much of it from the last-level cache (an MI300X's 256 MB Infinity Cache: the adds of
-`tl_qwen05b_mi300` move 5.6 TB/s, above its 5.3 TB/s HBM peak), so their rate is not the HBM's that a
-decode step's weight reads see. Peaks, links, HBM and graph capture costs stay the base preset's (a preset
-of the same device, named in the file).
+Each needs five ops or more. Peaks, links and graph capture costs stay the base preset's (a preset of the
+same device, named in the file).
 """
 from __future__ import annotations
 
@@ -40,7 +42,7 @@ import pandas as pd
 from harness.config.schema import DeviceConfig
 from harness.importers.events import CALL_LAUNCH, TASK_KERNEL
 from harness.importers.steps import Imported
-from harness.model.device import KIND_CUBE, block_dim
+from harness.model.device import KIND_CUBE, block_dim, core_peak_flop_per_us
 from harness.model.ops import HOST_COSTS
 
 # Host stages of a kernel's launch, as the op list (ops.csv) holds them: <stage>_us per op.
@@ -164,6 +166,7 @@ POINTWISE_OPS = frozenset({
     "aten::gelu", "aten::relu", "aten::relu_", "aten::fill_", "aten::zero_", "aten::copy_",
 })
 TINY_BYTES = 256 * 1024  # element-wise ops this small show the kernel floor (< 0.1 µs of HBM traffic)
+LARGE_BYTES = 8e6  # memory-bound GEMMs this large show the HBM bandwidth (traffic ≫ the floor)
 MIN_OPS = 5  # fewer ops than this fit nothing
 BYTES_PER_US_PER_GBPS = 1e3  # 1 GB/s = 1e3 bytes/µs
 FLOP_PER_US_PER_TFLOPS = 1e6
@@ -249,13 +252,23 @@ def device_fits(shaped: pd.DataFrame, base: DeviceConfig) -> list[Fitted]:
         moved = np.array([g[1] for g in gemms])
         busy_us = np.array([g[2] for g in gemms]) - base.matmul_fixed_us
         peak = base.cube_tflops * FLOP_PER_US_PER_TFLOPS
-        cores = block_dim(flops, np.full(flops.shape, KIND_CUBE), base)
-        # Compute-bound at the base preset's rates, and holding every core: what matmul_efficiency prices.
-        compute_bound = flops / (peak * base.matmul_efficiency) > moved / (base.hbm_gbps * BYTES_PER_US_PER_GBPS * base.hbm_efficiency)
-        chosen = compute_bound & (cores >= base.ai_cores)
+        bandwidth = base.hbm_gbps * BYTES_PER_US_PER_GBPS
+        kind = np.full(flops.shape, KIND_CUBE)
+        cores = block_dim(flops, kind, base)
+        # Which bound the device model puts each GEMM under at the base preset's rates (model/device.py).
+        compute_us = flops / (core_peak_flop_per_us(kind, base) * cores * base.matmul_efficiency)
+        memory_us = moved / (bandwidth * base.hbm_efficiency)
+        chosen = (compute_us > memory_us) & (cores >= base.ai_cores)  # what matmul_efficiency prices
         if chosen.sum() >= MIN_OPS:
             value = float(flops[chosen].sum() / busy_us[chosen].sum() / peak)
             note = (f"{int(chosen.sum())} compute-bound GEMMs on all cores: {flops[chosen].sum() / 1e12:.3g} TFLOP in {busy_us[chosen].sum() / 1e3:.3g} ms,"
                     f" {value * base.cube_tflops:.4g} of {base.cube_tflops:.5g} TFLOPS; {_ratio_spread(flops[chosen] / busy_us[chosen] / peak)}")
             fitted.append(Fitted("device.matmul_efficiency", min(value, 1.0), note))
+        # Memory-bound GEMMs that large read their weights from HBM (a decode step's GEMVs): what hbm_efficiency prices.
+        reads = (memory_us > compute_us) & (moved >= LARGE_BYTES)
+        if reads.sum() >= MIN_OPS:
+            value = float(moved[reads].sum() / busy_us[reads].sum() / bandwidth)
+            note = (f"{int(reads.sum())} memory-bound GEMMs of 8 MB or more: {moved[reads].sum() / 1e9:.3g} GB in {busy_us[reads].sum() / 1e3:.3g} ms,"
+                    f" {value * base.hbm_gbps / 1e3:.3g} of {base.hbm_gbps / 1e3:.3g} TB/s; {_ratio_spread(moved[reads] / busy_us[reads] / bandwidth)}")
+            fitted.append(Fitted("device.hbm_efficiency", min(value, 1.0), note))
     return fitted
