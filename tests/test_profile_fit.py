@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 import yaml
 
@@ -231,3 +232,35 @@ def test_a_machine_fitted_from_a_trace_with_shapes_predicts_a_sibling_engines_pr
     assert "hbm_efficiency" not in device  # no memory-bound GEMM in a 16 × 559-token forward; element-wise ops do not set it
     run = simulate_run(compose_run(["+experiment=mi300x_sglang_qwen3_8b_extend", "hardware=mi300x_hf"])).summary
     assert run["step_ms_mean"] * run["device_busy"] == pytest.approx(492.8, rel=0.10)
+
+
+@pytest.mark.parametrize("trace_name, preset", [("tl_qwen05b_h100", "h100"), ("tl_qwen05b_h100", "h200"), ("tl_qwen05b_mi300", "mi300x")])
+def test_the_shipped_kernel_floor_is_the_one_measured_on_that_device(trace_name, preset):
+    """The presets' `vector_fixed_us` (and, on H100, `kernel_gap_us`: the median gap between queued
+    kernels) are what these public traces of the device measure; a preset edited away from its source fails here."""
+    from pathlib import Path
+
+    from harness.importers import load_profile
+    from harness.importers.fit import device_fits, eager_kernel_gaps_us, shaped_ops
+    from harness.importers.steps import import_profile
+
+    imported = import_profile(load_profile(Path(__file__).parent / "data" / "traces" / f"{trace_name}.json.gz"))
+    device = compose_run([f"hardware={preset}"]).hardware.device
+    fitted = {f.key: f.value for f in device_fits(shaped_ops(imported), device)}
+    assert fitted["device.vector_fixed_us"] == pytest.approx(device.vector_fixed_us, abs=0.05)
+    if trace_name == "tl_qwen05b_h100":
+        assert float(np.median(eager_kernel_gaps_us(imported))) == pytest.approx(device.kernel_gap_us, abs=0.01)
+
+
+def test_a_trace_recorded_with_the_profilers_costly_options_says_so_in_the_fitted_preset(tmp_path, monkeypatch, capsys):
+    """Stacks, shapes and memory events cost the profiler host time on every op, and a fitted host pays it:
+    the preset's header, a warning and profile.json say which options the trace was recorded with."""
+    monkeypatch.chdir(tmp_path)
+    data = kineto_trace(Layout(steps=2, ops=2))
+    data.update({"record_shapes": 1, "with_stack": 1, "profile_memory": 0})
+    (tmp_path / "t.json").write_text(json.dumps(data))
+    profile_main(["t.json", "--out", "profiled", "--fit", "stacked"])
+    warned = "the trace was recorded with record_shapes, with_stack: the profiler's own host work per op is in the fitted host costs"
+    assert warned in capsys.readouterr().err
+    assert f"# Note: {warned}" in (tmp_path / "conf" / "hardware" / "stacked.yaml").read_text()
+    assert json.loads((tmp_path / "profiled" / "profile.json").read_text())["recorded_with"] == ["record_shapes", "with_stack"]

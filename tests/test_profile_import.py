@@ -54,6 +54,8 @@ REFERENCE = {
     "tl_vllm_prefilldecode_piecewise_mi300": (0.9976, None, None, None, None, (413, 413)),
     "tl_sglang_qwen3_decode_mi300": (0.0206, 98.05, 1.94, 465987.0, 558.0, (555, 555)),
     "tl_qwen05b_mi300": (0.9146, 11.76, 88.24, 3424.0, 1936.0, (1053, 1516)),
+    # Measured here (HTA was not run on it): the same HF forward on an H100; 1,465 kernels and 241 memsets.
+    "tl_qwen05b_h100": (0.9193, None, None, None, None, (1029, 1465)),
     "hta_event_sync_multistream_a100": (0.0191, 98.08, 1.90, 32.0, 30.0, (3, 3)),
     "hta_gpu_annot_gp100": (0.0376, 96.24, 3.75, 7446.0, None, (130, 130)),
     "hta_alexnet_a100": (0.0051, 99.49, 0.08, 24866725.0, 107.0, (79, 79)),
@@ -65,6 +67,7 @@ STEPS = {
     "tl_vllm_prefilldecode_piecewise_mi300": ("graph", 1, [0]),  # 25 pieces under one annotation
     "tl_sglang_qwen3_decode_mi300": ("graph", 1, [0]),
     "tl_qwen05b_mi300": ("profiler", 1, [0]),
+    "tl_qwen05b_h100": ("profiler", 1, [0]),
     "hta_event_sync_multistream_a100": ("sync", 1, [0]),
     "hta_gpu_annot_gp100": ("from=Optimizer.zero_grad#SGD.zero_grad", 5, [0, 1, 2, 3]),
     "hta_alexnet_a100": ("sync", 3, [2]),

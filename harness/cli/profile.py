@@ -218,6 +218,7 @@ def main(argv: Optional[list[str]] = None) -> None:
         "peer": peer_breakdown(imported),
         "steps": step_table(imported),
         "notes": profile.notes,
+        "recorded_with": list(profile.recorded_with),
         "replay": replay,
     }
     args.out.mkdir(parents=True, exist_ok=True)
@@ -280,8 +281,13 @@ def write_fit(
 
     fitted += device_fits(shaped_ops(imported), compose_run([f"hardware={base}"]).hardware.device)
     origin = " ".join(shlex.quote(a) for a in [args.trace.name, *(["--steps", args.steps] if args.steps != "auto" else []), *(["--keep", args.keep] if args.keep else [])])
+    caveat = ""
+    if profile.recorded_with:
+        caveat = (f"the trace was recorded with {', '.join(profile.recorded_with)}: the profiler's own host work per op is in"
+                  " the fitted host costs, an upper bound on what this host spends without the profiler")
+        print(f"hostbound: warning: {caveat}", file=sys.stderr)
     path.parent.mkdir(parents=True, exist_ok=True)
-    write_text(path, preset_yaml(args.fit, base, fitted, origin))
+    write_text(path, preset_yaml(args.fit, base, fitted, origin, caveat))
     print(f"fitted machine {path} (from {base}): python -m harness hardware={args.fit} workload=... strategy=...")
 
 

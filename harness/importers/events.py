@@ -110,6 +110,9 @@ class Profile:
     # name, dims (a list per input: a tensor's sizes, [] for a scalar) and types ("c10::BFloat16", ...);
     # None where the format has none. A call's op_id is its innermost op's row.
     framework_ops: Optional[pd.DataFrame] = None
+    # Profiler options the trace says it was recorded with (PyTorch profiler: record_shapes, with_stack,
+    # profile_memory, with_modules, with_flops); each adds the profiler's own host work to every op.
+    recorded_with: tuple[str, ...] = ()
 
     @property
     def issuing_threads(self) -> list[int]:

@@ -56,6 +56,8 @@ COMM_NAME = re.compile(r"nccl|rccl|all_?reduce|all_?gather|reduce_?scatter|all_?
 STEP_MARK = "ProfilerStep#"
 PEER_SKIP_CATS = {"Trace"}  # the profiler's own span is not device work
 DEVICE_SIDE_SYNCS = {"Event Sync", "Context Sync"}  # cuda_sync rows HTA counts as device side
+# Options of torch.profiler.profile a Kineto trace records at its top level when they were on.
+PROFILER_OPTIONS = ("record_shapes", "with_stack", "profile_memory", "with_modules", "with_flops")
 
 
 @functools.lru_cache(maxsize=4096)
@@ -236,6 +238,7 @@ def read_kineto(path: Path, data: Any, rank: Optional[int]) -> Profile:
         span_us=(0.0, float(ends.max()) - shift),
         peer_rows=_peer_rows(peer_rows, host_start, first, shift, rounding) if isinstance(data, dict) else None,
         framework_ops=framework_ops,
+        recorded_with=tuple(o for o in PROFILER_OPTIONS if isinstance(data, dict) and data.get(o) in (1, True)),
     )
 
 
