@@ -97,7 +97,7 @@ def test_a_bad_fit_request_is_refused_in_one_line_before_anything_is_written(syn
     assert sorted(p.name for p in taken.parent.iterdir()) == ["taken.yaml"]
 
 
-def test_a_machine_fitted_from_one_public_trace_predicts_another_groups_measurement(tmp_path, monkeypatch):
+def test_a_machine_fitted_from_one_public_trace_predicts_another_groups_measurement(tmp_path, monkeypatch, capsys):
     """Out of sample: fitted on HF transformers' Qwen1.5-0.5B forward on an MI300X host (a TraceLens test
     trace), the A100 predicts gpt-fast's plain PyTorch Llama-2-7B decode, batch 1 (25.5 tok/s eager, 107.0
     compiled: 4.2×; PyTorch blog "Accelerating Generative AI Part II") within the validation tolerance,
@@ -107,6 +107,10 @@ def test_a_machine_fitted_from_one_public_trace_predicts_another_groups_measurem
     monkeypatch.chdir(tmp_path)
     trace = Path(__file__).parent / "data" / "traces" / "tl_qwen05b_mi300.json.gz"
     profile_main([str(trace), "--out", "profiled", "--fit", "hf_host", "--base", "a100"])
+    # An MI300X's kernel floor, GEMM rate and front end say nothing of an A100: only the host is the trace's.
+    preset = yaml.safe_load((tmp_path / "conf" / "hardware" / "hf_host.yaml").read_text())
+    assert set(preset) == {"defaults", "name", "host"}
+    assert "the trace ran on another device (AMD Instinct MI300X VF) than a100: only its host costs are fitted" in capsys.readouterr().err
     eager = simulate_run(compose_run(["+experiment=a100_gptfast_eager", "hardware=hf_host"])).summary
     compiled = simulate_run(compose_run(["+experiment=a100_gptfast_compiled", "hardware=hf_host"])).summary
     assert eager["throughput_tok_s"] == pytest.approx(25.5, rel=0.25)

@@ -266,6 +266,7 @@ def write_fit(
 ) -> None:
     profile = imported.profile
     base, named = base_preset(profile.device, HARDWARE_OF_SOURCE[profile.source])
+    traced_device = base if named else None
     if args.base is not None:
         base = args.base
     elif not named:
@@ -281,13 +282,18 @@ def write_fit(
 
     fitted += device_fits(shaped_ops(imported), compose_run([f"hardware={base}"]).hardware.device)
     origin = " ".join(shlex.quote(a) for a in [args.trace.name, *(["--steps", args.steps] if args.steps != "auto" else []), *(["--keep", args.keep] if args.keep else [])])
-    caveat = ""
+    caveats = []
     if profile.recorded_with:
-        caveat = (f"the trace was recorded with {', '.join(profile.recorded_with)}: the profiler's own host work per op is in"
-                  " the fitted host costs, an upper bound on what this host spends without the profiler")
+        caveats.append(f"the trace was recorded with {', '.join(profile.recorded_with)}: the profiler's own host work per op is in"
+                       " the fitted host costs, an upper bound on what this host spends without the profiler")
+    if traced_device is not None and traced_device != base:
+        # The trace's device is not the base's: what it measured of its device says nothing of this one.
+        fitted = [f for f in fitted if f.key.startswith("host.")]
+        caveats.append(f"the trace ran on another device ({profile.device}) than {base}: only its host costs are fitted, the device's are {base}'s")
+    for caveat in caveats:
         print(f"hostbound: warning: {caveat}", file=sys.stderr)
     path.parent.mkdir(parents=True, exist_ok=True)
-    write_text(path, preset_yaml(args.fit, base, fitted, origin, caveat))
+    write_text(path, preset_yaml(args.fit, base, fitted, origin, caveats))
     print(f"fitted machine {path} (from {base}): python -m harness hardware={args.fit} workload=... strategy=...")
 
 

@@ -132,14 +132,14 @@ def fit_machine(ops: pd.DataFrame, steps: int, sync_host_ms: float, eager_gaps: 
     return fitted
 
 
-def preset_yaml(name: str, base: str, fitted: list[Fitted], origin: str, caveat: str = "") -> str:
-    """The hardware preset: the base preset's values, the fitted ones over them, each commented (`caveat`:
+def preset_yaml(name: str, base: str, fitted: list[Fitted], origin: str, caveats: list[str] | tuple[str, ...] = ()) -> str:
+    """The hardware preset: the base preset's values, the fitted ones over them, each commented (`caveats`:
     what the reader of the values should know first, e.g. the profiler options the trace was recorded with)."""
     lines = [
         f"# Fitted by `python -m harness.profile {origin} --fit {name}` (harness/importers/fit.py).",
         f"# The values below are the trace's; everything else is conf/hardware/{base}.yaml's (device peaks, links,",
         "# graph capture, and the device efficiencies the trace's shapes did not show), as the trace does not show them.",
-        *([f"# Note: {caveat}."] if caveat else []),
+        *(f"# Note: {caveat}." for caveat in caveats),
         "defaults:",
         f"  - {base}",
         "  - _self_",

@@ -223,7 +223,12 @@ def read_kineto(path: Path, data: Any, rank: Optional[int]) -> Profile:
             if column in table:
                 table[column] -= shift
     names = (data.get("deviceProperties") or [{}]) if isinstance(data, dict) else [{}]
-    device_name = next((str(p.get("name", "")) for p in names if isinstance(p, dict) and _int(p.get("id")) == chosen_device), "")
+    described = [p for p in names if isinstance(p, dict)]
+    device_name = next((str(p.get("name", "")) for p in described if _int(p.get("id")) == chosen_device), "")
+    if not device_name and len(described) == 1:
+        # One device described under another index than its kernels' (a process that saw only that GPU,
+        # e.g. HIP_VISIBLE_DEVICES=2 numbers it 0 in the properties, 2 on the kernels): that one.
+        device_name = str(described[0].get("name", ""))
     rounding = (stamps_fractional or stamps_missing) and not stamps_text
     return Profile(
         path=str(path),
