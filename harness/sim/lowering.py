@@ -52,7 +52,7 @@ from numba import njit
 from harness.config.schema import Dispatch, EngineConfig, GraphMode, HardwareConfig, StrategyConfig
 from harness.model.device import copy_time_us, device_times
 from harness.sim.task_graph import CATEGORY, LANE_COPY, LANE_DEVICE, LANE_EXTERNAL, LANE_HOST, NO_POOL, TASK_DTYPE, TaskGraph, csr_from_edges
-from harness.sim.policies import BUILD, REPLAY, StepPlan
+from harness.sim.policies import BUILD, REPLAY, StepPlan, graph_piece_of
 from harness.model.ops import (
     FLAG_CARRIED_IN,
     FLAG_COMPUTE_DEPENDENT,
@@ -429,9 +429,10 @@ class _Body:
         return previous
 
     def replay_pieces(self, split_ops: np.ndarray) -> int:
-        """A replay split into pieces (vLLM V1's piecewise CUDA graphs): each run of graph ops is one
-        graph launch, and the split ops between runs (attention) are launched eagerly with their host
-        stages; the next piece is launched after them on the host, as the model's forward reaches it.
+        """A replay of captured graphs, split into pieces (vLLM V1's piecewise CUDA graphs; nothing split:
+        one launch for the step): each run of graph ops is one graph launch (policies.graph_piece_of), and
+        the split ops between runs (attention) are launched eagerly with their host stages; the next piece
+        is launched after them on the host, as the model's forward reaches it.
         Dynamic arguments are refreshed as in `replay`, the split ops' too (the step's attention
         metadata is built whichever way attention runs): all before the first launch, or, when
         `refresh_after_launch`, each after its piece's launch (a split op's before its own stages)."""
@@ -446,6 +447,7 @@ class _Body:
         # Frees handed back to the main thread, as in host_scheduled (the split ops' own allocations).
         deferred = strategy.free_on_main and self.lanes.stage_lane[HOST_STAGES.index("free")] != 0
         pending: list[tuple[int, int]] = []
+        piece_of = graph_piece_of(workload, split_ops)
         trigger = -1
         refreshes: dict[int, int] = {}
         if not after_launch:
@@ -472,11 +474,8 @@ class _Body:
             if trigger < 0:
                 trigger = tpl.add(0, "launch", -1, _FIXED, g.replay_launch_us, host=True, stage=launch_stage)
                 if after_launch:
-                    piece = [k for k in range(j, workload.n_ops) if not host_only[k]]
-                    piece = piece[: next((i for i, k in enumerate(piece) if split_ops[k]), len(piece))]
-                    for k in piece:
-                        if dynamic[k]:
-                            refreshes[int(k)] = tpl.add(0, "graph", int(k), _FIXED, g.param_update_us, host=True)
+                    for k in np.flatnonzero((piece_of == piece_of[j]) & dynamic):
+                        refreshes[int(k)] = tpl.add(0, "graph", int(k), _FIXED, g.param_update_us, host=True)
             device_task[j] = self.device_task(j, producers, trigger, True)
             if j in refreshes:
                 tpl.edge(refreshes[j], int(device_task[j]))
@@ -485,26 +484,14 @@ class _Body:
         return int(device_task[-1])
 
     def replay(self) -> int:
-        tpl, workload, strategy = self.tpl, self.workload, self.strategy
+        """A whole step from one graph: captured (`replay_pieces` with nothing split off: one launch, the
+        arguments refreshed), or sunk (graph sink: the addresses updated, one trigger, no refresh)."""
+        tpl, workload = self.tpl, self.workload
+        if self.strategy.graph.mode == GraphMode.capture:
+            return self.replay_pieces(np.zeros(workload.n_ops, dtype=bool))
         g = self.hardware.graph
-        refreshes: dict[int, int] = {}  # op → its refresh, when each waits for its own (refresh_after_launch)
-        if strategy.graph.mode == GraphMode.capture:
-            # In-place argument refresh of every task whose arguments change (attention's KV length); routed
-            # MoE ops run at padded static shapes inside a graph, with no refresh.
-            dynamic = np.flatnonzero(((workload.flags & FLAG_DYNAMIC) > 0) & ((workload.flags & FLAG_ROUTED) == 0))
-            after_launch = strategy.graph.refresh_after_launch
-            if not after_launch:
-                for j in dynamic:
-                    tpl.add(0, "graph", int(j), _FIXED, g.param_update_us, host=True)
-            trigger_us = g.replay_launch_us
-        else:
-            dynamic, after_launch = np.empty(0, dtype=np.int64), False
-            tpl.add(0, "graph", -1, _FIXED, g.address_update_us, host=True)
-            trigger_us = g.sink_trigger_us
-        trigger = tpl.add(0, "launch", -1, _FIXED, trigger_us, host=True, stage=HOST_STAGES.index("launch") + 1)
-        if after_launch:
-            for j in dynamic:
-                refreshes[int(j)] = tpl.add(0, "graph", int(j), _FIXED, g.param_update_us, host=True)
+        tpl.add(0, "graph", -1, _FIXED, g.address_update_us, host=True)
+        trigger = tpl.add(0, "launch", -1, _FIXED, g.sink_trigger_us, host=True, stage=HOST_STAGES.index("launch") + 1)
         device_task = np.full(workload.n_ops, -1, dtype=np.int64)
         for j in range(workload.n_ops):
             producers = [int(device_task[d]) for d in workload.after[j]]
@@ -513,8 +500,6 @@ class _Body:
                 continue
             launch = self.start if workload.flags[j] & FLAG_CARRIED_IN else trigger
             device_task[j] = self.device_task(j, producers, launch, True)
-            if j in refreshes:
-                tpl.edge(refreshes[j], int(device_task[j]))
         return int(device_task[-1])
 
 

@@ -216,7 +216,7 @@ def prepare(
         workload, cpu_ops = fuse(workload, strategy.fusion_max_ops, cpu_ops)
     split_ops = _split_ops(workload, graph.splitting_ops) if graph.mode == GraphMode.capture and graph.splitting_ops else None
     if split_ops is not None and np.any(mode == REPLAY):
-        pieces = _graph_pieces(workload, split_ops)
+        pieces = int(graph_piece_of(workload, split_ops).max()) + 1
         info["graph_pieces"] = pieces
         piecewise = f"piecewise: {pieces} graph pieces a step, {int(split_ops.sum())} ops run eagerly between them"
         info["graph_note"] = f"{info['graph_note']}; {piecewise}" if info.get("graph_note") else piecewise
@@ -263,17 +263,21 @@ def _split_ops(workload: Workload, op_types: list[str]) -> np.ndarray:
     return chosen
 
 
-def _graph_pieces(workload: Workload, split_ops: np.ndarray) -> int:
-    """Graph launches a replayed step makes: one per run of graph ops between the eager ones (host-only
-    ops, which a replay skips, do not split a piece)."""
-    device = ~np.isin(workload.kind, HOST_ONLY_KINDS)
-    pieces, open_piece = 0, False
-    for j in np.flatnonzero(device):
+def graph_piece_of(workload: Workload, split_ops: np.ndarray) -> np.ndarray:
+    """The graph launch (0, 1, …) each op of a replayed step runs in: one per run of graph ops between the
+    split ops, which run eagerly (-1); host-only ops, which a replay skips, do not split a piece, and work
+    carried in from before the step is in none (-1 both)."""
+    piece = np.full(workload.n_ops, -1, dtype=np.int64)
+    launched = ~np.isin(workload.kind, HOST_ONLY_KINDS) & ((workload.flags & FLAG_CARRIED_IN) == 0)
+    current, open_piece = -1, False
+    for j in np.flatnonzero(launched):
         if split_ops[j]:
             open_piece = False
-        elif not open_piece:
-            pieces, open_piece = pieces + 1, True
-    return pieces
+            continue
+        if not open_piece:
+            current, open_piece = current + 1, True
+        piece[j] = current
+    return piece
 
 
 def _row_keys(shape_key: np.ndarray) -> np.ndarray:
