@@ -172,7 +172,7 @@ def test_the_kernel_floor_is_the_median_of_tiny_element_wise_kernels_and_needs_f
     five = tiny + [("aten::neg", [[8]], [BF16], 4.2, 1)]
     (floor,) = device_fits(_shaped(five), base)
     assert (floor.key, floor.value) == ("device.vector_fixed_us", 4.5)
-    assert floor.note.startswith("median time of 5 element-wise kernels moving 256 KiB or less")
+    assert floor.note.startswith("median time of 5 element-wise kernels moving 256 KiB or less (neg, rsqrt); p10 ")
     # One element more is no longer tiny, an op of two kernels does not say what one costs, a GEMM is no element-wise op.
     over = [("aten::rsqrt", [[at_limit + 1]], [BF16], 9.0, 1), ("aten::add", [[8], [8]], [BF16, BF16], 9.0, 2), ("aten::mm", [[1, 1], [1, 1]], [BF16, BF16], 9.0, 1)]
     (floor,) = device_fits(_shaped(five + over), base)

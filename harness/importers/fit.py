@@ -246,7 +246,8 @@ def device_fits(shaped: pd.DataFrame, base: DeviceConfig) -> list[Fitted]:
     tiny = np.array([us for b, us, _ in pointwise if b <= TINY_BYTES])
     if tiny.size >= MIN_OPS:
         floor_us = float(np.median(tiny))
-        fitted.append(Fitted("device.vector_fixed_us", floor_us, f"median time of {tiny.size} element-wise kernels moving 256 KiB or less; {_spread(tiny)}"))
+        names = ", ".join(sorted({name.removeprefix("aten::") for b, _, name in pointwise if b <= TINY_BYTES}))
+        fitted.append(Fitted("device.vector_fixed_us", floor_us, f"median time of {tiny.size} element-wise kernels moving 256 KiB or less ({names}); {_spread(tiny)}"))
     gemms = [(matmul_work(r.name, r.dims, r.types), r.device_us) for r in shaped.itertuples() if r.name in MATMUL_OPERANDS]
     gemms = [(w[0], w[1], us) for w, us in gemms if w is not None and us > base.matmul_fixed_us]
     if gemms:
