@@ -13,11 +13,12 @@ Reads a PyTorch-profiler (Kineto) trace (`.json` / `.json.gz`, CUDA or HIP) or a
 
 `--fit NAME` also writes a hardware preset of the traced machine, `conf/hardware/NAME.yaml` in the
 folder the command starts in (searched after the shipped presets): its host costs per launch, device
-front-end gaps and graph task gap are the trace's, and where it recorded shapes its kernel floor and GEMM
-rate, each commented with what it was fitted from; the rest
-is the shipped preset of the same device (`--base`). `python -m harness hardware=NAME workload=…
-strategy=…` then predicts other models, batch sizes and strategies on that machine
-(harness/importers/fit.py).
+front-end gaps and graph task gap are the trace's, and where it recorded shapes its kernel floor, GEMM
+rate and weight-read bandwidth, each commented with what it was fitted from; the rest is the shipped
+preset of the same device (`--base`). Onto another device's preset, or when the trace's device is no
+preset's and `--base` does not say which it was, only the host costs are fitted. `python -m harness
+hardware=NAME workload=… strategy=…` then predicts other models, batch sizes and strategies on that
+machine (harness/importers/fit.py).
 
 `--what-if` then simulates the replay and the alternatives (async dispatch, the host pipeline,
 graph capture/replay, a tiling cache, fusion) on the same op list and hardware, and writes
@@ -269,12 +270,6 @@ def write_fit(
     traced_device = base if named else None
     if args.base is not None:
         base = args.base
-    elif not named:
-        print(
-            f"hostbound: warning: the trace does not name its device ({profile.device or 'blank'}): the fitted preset starts from"
-            f" {base}; pass --base PRESET for another device",
-            file=sys.stderr,
-        )
     fitted = fit_machine(table, len(imported.kept), summary.get("host_ms_sync", 0.0), eager_gaps, graph_gaps)
     if not fitted:
         fail(f"{args.trace}: no kernel launch in the replayed steps: nothing to fit a machine from")
@@ -290,6 +285,13 @@ def write_fit(
         # The trace's device is not the base's: what it measured of its device says nothing of this one.
         fitted = [f for f in fitted if f.key.startswith("host.")]
         caveats.append(f"the trace ran on another device ({profile.device}) than {base}: only its host costs are fitted, the device's are {base}'s")
+    elif traced_device is None and args.base is None:
+        # Nobody said which device ran it: its gaps, floor and rates would be priced against a guess.
+        fitted = [f for f in fitted if f.key.startswith("host.")]
+        caveats.append(
+            f"the trace's device ({profile.device or 'not named'}) is no shipped preset's: only its host costs are fitted, the"
+            f" device's are {base}'s; pass --base PRESET (the device it ran on) to fit the device's too"
+        )
     for caveat in caveats:
         print(f"hostbound: warning: {caveat}", file=sys.stderr)
     path.parent.mkdir(parents=True, exist_ok=True)

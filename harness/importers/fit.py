@@ -20,7 +20,7 @@ types), the kernels a framework op launched are priced by its shapes, and the de
 follow from their measured times and the base preset's datasheet peaks (`device_fits`):
 
 * `device.vector_fixed_us`: the median time of element-wise kernels on tiny tensors (256 KiB or less
-  moved: under 0.1 µs of memory traffic), i.e. the floor every kernel pays;
+  moved: 0.2 µs of memory traffic or less), the fixed cost of a small kernel in the device model;
 * `device.matmul_efficiency`: the FLOPs of GEMMs that are compute-bound and hold every core in the
   harness's device model, over their time less `matmul_fixed_us`, as a fraction of the matmul peak;
 * `device.hbm_efficiency`: the bytes of memory-bound GEMMs moving 8 MB or more (a decode step's weight
@@ -159,6 +159,8 @@ DTYPE_BYTES = {
     "c10::BFloat16": 2, "c10::Half": 2, "float": 4, "double": 8, "long int": 8, "int": 4, "short int": 2,
     "signed char": 1, "unsigned char": 1, "bool": 1, "c10::Float8_e4m3fn": 1, "c10::Float8_e5m2": 1,
 }
+# The dtypes whose GEMMs a preset's matmul peak (cube_tflops: BF16 / FP16) prices.
+MATMUL_DTYPES = ("c10::BFloat16", "c10::Half")
 # GEMMs: where their two operands are among the op's inputs (addmm's first input is the bias).
 MATMUL_OPERANDS = {"aten::mm": (0, 1), "aten::addmm": (1, 2), "aten::bmm": (0, 1), "aten::baddbmm": (1, 2)}
 # Element-wise ops: one output the size of their largest input (copy_ writes its first input).
@@ -167,7 +169,7 @@ POINTWISE_OPS = frozenset({
     "aten::neg", "aten::silu", "aten::silu_", "aten::rsqrt", "aten::pow", "aten::sigmoid", "aten::exp", "aten::tanh",
     "aten::gelu", "aten::relu", "aten::relu_", "aten::fill_", "aten::zero_", "aten::copy_",
 })
-TINY_BYTES = 256 * 1024  # element-wise ops this small show the kernel floor (< 0.1 µs of HBM traffic)
+TINY_BYTES = 256 * 1024  # element-wise ops this small show the kernel floor (≤ 0.2 µs of HBM traffic on any preset)
 LARGE_BYTES = 8e6  # memory-bound GEMMs this large show the HBM bandwidth (traffic ≫ the floor)
 MIN_OPS = 5  # fewer ops than this fit nothing
 BYTES_PER_US_PER_GBPS = 1e3  # 1 GB/s = 1e3 bytes/µs
@@ -204,9 +206,11 @@ def _tensors(dims: list, types: list) -> list[tuple[int, int]]:
 
 
 def matmul_work(name: str, dims: list, types: list) -> tuple[float, float] | None:
-    """(FLOPs, bytes) of a GEMM from its operands' shapes, None when they are not a (batched) GEMM's."""
+    """(FLOPs, bytes) of a 16-bit GEMM from its operands' shapes (the bytes: both operands, the output and
+    addmm's / baddbmm's added input), None when they are not a (batched) GEMM's or not BF16 / FP16, the
+    matmul peak a preset holds."""
     a_at, b_at = MATMUL_OPERANDS[name]
-    if len(dims) <= b_at or len(types) <= b_at or types[a_at] not in DTYPE_BYTES:
+    if len(dims) <= b_at or len(types) <= b_at or types[a_at] not in MATMUL_DTYPES or types[b_at] not in MATMUL_DTYPES:
         return None
     a, b = dims[a_at], dims[b_at]
     if not (isinstance(a, list) and isinstance(b, list) and len(a) == len(b) and len(a) in (2, 3)):
@@ -217,7 +221,8 @@ def matmul_work(name: str, dims: list, types: list) -> tuple[float, float] | Non
     if k != k2 or (len(a) == 3 and b[0] != batch):
         return None
     size = DTYPE_BYTES[types[a_at]]
-    return 2.0 * batch * m * n * k, float(size * batch * (m * k + k * n + m * n))
+    added = sum(count * width for count, width in _tensors(dims[:a_at], types[:a_at]))  # the bias / input of addmm, baddbmm
+    return 2.0 * batch * m * n * k, float(size * batch * (m * k + k * n + m * n) + added)
 
 
 def pointwise_bytes(name: str, dims: list, types: list) -> float | None:
@@ -254,9 +259,9 @@ def device_fits(shaped: pd.DataFrame, base: DeviceConfig) -> list[Fitted]:
         flops = np.array([g[0] for g in gemms])
         moved = np.array([g[1] for g in gemms])
         busy_us = np.array([g[2] for g in gemms]) - base.matmul_fixed_us
-        peak = base.cube_tflops * FLOP_PER_US_PER_TFLOPS
-        bandwidth = base.hbm_gbps * BYTES_PER_US_PER_GBPS
         kind = np.full(flops.shape, KIND_CUBE)
+        peak = float(core_peak_flop_per_us(kind[:1], base)[0]) * base.ai_cores  # every core of this device
+        bandwidth = base.hbm_gbps * BYTES_PER_US_PER_GBPS
         cores = block_dim(flops, kind, base)
         # Which bound the device model puts each GEMM under at the base preset's rates (model/device.py).
         compute_us = flops / (core_peak_flop_per_us(kind, base) * cores * base.matmul_efficiency)

@@ -433,9 +433,11 @@ class _Body:
         one launch for the step): each run of graph ops is one graph launch (policies.graph_piece_of), and
         the split ops between runs (attention) are launched eagerly with their host stages; the next piece
         is launched after them on the host, as the model's forward reaches it.
-        Dynamic arguments are refreshed as in `replay`, the split ops' too (the step's attention
-        metadata is built whichever way attention runs): all before the first launch, or, when
-        `refresh_after_launch`, each after its piece's launch (a split op's before its own stages)."""
+        The arguments of the dynamic ops a replay launches (attention's KV length; routed MoE ops run at
+        padded static shapes and have none) are refreshed in place, the split ops' too (the step's
+        attention metadata is built whichever way attention runs): all before the first launch, or, when
+        `refresh_after_launch`, each after its piece's launch (a split op's before its own stages).
+        Host-only ops and work carried in from before the step are not launched, and not refreshed."""
         tpl, workload, strategy = self.tpl, self.workload, self.strategy
         g = self.hardware.graph
         dynamic = ((workload.flags & FLAG_DYNAMIC) > 0) & ((workload.flags & FLAG_ROUTED) == 0)
@@ -451,7 +453,7 @@ class _Body:
         trigger = -1
         refreshes: dict[int, int] = {}
         if not after_launch:
-            for j in np.flatnonzero(dynamic & ~host_only):
+            for j in np.flatnonzero(dynamic & ((piece_of >= 0) | split_ops)):
                 tpl.add(0, "graph", int(j), _FIXED, g.param_update_us, host=True)
         for j in range(workload.n_ops):
             producers = [int(device_task[d]) for d in workload.after[j]]
@@ -460,8 +462,6 @@ class _Body:
                 continue
             if workload.flags[j] & FLAG_CARRIED_IN:
                 device_task[j] = self.device_task(j, producers, self.start, True)
-                if j in refreshes:
-                    tpl.edge(refreshes[j], int(device_task[j]))
                 continue
             if split_ops[j]:
                 while deferred and pending and pending[0][0] <= j - strategy.queue_capacity:
