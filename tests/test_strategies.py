@@ -369,3 +369,19 @@ def test_an_eager_kernel_pays_the_front_end_gap_a_graph_task_its_dispatch_hand_c
     graph_gapped = dataclasses.replace(graph, hardware=dataclasses.replace(graph.hardware, device=dataclasses.replace(graph.hardware.device, kernel_gap_us=1.0)))
     replay_us = 1 + 10 + 15 + 1.5 + TOKEN_BACK_US + 2  # test_capture_once_then_replay_hand_computed
     assert simulate_run(graph_gapped).steps["latency_ms"][1:].to_numpy() * 1e3 == pytest.approx([replay_us] * 3)
+
+
+def test_graph_pieces_are_the_runs_of_graph_ops_between_split_ops():
+    """Ops a h b s1 c s2 s3 d (h host-only; s* split): a replay launches [a, b], [c] and [d]: a host-only op
+    does not split a piece (a replay skips it), consecutive split ops open one gap, and the step holds three
+    pieces, which is what the summary counts."""
+    from harness.sim.policies import graph_piece_of
+
+    names = ["a", "h", "b", "s1", "c", "s2", "s3", "d"]
+    ops = [OpSpec(name=n, kind=OpKind.host, host_us=1.0) if n == "h" else OpSpec(name=n, device_us=2.0) for n in names]
+    run = piecewise_run(["s1", "s2", "s3"], ops=ops)
+    workload = build_workload(run.workload)
+    split = np.isin(names, ["s1", "s2", "s3"])
+    assert graph_piece_of(workload, split).tolist() == [0, -1, 0, -1, 1, -1, -1, 2]
+    assert graph_piece_of(workload, np.zeros(len(names), dtype=bool)).tolist() == [0, -1, 0, 0, 0, 0, 0, 0]
+    assert simulate_run(run).summary["graph_pieces"] == 3
