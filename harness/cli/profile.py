@@ -273,25 +273,28 @@ def write_fit(
     fitted = fit_machine(table, len(imported.kept), summary.get("host_ms_sync", 0.0), eager_gaps, graph_gaps)
     if not fitted:
         fail(f"{args.trace}: no kernel launch in the replayed steps: nothing to fit a machine from")
-    from harness.config.compose import compose_run
-
-    fitted += device_fits(shaped_ops(imported), compose_run([f"hardware={base}"]).hardware.device)
     origin = " ".join(shlex.quote(a) for a in [args.trace.name, *(["--steps", args.steps] if args.steps != "auto" else []), *(["--keep", args.keep] if args.keep else [])])
     caveats = []
     if profile.recorded_with:
         caveats.append(f"the trace was recorded with {', '.join(profile.recorded_with)}: the profiler's own host work per op is in"
                        " the fitted host costs, an upper bound on what this host spends without the profiler")
+    host_only = ""
     if traced_device is not None and traced_device != base:
         # The trace's device is not the base's: what it measured of its device says nothing of this one.
-        fitted = [f for f in fitted if f.key.startswith("host.")]
-        caveats.append(f"the trace ran on another device ({profile.device}) than {base}: only its host costs are fitted, the device's are {base}'s")
+        host_only = f"the trace ran on another device ({profile.device}) than {base}: only its host costs are fitted, the device's are {base}'s"
     elif traced_device is None and args.base is None:
         # Nobody said which device ran it: its gaps, floor and rates would be priced against a guess.
-        fitted = [f for f in fitted if f.key.startswith("host.")]
-        caveats.append(
+        host_only = (
             f"the trace's device ({profile.device or 'not named'}) is no shipped preset's: only its host costs are fitted, the"
             f" device's are {base}'s; pass --base PRESET (the device it ran on) to fit the device's too"
         )
+    if host_only:
+        fitted = [f for f in fitted if f.key.startswith("host.")]
+        caveats.append(host_only)
+    else:
+        from harness.config.compose import compose_run
+
+        fitted += device_fits(shaped_ops(imported), compose_run([f"hardware={base}"]).hardware.device)
     for caveat in caveats:
         print(f"hostbound: warning: {caveat}", file=sys.stderr)
     path.parent.mkdir(parents=True, exist_ok=True)
