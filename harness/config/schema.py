@@ -109,7 +109,8 @@ class DeviceConfig:
 
     The peaks are the datasheet's for `rated_cores` cores: one core's peak is a hardware number, and a
     device with `ai_cores` cores has `ai_cores` of them (fewer cores, slower). Kernels reach
-    `matmul_efficiency` of the matmul peak and `hbm_efficiency` of the HBM bandwidth at best."""
+    `matmul_efficiency` of the matmul peak (what a framework's GEMMs reach on model shapes) and
+    `hbm_efficiency` of the HBM bandwidth (at best: a streaming kernel's)."""
 
     _key: ClassVar[str] = "hardware.device"
     ai_cores: int = 24
@@ -117,7 +118,7 @@ class DeviceConfig:
     cube_int8_tflops: float = 0.0  # INT8 (W8A8) dense matmul peak, TOPS; 0: as cube_tflops (no faster int8 path)
     vector_tflops: float = 22.0
     rated_cores: int = 0  # cores the peaks above are for; 0: ai_cores
-    matmul_efficiency: float = 1.0  # best fraction of the matmul peak a kernel reaches (large GEMMs)
+    matmul_efficiency: float = 1.0  # fraction of the matmul peak a framework's compute-bound GEMMs reach
     hbm_efficiency: float = 1.0  # best fraction of the HBM bandwidth a kernel reaches (streaming)
     hbm_gb: float = 64.0
     hbm_gbps: float = 1600.0
