@@ -79,6 +79,16 @@ def test_api_server_in_its_own_process_runs_beside_the_engine():
     assert apart == [pytest.approx(MODEL_ALONE)] * 8
 
 
+def test_a_side_process_works_through_a_block_while_the_next_block_runs():
+    """Multi-step 4: the API server streams a block's tokens while the engine runs the next 4 steps. 200 µs
+    a block is 50 µs a step, hidden under the 120 µs step; 800 µs a block is 200 µs a step, and every step of
+    the next block waits for its share (not one step for all of it)."""
+    keeps_up = step_us(*stage("api", 200), "engine.api_process=true", "engine.multi_step=4")
+    assert keeps_up == [pytest.approx(MODEL_ALONE)] * 8
+    behind = step_us(*stage("api", 800), "engine.api_process=true", "engine.multi_step=4")
+    assert behind == pytest.approx([MODEL_ALONE] * 4 + [800 / 4] * 4)
+
+
 def test_engine_processes_compete_for_host_cores():
     """With one host core, the API server's process and the engine's thread share it."""
     apart = step_us(*stage("api", 80), "engine.api_process=true", "hardware.host.threads=1")
@@ -147,10 +157,11 @@ def test_serving_reports_vllm_benchmark_names():
         # Async scheduling: step 0 schedules itself; the next block is scheduled during a block's last step.
         (("engine.async_scheduling=true",), {"pre": [50, 0, 0, 0, 0, 0, 0, 0], "ahead": [0, 0, 0, 50, 0, 0, 0, 50],
                                              "output_inline": [0, 0, 0, 26, 0, 0, 0, 26], "api_inline": [0, 0, 0, 40, 0, 0, 0, 40]}),
-        # Outputs and the API server beside the engine: a block's outputs are handled during the next step.
-        (("engine.async_output=true", "engine.api_process=true"), {"pre": [50, 0, 0, 0, 50, 0, 0, 0], "output_side": [0, 0, 0, 0, 26, 0, 0, 0],
-                                                                   "api_side": [0, 0, 0, 0, 40, 0, 0, 0]}),
-        (("engine.output_process=true",), {"pre": [50, 0, 0, 0, 50, 0, 0, 0], "output_side": [0, 0, 0, 0, 26, 0, 0, 0],
+        # Outputs and the API server beside the engine: a block's outputs are handled while the next block
+        # runs, a quarter in each of its 4 steps (26 / 4, 40 / 4); the last block's wait for a later one.
+        (("engine.async_output=true", "engine.api_process=true"), {"pre": [50, 0, 0, 0, 50, 0, 0, 0], "output_side": [0, 0, 0, 0, 6.5, 6.5, 6.5, 6.5],
+                                                                   "api_side": [0, 0, 0, 0, 10, 10, 10, 10]}),
+        (("engine.output_process=true",), {"pre": [50, 0, 0, 0, 50, 0, 0, 0], "output_side": [0, 0, 0, 0, 6.5, 6.5, 6.5, 6.5],
                                            "api_inline": [0, 0, 0, 40, 0, 0, 0, 40]}),
     ],
 )

@@ -213,7 +213,8 @@ def engine_costs(real_batch: np.ndarray, step_tokens: np.ndarray, engine: Engine
 
     Costs follow each step's sequences and tokens. With `multi_step` N, scheduling and preparation
     happen on the first step of every N, and outputs (and their API streaming) are processed together
-    on the last, in one call (its fixed part paid once). Work a step does for its neighbour (the next step's scheduling, the previous step's
+    on the last, in one call (its fixed part paid once); off the main thread (`async_output`,
+    `output_process`, `api_process`), that call's work is shared by the next block's N steps. Work a step does for its neighbour (the next step's scheduling, the previous step's
     outputs) is priced at the batch of the step it runs in: a step's cost never depends on later steps."""
     steps = len(step_tokens)
     table = np.zeros((steps, len(ENGINE_SLOTS)))
@@ -238,9 +239,18 @@ def engine_costs(real_batch: np.ndarray, step_tokens: np.ndarray, engine: Engine
             totals[end] = stage.per_step_us + variable[end - index[end] % n : end + 1].sum()
         return totals
 
+    def over_next_block(totals: np.ndarray) -> np.ndarray:
+        """A block's outputs handled off the main thread (a thread or process of their own) while the
+        next block runs: its work shared evenly by that block's steps, so a side lane slower than the
+        engine slows every step of it, and one that keeps up never holds a step (with N = 1: the
+        previous step's outputs in this step)."""
+        shared = np.zeros(steps)
+        for end in np.flatnonzero(ends_block):
+            shared[end + 1 : end + 1 + n] = totals[end] / n
+        return shared
+
     output = per_block(engine.output)
     api = per_block(engine.api)
-    previous = lambda x: np.r_[0.0, x[:-1]]  # noqa: E731
     if engine.async_scheduling:  # step 0 schedules itself; later steps were scheduled during the one before
         if first_step == 0:
             table[0, ENGINE_SLOT["pre"]] = scheduling[0]
@@ -250,11 +260,11 @@ def engine_costs(real_batch: np.ndarray, step_tokens: np.ndarray, engine: Engine
         table[:, ENGINE_SLOT["pre"]] = np.where(starts_block, scheduling, 0.0)
     table[:, ENGINE_SLOT["sample"]] = engine.sample.cost_us(sequences, tokens)
     if engine.async_output or engine.output_process:
-        table[:, ENGINE_SLOT["output_side"]] = previous(output)
+        table[:, ENGINE_SLOT["output_side"]] = over_next_block(output)
     else:
         table[:, ENGINE_SLOT["output_inline"]] = output
     if engine.api_process:
-        table[:, ENGINE_SLOT["api_side"]] = previous(api)
+        table[:, ENGINE_SLOT["api_side"]] = over_next_block(api)
     else:
         table[:, ENGINE_SLOT["api_inline"]] = api
     return table
