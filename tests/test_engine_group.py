@@ -79,6 +79,18 @@ def test_api_server_in_its_own_process_runs_beside_the_engine():
     assert apart == [pytest.approx(MODEL_ALONE)] * 8
 
 
+def test_a_process_of_its_own_starts_with_the_step_and_the_output_thread_once_it_is_scheduled():
+    """The API server's process streams the previous step's tokens from the moment this step begins, while
+    the engine schedules (60 µs) and runs the model: 250 µs of it make a 250 µs step. The engine's own
+    output thread (async output) takes the previous step's outputs once this step is scheduled: 60 + 250."""
+    process = step_us(*stage("schedule", 60), *stage("api", 250), "engine.api_process=true")
+    assert process[0] == pytest.approx(60 + MODEL_ALONE) and process[1:] == [pytest.approx(250)] * 7
+    thread = step_us(*stage("schedule", 60), *stage("output", 250), "engine.async_output=true")
+    assert thread[0] == pytest.approx(60 + MODEL_ALONE) and thread[1:] == [pytest.approx(60 + 250)] * 7
+    apart = step_us(*stage("schedule", 60), *stage("output", 250), "engine.output_process=true")
+    assert apart[1:] == [pytest.approx(250)] * 7
+
+
 def test_a_side_process_works_through_a_block_while_the_next_block_runs():
     """Multi-step 4: the API server streams a block's tokens while the engine runs the next 4 steps. 200 µs
     a block is 50 µs a step, hidden under the 120 µs step; 800 µs a block is 200 µs a step, and every step of

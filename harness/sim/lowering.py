@@ -292,10 +292,14 @@ def build_template(
     tpl = StepTemplate()
     serving = engine is not None and engine.active
     if serving:  # the engine schedules the step and prepares its inputs before the model runs
+        step_begins = tpl.add(0, "engine", -1, _FIXED, 0.0, host=True)
         first = tpl.add(0, "engine", -1, _ENGINE, ENGINE_SLOT["pre"], host=True)
+        tpl.edge(step_begins, first)
         for lane, slot in ((lanes.engine_output, "output_side"), (lanes.engine_api, "api_side")):
-            if lane >= 0:  # the previous step's outputs, on their own thread or process, while this step runs
-                tpl.edge(first, tpl.add(lane, "engine", -1, _ENGINE, ENGINE_SLOT[slot], host=True))
+            if lane >= 0:  # the previous step's outputs, on their own thread or process, while this step runs:
+                # a process of its own from the step's start, the engine's own output thread once the step is scheduled
+                own_process = slot == "api_side" or engine.output_process
+                tpl.edge(step_begins if own_process else first, tpl.add(lane, "engine", -1, _ENGINE, ENGINE_SLOT[slot], host=True))
     if workload.step_io:
         launch_us = host_stage_costs(workload, hardware, strategy)["launch"]
         issue_h2d = tpl.add(0, "launch", -1, _FIXED, float(np.median(launch_us)) if launch_us.size else host.launch_us, host=True)
