@@ -118,3 +118,39 @@ def test_a_child_ended_while_drawing_leaves_no_temporary_file(outcome, tmp_path)
                 time.sleep(0.05 * attempt)
                 raise RuntimeError("trace.json: File too large")
         assert not [p for p in folder.iterdir() if ".tmp" in p.name]
+
+
+def test_a_stop_sent_before_a_child_sets_its_handlers_waits_for_them():
+    """A helper child ended at once (a command refusing its input right after forking it) used to take
+    SIGTERM with the parent's handler, which raised a stop inside os.fork and unwound the parent's code in
+    the child. Now the signal waits until the child has set its own handler: here the child is still
+    asleep when SIGTERM arrives, and ends by its own handler (status 7), not by the parent's (3)."""
+    from harness.base.forking import can_fork, fork_keeping, unblock_stops
+
+    if not can_fork():
+        pytest.skip("other threads run here: forking them is unsafe")
+
+    class ParentsStop(Exception):
+        pass
+
+    def parents_handler(signum, frame):
+        raise ParentsStop
+
+    previous = signal.signal(signal.SIGTERM, parents_handler)
+    try:
+        pid = fork_keeping()
+        if pid == 0:  # the child: never returns
+            try:
+                time.sleep(0.3)
+                signal.signal(signal.SIGTERM, lambda signum, frame: os._exit(7))
+                unblock_stops()
+                time.sleep(5)
+                os._exit(0)
+            except BaseException:
+                os._exit(3)
+        assert signal.SIGTERM not in signal.pthread_sigmask(signal.SIG_BLOCK, [])  # the parent's mask is back
+        os.kill(pid, signal.SIGTERM)
+        _, status = os.waitpid(pid, 0)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert os.waitstatus_to_exitcode(status) == 7

@@ -36,22 +36,39 @@ def single_run(argv: list[str], *off: str) -> bool:
     return True
 
 
+# Ctrl-C and SIGTERM: held back across a fork. A child that took one before setting its own handlers ran
+# the parent's, which raised a stop inside os.fork and unwound the *parent's* code in the child (a second
+# copy of the command, or of a pytest worker): a parent that ends its helper at once (bad input) did so.
+STOP_SIGNALS = frozenset({signal.SIGINT, signal.SIGTERM})
+
+
 def fork_keeping(*keep_fds: int) -> int:
     """os.fork, after flushing the standard streams (nothing buffered is written twice); in the child,
-    every descriptor above stderr except `keep_fds` is closed. Returns the child's pid, or 0 in the child."""
+    every descriptor above stderr except `keep_fds` is closed. Returns the child's pid, or 0 in the child.
+    The child starts with Ctrl-C and SIGTERM blocked (sent ones wait): it calls `unblock_stops` once its
+    own handlers are set."""
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
         except (OSError, ValueError):
             pass
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
     pid = os.fork()
-    if pid == 0:
-        low = 3
-        for fd in sorted(keep_fds):
-            os.closerange(low, fd)
-            low = fd + 1
-        os.closerange(low, _max_fd())
-    return pid
+    if pid != 0:
+        signal.pthread_sigmask(signal.SIG_SETMASK, before)
+        return pid
+    low = 3
+    for fd in sorted(keep_fds):
+        os.closerange(low, fd)
+        low = fd + 1
+    os.closerange(low, _max_fd())
+    return 0
+
+
+def unblock_stops() -> None:
+    """In a child of fork_keeping, once its handlers are set: Ctrl-C and SIGTERM reach them (one sent
+    meanwhile is taken now)."""
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
 
 
 def end_child(pid: int, wait_s: float, first: signal.Signals | None = None) -> None:

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
 from harness.base.files import temporary_path
-from harness.base.forking import can_fork, end_child, fork_keeping, single_run
+from harness.base.forking import can_fork, end_child, fork_keeping, single_run, unblock_stops
 
 if TYPE_CHECKING:
     from harness.sim.outcome import RunResult
@@ -140,6 +140,7 @@ def _draw_what_arrives(read_end: int) -> NoReturn:
     try:
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle; it ends this one
         signal.signal(signal.SIGTERM, on_sigterm)
+        unblock_stops()
         import matplotlib
 
         matplotlib.use("Agg")

@@ -24,7 +24,7 @@ import struct
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from harness.base.forking import can_fork, end_child, fork_keeping, single_run
+from harness.base.forking import can_fork, end_child, fork_keeping, single_run, unblock_stops
 
 if TYPE_CHECKING:
     from harness.config.schema import TrackingConfig
@@ -164,6 +164,7 @@ def _serve(sock: socket.socket) -> NoReturn:
         # the import machinery's callbacks was printed on the shared terminal ("Exception ignored in:
         # _get_module_lock …"). Then it unwinds between store calls, as in the run's process.
         signal.signal(signal.SIGTERM, lambda signum, frame: os._exit(128 + signum))
+        unblock_stops()
         from harness.base.errors import TrackingError
         from harness.tracking import store
 
