@@ -11,8 +11,11 @@ from harness.sim.serving import draw_requests, batch_requests
 SERVING = ("workload.serving.enabled=true", "workload.steps=60", "workload.serving.output_len_mean=24")
 
 
-def test_whole_run_reproduces_the_step_by_step_plan():
-    run = compose_run(*SERVING, "strategy=pipeline", "hardware.host.jitter_cv=0.2")
+@pytest.mark.parametrize("engine", [(), ("engine=vllm_v0_6", "engine.multi_step=4", "engine.api.per_step_us=80000")])
+def test_whole_run_reproduces_the_step_by_step_plan(engine):
+    """Also with an engine whose API process streams a 4-step block's tokens (80 ms, longer than the
+    steps) during the next block: every step of that block carries its quarter in the plan as in the run."""
+    run = compose_run(*SERVING, "strategy=pipeline", "hardware.host.jitter_cv=0.2", *engine)
     plan = batch_requests(run)
     outcome = simulate_run(run)
     steps = outcome.steps

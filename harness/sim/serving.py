@@ -119,7 +119,7 @@ def batch_requests(run: RunConfig, progress=None) -> ServingBatches:
             workload, plan = prepare(run, batch[s : s + 1], kv_len[s : s + 1], graphs_before=graphs_before)
             graphs_before = graphs_before or bool(np.any(plan.mode != EAGER))
             tokens[s] = workload.tokens[0]
-            first = 0 if s == 0 else (s - 1) - (s - 1) % block  # the block before this step's, on
+            first = max(0, s - s % block - block)  # from the block before this step's: its outputs are this block's side work
             engine_us = engine_costs(batch[first : s + 1], tokens[first : s + 1], run.engine, first)[-1:]
             graph = Lowering(workload, run.hardware, run.strategy, run.seed, plan, run.engine, first_step=s, engine_us=engine_us).graph(np.array([0]))
         else:  # the plan of step s depends on the steps before: plan the prefix again
