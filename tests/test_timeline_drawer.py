@@ -154,3 +154,38 @@ def test_a_stop_sent_before_a_child_sets_its_handlers_waits_for_them():
     finally:
         signal.signal(signal.SIGTERM, previous)
     assert os.waitstatus_to_exitcode(status) == 7
+
+
+def test_a_failed_fork_leaves_the_parents_signals_as_they_were(monkeypatch):
+    from harness.base.forking import fork_keeping
+
+    def no_child():
+        raise BlockingIOError("fork: resource temporarily unavailable")
+
+    monkeypatch.setattr(os, "fork", no_child)
+    with pytest.raises(BlockingIOError):
+        fork_keeping()
+    assert not {signal.SIGINT, signal.SIGTERM} & signal.pthread_sigmask(signal.SIG_BLOCK, [])
+
+
+def test_the_drawing_child_takes_sigterm_by_its_own_handler():
+    """The child set its handler and unblocked the stops: SIGTERM ends it at once with 128 + 15, where a
+    child that never unblocked would sit on the signal until its parent's grace ran out and it was killed."""
+    drawer_module._early = None
+    drawer_module.start_early([])
+    early = drawer_module._early
+    if early is None:
+        pytest.skip("no fork here")
+    drawer_module._early = None
+    pid, write_end = early
+    try:
+        os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + 30
+        while (done := os.waitpid(pid, os.WNOHANG))[0] == 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        if done[0] == 0:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+        assert done[0] == pid and os.waitstatus_to_exitcode(done[1]) == 128 + signal.SIGTERM
+    finally:
+        os.close(write_end)

@@ -111,3 +111,18 @@ def test_a_tracked_command_is_logged_by_the_process_as_its_own_would(tmp_path):
     assert run.data.params["workload.steps"] == "3" and run.data.tags["run_dir"] == str(tmp_path / "run")
     measured = pd.read_parquet(tmp_path / "run" / "steps.parquet")["measured"]
     assert [m.step for m in client.get_metric_history(run.info.run_id, "step_ms")] == list(np.flatnonzero(measured))
+
+
+def test_the_logging_process_takes_sigterm_by_its_own_handler(logging_process):
+    """It set its handlers and unblocked the stops it was forked with: SIGTERM ends it by them (128 + 15 while
+    it imports MLflow, 1 once it unwinds its loop), where a process that never unblocked would sit on the
+    signal until the command's grace ran out and killed it."""
+    import time
+
+    os.kill(logging_process.pid, signal.SIGTERM)
+    deadline = time.monotonic() + 30
+    while (done := os.waitpid(logging_process.pid, os.WNOHANG))[0] == 0 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    if done[0] == 0:
+        os.kill(logging_process.pid, signal.SIGKILL)
+    assert done[0] == logging_process.pid and os.waitstatus_to_exitcode(done[1]) in (1, 128 + signal.SIGTERM)

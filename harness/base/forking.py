@@ -52,8 +52,13 @@ def fork_keeping(*keep_fds: int) -> int:
             stream.flush()
         except (OSError, ValueError):
             pass
-    before = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
-    pid = os.fork()
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, [])  # the mask as it is, changed by nothing
+    try:
+        signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+        pid = os.fork()
+    except BaseException:  # no child (EAGAIN, ENOMEM) or a stop taken on the way: the parent's mask is back
+        signal.pthread_sigmask(signal.SIG_SETMASK, before)
+        raise
     if pid != 0:
         signal.pthread_sigmask(signal.SIG_SETMASK, before)
         return pid

@@ -292,7 +292,8 @@ def build_template(
     tpl = StepTemplate()
     serving = engine is not None and engine.active
     if serving:  # the engine schedules the step and prepares its inputs before the model runs
-        step_begins = tpl.add(0, "engine", -1, _FIXED, 0.0, host=True)
+        # No host core, no jitter draw: it takes no time, and must not wait for a core the side processes hold.
+        step_begins = tpl.add(0, "engine", -1, _FIXED, 0.0)
         first = tpl.add(0, "engine", -1, _ENGINE, ENGINE_SLOT["pre"], host=True)
         tpl.edge(step_begins, first)
         for lane, slot in ((lanes.engine_output, "output_side"), (lanes.engine_api, "api_side")):
