@@ -214,8 +214,9 @@ def engine_costs(real_batch: np.ndarray, step_tokens: np.ndarray, engine: Engine
     Costs follow each step's sequences and tokens. With `multi_step` N, scheduling and preparation
     happen on the first step of every N, and outputs (and their API streaming) are processed together
     on the last, in one call (its fixed part paid once); off the main thread (`async_output`,
-    `output_process`, `api_process`), that call's work is shared by the next block's N steps. Work a step does for its neighbour (the next step's scheduling, the previous step's
-    outputs) is priced at the batch of the step it runs in: a step's cost never depends on later steps."""
+    `output_process`, `api_process`), that call's work is shared by the next block's N steps. Work a
+    step does for its neighbour (the next step's scheduling, the previous block's outputs) is priced at
+    the batches of the steps it serves: a step's cost never depends on later steps."""
     steps = len(step_tokens)
     table = np.zeros((steps, len(ENGINE_SLOTS)))
     if engine is None or not engine.active:
