@@ -73,6 +73,32 @@ def test_unfused_kernels_need_a_card_that_lists_them():
     assert hf.n_ops == 7 + 32 * 40 + 15  # HF transformers eager: 40 kernels per layer, 22 around them
 
 
+def test_unfused_model_code_pays_each_module_calls_python_in_eager_and_not_in_a_replayed_graph():
+    """Llama-3.1-8B as HF issues it makes 4 + 32 x 13 + 2 = 422 nn.Module calls a forward: at
+    hardware.host.module_us=5 that is 2.11 ms more host time a step, one host op before the layers, one
+    in each layer and one after them; a replayed graph runs none of it, and fused kernels (a serving
+    engine's model code, engine.layer_overhead_us) never pay it."""
+    from harness.model.workload import build_workload, model_code_costs
+    from harness.sim.simulate import simulate_run
+
+    run = compose_run("hardware=h100", "workload=llama31_8b_decode", "workload.kernels=unfused", "workload.steps=2", "hardware.host.module_us=5")
+    hf = build_workload(run.workload, **model_code_costs(run))
+    assert hf.n_ops == 7 + 32 * 40 + 15 + 1 + 32 + 1
+    assert hf.host_us.sum() == pytest.approx(422 * 5.0)
+    assert sorted(set(hf.host_us[hf.host_us > 0])) == pytest.approx([2 * 5.0, 4 * 5.0, 13 * 5.0])
+    fused = compose_run("hardware=h100", "workload=llama31_8b_decode", "workload.steps=2", "hardware.host.module_us=5")
+    assert build_workload(fused.workload, **model_code_costs(fused)).host_us.sum() == 0.0
+
+    def host_ms(*overrides):
+        s = simulate_run(compose_run("hardware=h100", "workload=llama31_8b_decode", "workload.kernels=unfused", "workload.steps=4", *overrides)).summary
+        return s["host_busy_max"] * s["step_ms_mean"], s["step_ms_mean"]
+
+    (with_modules, _), (without, _) = host_ms("hardware.host.module_us=5"), host_ms("hardware.host.module_us=0")
+    assert with_modules - without == pytest.approx(422 * 5.0 / 1e3, rel=0.02)
+    graph = [host_ms("strategy=cuda_graph", f"hardware.host.module_us={v}")[1] for v in (5, 0)]
+    assert graph[0] == graph[1]
+
+
 def test_defaults():
     run = compose_run()
     assert (run.hardware.name, run.workload.name, run.strategy.name) == ("atlas_a2", "llama2_7b_decode", "eager")

@@ -62,7 +62,7 @@ CV = Limit(0, 10)
 LIMITS: dict[str, Limit] = {
     "seed": Limit(0, 2**63 - 1),
     **{f"hardware.host.{name}": US for name in (
-        "framework_us", "infer_shape_us", "tiling_us", "alloc_us", "launch_us", "free_us", "sync_us", "param_write_us",
+        "framework_us", "module_us", "infer_shape_us", "tiling_us", "alloc_us", "launch_us", "free_us", "sync_us", "param_write_us",
         "packed_params_us", "driver_alloc_us", "tiling_lookup_us")},
     "hardware.host.threads": Limit(1, 4096, "threads"),
     "hardware.host.jitter_cv": CV,
@@ -147,6 +147,8 @@ LIMITS: dict[str, Limit] = {
     "card.num_experts_per_tok": Limit(1, 65_536, "experts"),
     "card.dtype_bytes": Limit(1, 8, "bytes"),
     "card.layer_overhead_us": US,
+    # nn.Module calls a forward makes (kernels=unfused): before the layers, in each layer, after them
+    **{f"card.unfused_{part}_modules": Limit(0, 10_000, "module calls") for part in ("pre", "layer", "post")},
     "output.trace_steps": Limit(0, 10_000, "steps"),
     "output.timeline_steps": Limit(0, 1_000, "steps"),
 }

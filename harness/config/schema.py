@@ -73,6 +73,10 @@ class HostConfig:
     _key: ClassVar[str] = "hardware.host"
     threads: int = 8  # CPU cores available to the dispatching process (a pool shared by host lanes)
     framework_us: float = 10.0  # framework dispatch of one op (Python/C++ front end)
+    # Python of one nn.Module call beyond the ops it runs (__call__, hooks, forward's own lines): paid per
+    # module call by HF transformers / plain PyTorch model code (workload.kernels=unfused; a card's
+    # unfused_*_modules); a serving engine's model code has engine.layer_overhead_us instead
+    module_us: float = 0.0
     infer_shape_us: float = 5.0  # InferShape: output shapes and attributes
     tiling_us: float = 10.0  # Tiling / Resize: tiling data, workspace and output sizes
     alloc_us: float = 4.0  # device memory allocation (pool hit) for outputs and workspace

@@ -29,7 +29,7 @@ from omegaconf import OmegaConf
 from harness.config.limits import LIMITS, check_number
 from harness.config.messages import did_you_mean
 from harness.config.paths import WORKLOADS_DIR
-from harness.config.schema import OpKind, Phase, Quant, WorkloadConfig
+from harness.config.schema import OpKind, Phase, Quant, RunConfig, WorkloadConfig
 from harness.base.errors import ConfigError
 from harness.model.ops import (
     BYTES_PER_GB,
@@ -290,6 +290,13 @@ def _if(condition: Callable[[Shapes], bool], formula: Callable[[Shapes], Optiona
     return lambda s: formula(s) if condition(s) else None
 
 
+def _module_calls(part: str) -> Callable[[Shapes], Optional[Cost]]:
+    def cost(s: Shapes) -> Optional[Cost]:
+        host_us = (s.card.get(f"unfused_{part}_modules") or 0) * s.extra.get("module_us", 0.0)
+        return Cost(OpKind.host, host_us=host_us) if host_us > 0 else None
+    return cost
+
+
 def _mlp_width(s: Shapes) -> int:
     return s.intermediate_size
 
@@ -325,6 +332,9 @@ OP_FORMULAS: dict[str, Callable[[Shapes], Optional[Cost]]] = {
     "generate_bookkeeping": lambda s: _elementwise(s, s.batch, 8.0, 8.0),
     # the serving engine's own model code per layer in eager mode (engine.layer_overhead_us)
     "engine_overhead": lambda s: Cost(OpKind.host, host_us=s.extra["engine_layer_us"]) if s.extra.get("engine_layer_us") else None,
+    # HF transformers / plain PyTorch eager (kernels=unfused): the Python of the nn.Module calls before the
+    # layers, in each layer and after them (card unfused_*_modules x hardware.host.module_us)
+    **{f"{part}_modules": _module_calls(part) for part in ("pre", "layer", "post")},
     # embeddings and heads (vocab-parallel over TP)
     "embedding": lambda s: Cost(
         OpKind.vector,
@@ -544,6 +554,12 @@ def _shapes(
 # ---------------------------------------------------------------- building
 
 
+def model_code_costs(run: RunConfig) -> dict:
+    """build_workload's host costs of the model code around the kernels, as the run prices them: the
+    serving engine's per layer (eager) and one nn.Module call's (kernels=unfused)."""
+    return {"engine_layer_us": run.engine.layer_overhead_us, "module_us": run.hardware.host.module_us}
+
+
 def build_workload(
     cfg: WorkloadConfig,
     devices_per_node: int = 8,
@@ -551,6 +567,7 @@ def build_workload(
     kv_len: Optional[np.ndarray] = None,
     moe_pad: bool = False,
     engine_layer_us: float = 0.0,
+    module_us: float = 0.0,
 ) -> Workload:
     """Ops of every step with their costs, for the simulated rank.
 
@@ -558,7 +575,8 @@ def build_workload(
     come from the serving loop when the batch changes step by step. `moe_pad` pads per-expert token
     counts to powers of two, which makes routed ops' shapes static (shape bucketing).
     `engine_layer_us` adds the serving engine's own model code per decoder layer (eager mode) as a
-    host op at the start of every layer.
+    host op at the start of every layer; `module_us` (hardware.host.module_us) prices the nn.Module calls
+    of a card's unfused op sequence (kernels=unfused), a host op at the start of each part.
     """
     if batch is None:
         batch = np.full(cfg.steps, cfg.batch_size, dtype=np.int64)
@@ -566,7 +584,7 @@ def build_workload(
         card = load_card(cfg.card, cfg.card_overrides)
         if cfg.kernels.value == "unfused" and not card.get("unfused_layer_ops"):
             raise ConfigError(f"workload.kernels=unfused: card {cfg.card!r} lists no unfused (HF transformers eager) op sequence")
-        return _from_card(card, cfg, np.asarray(batch, dtype=np.int64), devices_per_node, kv_len, moe_pad, engine_layer_us)
+        return _from_card(card, cfg, np.asarray(batch, dtype=np.int64), devices_per_node, kv_len, moe_pad, engine_layer_us, module_us)
     if cfg.path is not None:
         return read_ops_csv(cfg.path, cfg)
     return from_static_ops(cfg, [
@@ -579,10 +597,12 @@ def build_workload(
 
 def _from_card(
     card: dict, cfg: WorkloadConfig, batch: np.ndarray, devices_per_node: int, kv_len: Optional[np.ndarray], moe_pad: bool,
-    engine_layer_us: float = 0.0,
+    engine_layer_us: float = 0.0, module_us: float = 0.0,
 ) -> Workload:
     s = _shapes(card, cfg.phase, cfg.context_len, batch, cfg.tp, cfg.dp, cfg.ep, cfg.quant == Quant.w8a8, devices_per_node, kv_len, moe_pad)
     s.extra["engine_layer_us"] = engine_layer_us
+    s.extra["module_us"] = module_us
+    unfused = cfg.kernels.value == "unfused"
     steps = batch.shape[0]
     names: list[str] = []
     templates: list[int] = []  # index into `costs` per op
@@ -595,6 +615,8 @@ def _from_card(
         in_layers = 0 < group_index <= len(card["layer_groups"])
         if in_layers and engine_layer_us > 0:
             entries = ["engine_overhead", *entries]
+        if unfused and module_us > 0:
+            entries = ["layer_modules" if in_layers else "pre_modules" if group_index == 0 else "post_modules", *entries]
         for repeat in range(count):
             issued: dict[str, int] = {}  # op name → index of its latest issue in this layer
             previous = len(names) - 1
