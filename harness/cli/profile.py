@@ -42,7 +42,9 @@ from harness.base.errors import HarnessError, fail
 from harness.base.files import check_folder
 from harness.importers import READ_LIMIT_MB, load_profile
 from harness.config.paths import CONF_DIR, LAUNCH_FOLDER_CONF
-from harness.importers.fit import base_preset, device_fits, eager_kernel_gaps_us, fit_machine, graph_task_gaps_us, preset_yaml, shaped_ops
+from harness.importers.fit import (
+    base_preset, device_fits, eager_kernel_gaps_us, fit_machine, graph_task_gaps_us, module_own_us, preset_yaml, shaped_ops,
+)
 from harness.importers.steps import Imported, import_profile, ops_table
 from harness.model.ops_csv import write_ops_table
 from harness.importers.measure import linkage, measured_summary, peer_breakdown, step_table
@@ -270,7 +272,7 @@ def write_fit(
     traced_device = base if named else None
     if args.base is not None:
         base = args.base
-    fitted = fit_machine(table, len(imported.kept), summary.get("host_ms_sync", 0.0), eager_gaps, graph_gaps)
+    fitted = fit_machine(table, len(imported.kept), summary.get("host_ms_sync", 0.0), eager_gaps, graph_gaps, module_own_us(imported))
     if not fitted:
         fail(f"{args.trace}: no kernel launch in the replayed steps: nothing to fit a machine from")
     origin = " ".join(shlex.quote(a) for a in [args.trace.name, *(["--steps", args.steps] if args.steps != "auto" else []), *(["--keep", args.keep] if args.keep else [])])

@@ -80,6 +80,9 @@ TASK_COLUMNS = {
     "key": np.int64,
 }
 MARK_COLUMNS = {"thread": np.int64, "start_us": np.float64, "end_us": np.float64, "name": object}
+# nn.Module calls a PyTorch profiler recorded (`with_modules=True`): own_us is the call's time outside the
+# framework ops and module calls it holds.
+MODULE_COLUMNS = {"thread": np.int64, "start_us": np.float64, "end_us": np.float64, "own_us": np.float64}
 
 
 def frame(rows: dict[str, list] | list[dict], columns: dict[str, type]) -> pd.DataFrame:
@@ -113,6 +116,7 @@ class Profile:
     # Profiler options the trace says it was recorded with (PyTorch profiler: record_shapes, with_stack,
     # profile_memory, with_modules, with_flops); each adds the profiler's own host work to every op.
     recorded_with: tuple[str, ...] = ()
+    module_calls: Optional[pd.DataFrame] = None  # MODULE_COLUMNS; None where the trace holds none
 
     @property
     def issuing_threads(self) -> list[int]:

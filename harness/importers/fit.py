@@ -7,8 +7,11 @@ fitted from: how many calls, and their spread):
 * `host.<stage>_us` for framework, infer_shape, tiling, alloc, launch, free: the host time of that
   stage per launched kernel, the trace's total over the launches it holds. A PyTorch-profiler trace
   folds shape inference, allocation and freeing into the framework op (`framework_us` is then all of
-  a kernel's host work before its launch call: the Python of an `nn.Module` forward included);
-  torch_npu traces split them.
+  a kernel's host work before its launch call: the Python of an `nn.Module` forward included, unless
+  the trace holds the module calls, below); torch_npu traces split them.
+* `host.module_us`: the own time of an nn.Module call (`with_modules=True`: the call's time outside the
+  framework ops and module calls it holds), which `framework_us` then leaves out (the kernels=unfused
+  op sequences pay it per module call); 0 where the trace holds none, their Python being in `framework_us`;
 * `host.sync_us`: the host time of a synchronisation call, its wait for the device left out;
 * `device.kernel_gap_us`: the device's front end between kernels launched one by one, from kernels
   queued before the previous one ended (`eager_kernel_gaps_us`);
@@ -102,23 +105,52 @@ def _spread(values: np.ndarray) -> str:
     return f"p10 {p10:.3g}, p50 {p50:.3g}, p90 {p90:.3g} us"
 
 
-def fit_machine(ops: pd.DataFrame, steps: int, sync_host_ms: float, eager_gaps: np.ndarray, graph_gaps: np.ndarray) -> list[Fitted]:
+def module_own_us(imported: Imported) -> np.ndarray:
+    """Own time (µs) of the nn.Module calls that began in the replayed steps on their issuing threads (a
+    trace recorded `with_modules`; empty otherwise)."""
+    calls = imported.profile.module_calls
+    if calls is None:
+        return np.zeros(0)
+    threads = set(imported.profile.issuing_threads)
+    chosen = np.zeros(len(calls), dtype=bool)
+    for i in imported.kept:
+        window = imported.found[i].window
+        chosen |= (calls["start_us"] >= window.start_us).to_numpy() & (calls["start_us"] < window.end_us).to_numpy()
+    chosen &= calls["thread"].isin(threads).to_numpy()
+    return calls["own_us"].to_numpy()[chosen]
+
+
+def fit_machine(
+    ops: pd.DataFrame, steps: int, sync_host_ms: float, eager_gaps: np.ndarray, graph_gaps: np.ndarray, module_us: np.ndarray | None = None,
+) -> list[Fitted]:
     """The fitted values from the replayed steps (`ops`: their op list, ops.csv's rows, `steps` of them),
     the host time of their synchronisation calls per step (measured without their wait for the device),
-    and the device gaps measured between them (eager_kernel_gaps_us, graph_task_gaps_us)."""
+    the device gaps measured between them (eager_kernel_gaps_us, graph_task_gaps_us) and the own time of
+    their nn.Module calls (module_own_us): that part of the host time before launches becomes
+    `host.module_us` a call, and is left out of `host.framework_us`."""
     launched = ops[ops["launch_us"].fillna(0) > 0]
     if launched.empty:
         return []
     n = len(launched)
+    module_us = np.zeros(0) if module_us is None else module_us
     fitted = []
     for stage in LAUNCH_STAGES:
         column = ops[f"{stage}_us"].fillna(0.0)
         total_us = float(column.sum())
-        value = total_us / n
         note = f"{total_us / 1e3 / steps:.4g} ms a step over {n / steps:.0f} launches a step"
+        if stage == "framework" and module_us.size:
+            note += f", less {module_us.sum() / 1e3 / steps:.4g} ms of nn.Module calls' own Python (host.module_us)"
+            total_us = max(0.0, total_us - float(module_us.sum()))
+        value = total_us / n
         if total_us > 0:
-            note += f"; per launch {_spread(launched[f'{stage}_us'].fillna(0.0).to_numpy())}"
+            included = ", module calls' Python included" if stage == "framework" and module_us.size else ""
+            note += f"; per launch{included} {_spread(launched[f'{stage}_us'].fillna(0.0).to_numpy())}"
         fitted.append(Fitted(f"host.{stage}_us", value, note))
+    if module_us.size:
+        note = f"own time of {module_us.size / steps:.0f} nn.Module calls a step (outside the ops and modules they hold); {_spread(module_us)}"
+        fitted.append(Fitted("host.module_us", float(module_us.mean()), note))
+    else:  # not the base preset's: this trace's framework_us holds whatever module Python there was
+        fitted.append(Fitted("host.module_us", 0.0, "the trace holds no nn.Module calls (with_modules): their Python is in framework_us"))
     fitted.append(Fitted("host.speed", 1.0, "the costs above are this host's own (the base preset's speed does not apply)"))
     syncs = int((ops["kind"] == "sync").sum())
     if syncs:

@@ -35,6 +35,7 @@ from harness.importers.events import (
     CALL_SYNC,
     CALL_WAIT,
     MARK_COLUMNS,
+    MODULE_COLUMNS,
     TASK_COLUMNS,
     TASK_COMM,
     TASK_COPY,
@@ -54,6 +55,7 @@ DRIVER_CATS = {"cuda_driver", "driver"}
 TASK_CATS = {"kernel": TASK_KERNEL, "gpu_memcpy": TASK_COPY, "memcpy": TASK_COPY, "gpu_memset": TASK_SET, "memset": TASK_SET}
 COMM_NAME = re.compile(r"nccl|rccl|all_?reduce|all_?gather|reduce_?scatter|all_?to_?all", re.IGNORECASE)
 STEP_MARK = "ProfilerStep#"
+MODULE_CALL = "nn.Module: "  # a python_function event of an nn.Module call (with_modules=True)
 PEER_SKIP_CATS = {"Trace"}  # the profiler's own span is not device work
 DEVICE_SIDE_SYNCS = {"Event Sync", "Context Sync"}  # cuda_sync rows HTA counts as device side
 # Options of torch.profiler.profile a Kineto trace records at its top level when they were on.
@@ -126,7 +128,7 @@ def read_kineto(path: Path, data: Any, rank: Optional[int]) -> Profile:
     events = data.get("traceEvents") if isinstance(data, dict) else data
     if not isinstance(events, list):
         raise ProfileError(f"{path}: not a profiler trace (no 'traceEvents' list of duration events)")
-    device, calls, syncs, marks, ops = _Group(), _Group(), _Group(), _Group(), _Group()
+    device, calls, syncs, marks, ops, modules = _Group(), _Group(), _Group(), _Group(), _Group(), _Group()
     peer_rows: list[tuple] = []  # what HolisticTraceAnalysis reads (see _peer_rows)
     host_start: dict[int, Any] = {}
     stamps_fractional = stamps_missing = stamps_text = False
@@ -155,6 +157,8 @@ def read_kineto(path: Path, data: Any, rank: Optional[int]) -> Profile:
         group = route.get(cat) or route.get(str(cat).lower())
         if group is ops and str(e.get("name", "")).startswith(STEP_MARK):
             group = marks
+        elif group is None and cat == "python_function" and str(e.get("name", "")).startswith(MODULE_CALL):
+            group = modules
         if group is not None:
             group.append(e)
         args = e.get("args")
@@ -218,7 +222,8 @@ def read_kineto(path: Path, data: Any, rank: Optional[int]) -> Profile:
     starts = np.concatenate([tasks["start_us"], call_table["start_us"], mark_table["start_us"], op_start])
     ends = np.concatenate([tasks["end_us"], call_table["end_us"], mark_table["end_us"], op_end])
     shift = float(starts.min())
-    for table in (tasks, call_table, mark_table):
+    module_table = _module_calls(modules, ops, op_start, op_end, first)
+    for table in (tasks, call_table, mark_table, module_table):
         for column in ("start_us", "end_us", "ready_us"):
             if column in table:
                 table[column] -= shift
@@ -243,8 +248,33 @@ def read_kineto(path: Path, data: Any, rank: Optional[int]) -> Profile:
         span_us=(0.0, float(ends.max()) - shift),
         peer_rows=_peer_rows(peer_rows, host_start, first, shift, rounding) if isinstance(data, dict) else None,
         framework_ops=framework_ops,
+        module_calls=module_table if len(module_table) else None,
         recorded_with=tuple(o for o in PROFILER_OPTIONS if isinstance(data, dict) and data.get(o) in (1, True)),
     )
+
+
+def _module_calls(modules: _Group, ops: _Group, op_start: np.ndarray, op_end: np.ndarray, origin: int) -> pd.DataFrame:
+    """The nn.Module calls (`with_modules=True`): thread, start, end and own time, the call's time outside
+    the framework ops and module calls it holds (its Python: `__call__`, hooks, forward's own lines)."""
+    start = _times(modules.column("ts"), origin)
+    end = start + np.asarray(modules.column("dur", 0.0), dtype=np.float64)
+    threads = [_int(t, 0) for t in modules.column("tid")]
+    n = len(modules)
+    # Modules and ops of a thread in start order, an enclosing one before what it holds: each one's
+    # parent is the innermost still open; a module's own time is its time less its direct children's.
+    rows = sorted(
+        [(threads[i], start[i], -end[i], i) for i in range(n)]
+        + [(_int(t, 0), s, -e, n + j) for j, (t, s, e) in enumerate(zip(ops.column("tid"), op_start, op_end))]
+    )
+    held = np.zeros(n)
+    open_rows: list[tuple[int, float, int]] = []  # (thread, end, row)
+    for thread, s, negative_end, row in rows:
+        while open_rows and (open_rows[-1][0] != thread or open_rows[-1][1] <= s):
+            open_rows.pop()
+        if open_rows and open_rows[-1][2] < n:
+            held[open_rows[-1][2]] += -negative_end - s
+        open_rows.append((thread, -negative_end, row))
+    return frame({"thread": threads, "start_us": start, "end_us": end, "own_us": np.maximum(0.0, end - start - held)}, MODULE_COLUMNS)
 
 
 def _calls(calls: _Group, ops: _Group, op_start: np.ndarray, op_end: np.ndarray, syncs: _Group, origin: int) -> pd.DataFrame:
