@@ -61,3 +61,22 @@ def test_faster_host_link_and_hbm_move_the_numbers_the_right_way():
     decode = summary("strategy=pipeline")
     decode_slow_hbm = summary("strategy=pipeline", "hardware.device.hbm_gbps=400")
     assert decode_slow_hbm["step_ms_mean"] > 2 * decode["step_ms_mean"]  # weights stream from HBM every step
+
+
+@pytest.mark.parametrize("preset", ["h100", "h200"])
+def test_the_gpu_hosts_kernel_and_module_costs_solve_the_two_measurements_they_cite(preset):
+    """h100's host costs come from two measurements solved together: a 1-layer HF Llama-3.2-1B forward,
+    65 kernels and its module calls in 616 µs of host time (NVIDIA/Fuser#3507), and one nn.Linear forward,
+    a module call and its kernel, in 13.48 µs (NVIDIA/TransformerEngine#2053). The module calls are the
+    HF Llama card's own count (before the layers, one layer, after them)."""
+    import numpy as np
+
+    from harness.model.workload import load_card
+
+    card = load_card("llama31_8b")
+    modules = card["unfused_pre_modules"] + card["unfused_layer_modules"] + card["unfused_post_modules"]
+    per_kernel_us, per_module_us = np.linalg.solve([[65.0, modules], [1.0, 1.0]], [616.0, 13.48])
+    host = compose_run(f"hardware={preset}").hardware.host
+    assert modules == 19
+    assert host.framework_us + host.launch_us == pytest.approx(per_kernel_us, abs=0.01)
+    assert host.module_us == pytest.approx(per_module_us, abs=0.01)
