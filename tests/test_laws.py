@@ -4,9 +4,11 @@ Each law compares runs that differ in one thing, on every hardware preset and a 
 model, at steady state (graph builds and warm-up left out of the measured steps):
 - graph replay is never slower than eager at the same batch, without padding (the batch is a capture size);
 - the graph's gain shrinks as the batch grows (host work is per op, device work grows with the batch);
-- a piecewise graph (attention launched eagerly between captured pieces) is never slower than eager:
-  it does a subset of eager's host work, and its pieces' tasks pay the graph's gap, not the eager one;
-  nor faster than the whole step as one graph, which does the same with one launch and no eager kernels;
+- a piecewise graph (attention launched eagerly between captured pieces) is never slower than eager
+  by more than what leaving its pieces costs the device (`graph.exit_gap_us` a piece: 0 but on mi300x,
+  whose measured 11.4 µs can outweigh eager's kernel gaps in a device-bound step): it does a subset of
+  eager's host work, and its pieces' tasks pay the graph's gap, not the eager one; nor is it faster than
+  the whole step as one graph, which does the same with one launch and no eager kernels;
 - more AI cores, a faster host, more host threads never slower: tests/test_laws_resources.py.
 """
 from __future__ import annotations
@@ -30,8 +32,12 @@ SLACK = 1e-9  # relative: float sums in another order
 
 
 @lru_cache(maxsize=None)
+def summary(*overrides: str) -> dict:
+    return simulate_run(compose_run(*overrides, STEPS)).summary
+
+
 def step_ms(*overrides: str) -> float:
-    return simulate_run(compose_run(*overrides, STEPS)).summary["step_ms_p50"]
+    return summary(*overrides)["step_ms_p50"]
 
 
 @lru_cache(maxsize=None)
@@ -49,12 +55,15 @@ def test_graph_replay_is_never_slower_than_eager_at_the_same_batch(hardware, wor
     assert_never_slower_than_eager(hardware, workload, "graph", f"strategy={graph_strategy(hardware)}")
 
 
-def assert_never_slower_than_eager(hardware: str, workload: str, label: str, *overrides: str) -> None:
+def assert_never_slower_than_eager(hardware: str, workload: str, label: str, *overrides: str, leaving_graphs: bool = False) -> None:
+    """`leaving_graphs`: allow what leaving each graph piece costs the device (graph.exit_gap_us a piece)."""
+    exit_ms = compose_run(f"hardware={hardware}").hardware.graph.exit_gap_us / 1e3 if leaving_graphs else 0.0
     for batch in BATCHES:
         common = (f"hardware={hardware}", f"workload={workload}", f"workload.batch_size={batch}")
         eager = step_ms(*common, "strategy=eager")
-        other = step_ms(*common, *overrides)
-        assert other <= eager * (1 + SLACK), f"batch {batch}: {label} {other:.4f} ms > eager {eager:.4f} ms"
+        other = summary(*common, *overrides)
+        allowed = eager * (1 + SLACK) + other.get("graph_pieces", 0) * exit_ms
+        assert other["step_ms_p50"] <= allowed, f"batch {batch}: {label} {other['step_ms_p50']:.4f} ms > eager {eager:.4f} ms (+ {allowed - eager:.4f})"
 
 
 @pytest.mark.parametrize("workload", WORKLOADS)
@@ -70,7 +79,9 @@ def test_the_graph_gain_shrinks_as_the_batch_grows(hardware, workload):
 @pytest.mark.parametrize("workload", WORKLOADS)
 @pytest.mark.parametrize("hardware", HARDWARE)
 def test_a_piecewise_graph_is_never_slower_than_eager_at_the_same_batch(hardware, workload):
-    assert_never_slower_than_eager(hardware, workload, "piecewise", f"strategy={graph_strategy(hardware)}", "strategy.graph.splitting_ops=[attention]")
+    assert_never_slower_than_eager(
+        hardware, workload, "piecewise", f"strategy={graph_strategy(hardware)}", "strategy.graph.splitting_ops=[attention]", leaving_graphs=True,
+    )
 
 
 @pytest.mark.parametrize("workload", WORKLOADS)

@@ -323,3 +323,49 @@ def test_a_module_calls_own_time_is_its_time_outside_the_ops_and_modules_it_hold
                         "kind": ["kernel", "kernel"]})
     fitted = {f.key: f.value for f in fit_machine(ops, 1, 0.0, np.zeros(0), np.zeros(0), np.array([30.0, 30.0]))}
     assert fitted["host.framework_us"] == pytest.approx((90 - 60) / 2) and fitted["host.module_us"] == pytest.approx(30.0)
+
+
+def test_leaving_a_graph_is_fitted_apart_from_the_gap_between_eager_kernels(tmp_path, monkeypatch):
+    """A graph piece (kernels [15,20] and [20,22]), then two kernels launched alone, both queued before the
+    piece ended (launch calls end at 17 and 21): the first starts 8 µs after the piece's last kernel, the
+    second 2 µs after the first. kernel_gap_us is the 2 (the eager pair alone); graph.exit_gap_us is what
+    leaving the graph adds to it, 8 - 2 = 6; profile.json keeps both measured gaps."""
+    from synthetic_trace import device_task, runtime_call, trace_file
+
+    monkeypatch.chdir(tmp_path)
+    events = [
+        runtime_call("cudaGraphLaunch", 10, 4, 1), device_task("piece0_gemm", 15, 5, 1), device_task("piece0_norm", 20, 2, 1),
+        runtime_call("cudaLaunchKernel", 14, 3, 2), device_task("attention", 30, 6, 2),
+        runtime_call("cudaLaunchKernel", 18, 3, 3), device_task("o_proj", 38, 2, 3),
+        runtime_call("cudaStreamSynchronize", 60, 2),
+    ]
+    profile_main([trace_file(tmp_path, events), "--out", "profiled", "--fit", "exits", "--base", "h100"])
+    preset = yaml.safe_load((tmp_path / "conf" / "hardware" / "exits.yaml").read_text())
+    assert preset["device"]["kernel_gap_us"] == pytest.approx(2.0)
+    assert preset["graph"]["exit_gap_us"] == pytest.approx(6.0)
+    measured = json.loads((tmp_path / "profiled" / "profile.json").read_text())
+    assert (measured["kernel_gap_us"], measured["graph_exit_gap_us"]) == (pytest.approx(2.0), pytest.approx(8.0))
+    assert "hardware.graph.exit_gap_us=0" in (tmp_path / "profiled" / "replay.txt").read_text()  # the replay holds the measured gaps
+
+
+def test_the_mi300x_graph_exit_is_the_one_its_piecewise_trace_measures_and_a_sibling_agrees():
+    """mi300x's graph.exit_gap_us is what --fit finds at vLLM V1's 25 piecewise boundaries of an MI300X
+    trace (12.48 µs after a piece, less that trace's 1.12 µs between kernels launched alone); the gap that
+    trace measures after a piece is within 10 % of the one after another MI300X trace's whole-forward
+    graph (11.68 µs, -6 %): a preset edited away from its source fails here."""
+    from pathlib import Path
+
+    from harness.importers import load_profile
+    from harness.importers.fit import eager_kernel_gaps_us, graph_exit_gaps_us
+    from harness.importers.steps import import_profile
+
+    def gaps(name: str) -> tuple[np.ndarray, np.ndarray]:
+        imported = import_profile(load_profile(Path(__file__).parent / "data" / "traces" / f"{name}.json.gz"))
+        return eager_kernel_gaps_us(imported), graph_exit_gaps_us(imported)
+
+    eager, exits = gaps("tl_vllm_prefilldecode_piecewise_mi300")
+    assert exits.size == 25 and eager.size == 36
+    assert exits.mean() - eager.mean() == pytest.approx(compose_run(["hardware=mi300x"]).hardware.graph.exit_gap_us, abs=0.05)
+    _, whole = gaps("tl_vllm_decode_fullgraph_amd")
+    assert whole.size == 1
+    assert exits.mean() == pytest.approx(float(whole[0]), rel=0.10)

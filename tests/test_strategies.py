@@ -84,6 +84,22 @@ def test_a_piecewise_replay_launches_each_piece_and_the_split_op_eagerly_hand_co
     assert sorted(replayed["op"][replayed["stage"] > 0].tolist()) == [-1, -1, 1, 1, 1, 1, 1, 1]  # triggers, b's stages
 
 
+def test_leaving_a_graph_delays_the_eager_kernel_after_a_piece_hand_computed():
+    """The piecewise step above with a 4 µs graph exit gap: b, the eager kernel after piece [a], takes
+    10 + 4 µs on the device, [23,37]; piece [c], triggered at 34, waits for it: [37,40.5], 3 µs later.
+    A whole-graph replay and an eager step hold no kernel launched alone after a graph's: unchanged."""
+    ops = [OpSpec(name="a", device_us=2.0), OpSpec(name="b", device_us=10.0, dynamic=True), OpSpec(name="c", device_us=3.0)]
+
+    def exiting(run):
+        graph = dataclasses.replace(run.hardware.graph, exit_gap_us=4.0)
+        return dataclasses.replace(run, hardware=dataclasses.replace(run.hardware, graph=graph))
+
+    steps = simulate_run(exiting(piecewise_run(["b"], ops=ops))).steps
+    assert steps["latency_ms"][1:].to_numpy() * 1e3 == pytest.approx([40.5 + TOKEN_BACK_US + 2] * 3)
+    for run in (graph_run("capture", ops=ops), three_op_run("eager")):
+        assert simulate_run(exiting(run)).summary["step_ms_mean"] == simulate_run(run).summary["step_ms_mean"]
+
+
 def test_a_piecewise_replay_refreshing_after_launch_hand_computed():
     """vllm-ascend's order (refresh_after_launch): each refresh follows its piece's launch, a split op's
     precedes its own stages, and a task waits for its own refresh. b (split) and c are dynamic. Host: h2d

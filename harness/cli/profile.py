@@ -43,7 +43,7 @@ from harness.base.files import check_folder
 from harness.importers import READ_LIMIT_MB, load_profile
 from harness.config.paths import CONF_DIR, LAUNCH_FOLDER_CONF
 from harness.importers.fit import (
-    base_preset, device_fits, eager_kernel_gaps_us, fit_machine, graph_task_gaps_us, module_own_us, preset_yaml, shaped_ops,
+    base_preset, device_fits, eager_kernel_gaps_us, fit_machine, graph_exit_gaps_us, graph_task_gaps_us, module_own_us, preset_yaml, shaped_ops,
 )
 from harness.importers.steps import Imported, import_profile, ops_table
 from harness.model.ops_csv import write_ops_table
@@ -76,8 +76,8 @@ def replay_overrides(imported: Imported, ops_path: Path, graph_gaps: Optional[np
     else:
         overrides.append("strategy=eager")
     graph_gaps = graph_task_gaps_us(imported) if graph_gaps is None else graph_gaps
-    if graph_gaps.size:
-        overrides.append(f"hardware.graph.task_dispatch_us={graph_gaps.mean():.6g}")
+    if graph_gaps.size:  # leaving a graph is in the measured gaps too (below)
+        overrides += [f"hardware.graph.task_dispatch_us={graph_gaps.mean():.6g}", "hardware.graph.exit_gap_us=0"]
     # The op list holds the kernels' measured durations; the simulator counts a front-end gap in a kernel's
     # device time, which a profiler shows idle: a replay leaves it out (profile.json says what the trace
     # measured, `kernel_gap_us`, for a machine fitted from it).
@@ -192,7 +192,7 @@ def main(argv: Optional[list[str]] = None) -> None:
             fail(f"{args.trace}: no device task is linked to a launch call (no shared correlation ids or flows): nothing to replay")
         table = ops_table(imported)
         summary = measured_summary(imported)
-        eager_gaps, graph_gaps = eager_kernel_gaps_us(imported), graph_task_gaps_us(imported)
+        eager_gaps, graph_gaps, exit_gaps = eager_kernel_gaps_us(imported), graph_task_gaps_us(imported), graph_exit_gaps_us(imported)
         overrides = replay_overrides(imported, args.out / OPS_FILE, graph_gaps)
     except HarnessError as exc:
         fail(str(exc))
@@ -217,6 +217,7 @@ def main(argv: Optional[list[str]] = None) -> None:
         "steps_replayed": imported.kept,
         **summary,
         "kernel_gap_us": float(np.mean(eager_gaps)) if eager_gaps.size else 0.0,  # the device front end between queued kernels launched alone
+        "graph_exit_gap_us": float(np.mean(exit_gaps)) if exit_gaps.size else 0.0,  # the same right after a graph's tasks (not less kernel_gap_us)
         "linkage": links,
         "peer": peer_breakdown(imported),
         "steps": step_table(imported),
@@ -240,7 +241,7 @@ def main(argv: Optional[list[str]] = None) -> None:
         write_text(args.out / WHATIF_MD, shown.to_markdown(index=False) + "\n")
         print(shown.to_markdown(index=False))
     if fit_path is not None:
-        write_fit(fit_path, args, imported, table, summary, eager_gaps, graph_gaps)
+        write_fit(fit_path, args, imported, table, summary, eager_gaps, graph_gaps, exit_gaps)
 
 
 def check_fit(name: Optional[str], base: Optional[str]) -> Optional[Path]:
@@ -265,14 +266,17 @@ def check_fit(name: Optional[str], base: Optional[str]) -> Optional[Path]:
 
 
 def write_fit(
-    path: Path, args: argparse.Namespace, imported: Imported, table: pd.DataFrame, summary: dict, eager_gaps: np.ndarray, graph_gaps: np.ndarray
+    path: Path, args: argparse.Namespace, imported: Imported, table: pd.DataFrame, summary: dict, eager_gaps: np.ndarray, graph_gaps: np.ndarray,
+    exit_gaps: np.ndarray,
 ) -> None:
     profile = imported.profile
     base, named = base_preset(profile.device, HARDWARE_OF_SOURCE[profile.source])
     traced_device = base if named else None
     if args.base is not None:
         base = args.base
-    fitted = fit_machine(table, len(imported.kept), summary.get("host_ms_sync", 0.0), eager_gaps, graph_gaps, module_own_us(imported))
+    fitted = fit_machine(
+        table, len(imported.kept), summary.get("host_ms_sync", 0.0), eager_gaps, graph_gaps, module_own_us(imported), exit_gaps,
+    )
     if not fitted:
         fail(f"{args.trace}: no kernel launch in the replayed steps: nothing to fit a machine from")
     origin = " ".join(shlex.quote(a) for a in [args.trace.name, *(["--steps", args.steps] if args.steps != "auto" else []), *(["--keep", args.keep] if args.keep else [])])

@@ -92,7 +92,7 @@ LIMITS: dict[str, Limit] = {
     "hardware.link.internode_latency_us": US,
     "hardware.link.devices_per_node": DEVICES,
     **{f"hardware.graph.{name}": US for name in (
-        "replay_launch_us", "task_dispatch_us", "param_update_us", "sink_trigger_us", "address_update_us")},
+        "replay_launch_us", "task_dispatch_us", "exit_gap_us", "param_update_us", "sink_trigger_us", "address_update_us")},
     "hardware.graph.capture_ms": MS,
     "hardware.graph.sink_load_ms": MS,
     "hardware.graph.graph_mem_mib": Limit(0, 1e6, "MiB"),

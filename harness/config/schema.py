@@ -168,6 +168,10 @@ class GraphCostConfig:
     graph_mem_mib: float = 26.0  # device memory one captured graph holds
     replay_launch_us: float = 10.0  # one launch of a whole captured graph
     task_dispatch_us: float = 0.6  # device-side scheduling of each task of a graph (replay or sink)
+    # Leaving a graph: the device's extra gap, beyond device.kernel_gap_us, before a task launched on its
+    # own that follows a graph launch's tasks on the same stream (the eager attention between vLLM's
+    # piecewise graph pieces, the eager sampling after a whole-forward graph).
+    exit_gap_us: float = 0.0
     param_update_us: float = 50.0  # host refresh of one dynamic task's arguments before a replay
     sink_load_ms: float = 100.0  # loading a whole graph to the device once (graph sink)
     sink_trigger_us: float = 10.0  # one execution trigger of a sunk graph

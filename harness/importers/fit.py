@@ -16,7 +16,10 @@ fitted from: how many calls, and their spread):
 * `device.kernel_gap_us`: the device's front end between kernels launched one by one, from kernels
   queued before the previous one ended (`eager_kernel_gaps_us`);
 * `graph.task_dispatch_us`: the device gap between the tasks of one graph launch, when the trace
-  replays graphs.
+  replays graphs;
+* `graph.exit_gap_us`: what a queued kernel launched on its own waits beyond `kernel_gap_us` when a
+  graph's tasks ran before it on its stream (`graph_exit_gaps_us`: the eager attention between
+  piecewise graphs), when the trace has both kinds of gap.
 
 Where the trace was recorded with shapes (`record_shapes=True`: each framework op's input sizes and
 types), the kernels a framework op launched are priced by its shapes, and the device's preset values
@@ -73,11 +76,11 @@ def graph_task_gaps_us(imported: Imported) -> np.ndarray:
     return np.array(gaps, dtype=np.float64)
 
 
-def eager_kernel_gaps_us(imported: Imported) -> np.ndarray:
-    """Device-side gaps between a kernel launched on its own and the one before it on its stream, over
+def _queued_alone_gaps_us(imported: Imported) -> tuple[np.ndarray, np.ndarray]:
+    """Device-side gaps between a kernel launched on its own and the task before it on its stream, over
     the pairs where it was launched before that one ended (queued: the gap is the device front end's,
-    not the host's)."""
-    gaps = []
+    not the host's); and, per gap, whether the task before it was a graph's."""
+    gaps, after_graph = [], []
     for i in imported.kept:
         last_on_stream: dict[int, dict] = {}
         for op in imported.found[i].ops:
@@ -88,7 +91,22 @@ def eager_kernel_gaps_us(imported: Imported) -> np.ndarray:
             alone = not op["in_graph"] and op["group"] < 0 and not op["carried_in"]
             if previous is not None and alone and op.get("ready_us", np.inf) <= previous["end_us"]:  # when the device could first see it
                 gaps.append(max(0.0, op["start_us"] - previous["end_us"]))
-    return np.array(gaps, dtype=np.float64)
+                after_graph.append(bool(previous["in_graph"]))
+    return np.array(gaps, dtype=np.float64), np.array(after_graph, dtype=bool)
+
+
+def eager_kernel_gaps_us(imported: Imported) -> np.ndarray:
+    """Device-side gaps before queued kernels launched on their own, behind a kernel launched on its own
+    (the device front end's `kernel_gap_us`)."""
+    gaps, after_graph = _queued_alone_gaps_us(imported)
+    return gaps[~after_graph]
+
+
+def graph_exit_gaps_us(imported: Imported) -> np.ndarray:
+    """Device-side gaps before queued kernels launched on their own right after a graph's tasks on their
+    stream (leaving a graph: `kernel_gap_us` plus the graph's `exit_gap_us`)."""
+    gaps, after_graph = _queued_alone_gaps_us(imported)
+    return gaps[after_graph]
 
 
 def base_preset(device_name: str, source_default: str) -> tuple[str, bool]:
@@ -122,10 +140,11 @@ def module_own_us(imported: Imported) -> np.ndarray:
 
 def fit_machine(
     ops: pd.DataFrame, steps: int, sync_host_ms: float, eager_gaps: np.ndarray, graph_gaps: np.ndarray, module_us: np.ndarray | None = None,
+    exit_gaps: np.ndarray | None = None,
 ) -> list[Fitted]:
     """The fitted values from the replayed steps (`ops`: their op list, ops.csv's rows, `steps` of them),
     the host time of their synchronisation calls per step (measured without their wait for the device),
-    the device gaps measured between them (eager_kernel_gaps_us, graph_task_gaps_us) and the own time of
+    the device gaps measured between them (eager_kernel_gaps_us, graph_task_gaps_us, graph_exit_gaps_us) and the own time of
     their nn.Module calls (module_own_us): that part of the host time before launches becomes
     `host.module_us` a call, and is left out of `host.framework_us`."""
     launched = ops[ops["launch_us"].fillna(0) > 0]
@@ -161,6 +180,12 @@ def fit_machine(
     if graph_gaps.size:
         note = f"mean device gap between consecutive tasks of a graph launch, {graph_gaps.size} pairs; {_spread(graph_gaps)}"
         fitted.append(Fitted("graph.task_dispatch_us", float(graph_gaps.mean()), note))
+    if exit_gaps is not None and exit_gaps.size and eager_gaps.size:
+        note = (
+            f"mean device gap before {exit_gaps.size} kernels launched alone right after a graph's tasks, {exit_gaps.mean():.3g} us"
+            f" ({_spread(exit_gaps)}), less kernel_gap_us"
+        )
+        fitted.append(Fitted("graph.exit_gap_us", max(0.0, float(exit_gaps.mean() - eager_gaps.mean())), note))
     return fitted
 
 

@@ -35,7 +35,8 @@ capture (or sink load) on the main thread; REPLAY = the host refreshes the argum
 (capture) or the graph's addresses (sink), then issues one launch; the device schedules every task
 itself at `task_dispatch_us` each, keeping streams and events (so communication still overlaps). A
 kernel launched on its own pays the device front end's `kernel_gap_us` instead (counted, like a graph
-task's dispatch, in the task's device time).
+task's dispatch, in the task's device time), and the graph's `exit_gap_us` on top when it follows a
+graph's tasks on its stream (leaving a graph: the eager attention between piecewise graphs).
 
 A bounded queue of capacity C between two threads is a dependency edge: the producer's first task
 for item i waits for the consumer's first task of item i − C to end (the slot is taken by then).
@@ -91,9 +92,10 @@ SHAPE_READ_BYTES = 64  # a compute-dependent op's output shape copied back to th
 # Where a template task's duration comes from: a fixed value; the op's device time (plus the
 # device-side dispatch of a graph task); its tiling (after the cache); a host stage or the own time
 # of a host/sync op from the (step, op) cost table; the token copies; a CPU op's compute or copy; the
-# wait for device work outside the simulation (an imported profile's `not_before_us`).
+# wait for device work outside the simulation (an imported profile's `not_before_us`); a kernel launched
+# on its own right after a graph's tasks on its stream (its device time plus the graph's exit gap).
 _FIXED, _DEVICE, _TILING, _H2D_TOKENS, _D2H_TOKENS, _CPU_COMPUTE, _CPU_COPY = 0, 1, 2, 3, 4, 5, 6
-_STAGE, _OWN, _GATE, _DEVICE_GRAPH, _ENGINE = 7, 8, 9, 10, 11
+_STAGE, _OWN, _GATE, _DEVICE_GRAPH, _ENGINE, _DEVICE_AFTER_GRAPH = 7, 8, 9, 10, 11, 12
 
 # The serving engine's work in a step (harness.config.schema.EngineConfig), as slots of a (steps, slots) cost
 # table: schedule + prepare before the model (`pre`) or, with async scheduling, the next step's while
@@ -345,16 +347,21 @@ class _Body:
     lanes: Lanes
     start: int  # the step's first task: ops with nothing else to wait for follow it
     gated: np.ndarray  # per op: waits for device work outside the simulation in some step
+    # Per device lane, whether its last task so far came from a graph (a stream runs in template order).
+    graph_last: dict[int, bool] = field(default_factory=dict)
 
     def device_task(self, j: int, producers: list[int], launch: int, in_graph: bool) -> int:
         tpl, workload = self.tpl, self.workload
         stream = int(workload.stream[j])
+        lane = self.lanes.stream[stream]
         category = "comm" if stream == STREAM_COMM else "copy" if workload.kind[j] == KIND_COPY else "compute"
         gate = -1
         if self.gated[j]:  # the stream was busy with work the simulation does not hold
             gate = tpl.add(self.lanes.external, "external", j, _GATE, j)
             tpl.edge(self.start, gate)
-        task = tpl.add(self.lanes.stream[stream], category, j, _DEVICE_GRAPH if in_graph else _DEVICE, j)
+        source = _DEVICE_GRAPH if in_graph else _DEVICE_AFTER_GRAPH if self.graph_last.get(lane, False) else _DEVICE
+        self.graph_last[lane] = in_graph
+        task = tpl.add(lane, category, j, source, j)
         tpl.edge(launch, task)
         if gate >= 0:
             tpl.edge(gate, task)
@@ -550,7 +557,7 @@ def _read_back(tpl, device_tasks: list[int], d2h_lane: int, op: int, source: int
 @njit(cache=True, nogil=True)
 def _fill_records(
     out, steps, lane, category, op, stage, source, value, host_slot,
-    device_us, device_cores, eager_gap_us, graph_dispatch_us, tiling_us, stage_us, not_before_us, engine_us, h2d_us, d2h_us, cpu_flops_per_us, flops,
+    device_us, device_cores, eager_gap_us, graph_dispatch_us, graph_exit_us, tiling_us, stage_us, not_before_us, engine_us, h2d_us, d2h_us, cpu_flops_per_us, flops,
     cpu_copy_latency_us, cpu_copy_bytes_per_us, op_bytes, jitter,
 ):
     """Write the records of `steps` (template repeated) into `out`, in one pass.
@@ -577,10 +584,13 @@ def _fill_records(
             src = source[j]
             pool = NO_POOL
             units = 0
-            if src == _DEVICE or src == _DEVICE_GRAPH:
+            if src == _DEVICE or src == _DEVICE_GRAPH or src == _DEVICE_AFTER_GRAPH:
                 k = np.int64(value[j])
-                # The device front end's time per task: a graph's own scheduling, or a kernel launched alone.
+                # The device front end's time per task: a graph's own scheduling, or a kernel launched alone
+                # (after a graph's tasks, plus leaving the graph).
                 duration = device_us[s, k] + (graph_dispatch_us if src == _DEVICE_GRAPH else eager_gap_us)
+                if src == _DEVICE_AFTER_GRAPH:
+                    duration += graph_exit_us
                 units = device_cores[s, k]
                 if units > 0:  # collectives and copies hold no AI core
                     pool = POOL_AI_CORES
@@ -682,6 +692,7 @@ class Lowering:
             self.device_cores,
             float(hardware.device.kernel_gap_us),
             float(hardware.graph.task_dispatch_us),
+            float(hardware.graph.exit_gap_us),
             self.tiling_us,
             self.stage_us,
             self.not_before_us,
