@@ -152,6 +152,22 @@ def test_trace_events_on_one_lane_never_overlap(strategy):
     assert len(events) > 1000 and overlaps == 0
 
 
+@pytest.mark.parametrize("engine", ["vllm_v0_6", "sglang"])
+def test_the_trace_holds_work_not_the_zero_length_markers_of_a_steps_structure(engine):
+    """A serving step opens with a zero-time marker (its processes' side work starts there): not work, and
+    trace.json leaves it out; what it holds of no op (the engine's scheduling, token copies) lasts."""
+    from harness.results.outputs import chrome_trace
+    from harness.sim.simulate import simulate_run
+
+    outcome = simulate_run(compose_run("workload=llama31_8b_decode", f"engine={engine}", "workload.steps=4"))
+    events = [e for e in chrome_trace(outcome, trace_steps=2)["traceEvents"] if e["ph"] == "X"]
+    step_level = [e for e in events if e["name"].startswith("step ")]
+    assert any(e["name"] == "step engine" for e in step_level) and all(e["dur"] > 0 for e in step_level)
+    tasks, result = outcome.result.graph.tasks, outcome.result
+    markers = int(((tasks["op"] < 0) & (result.end_us <= result.start_us) & (tasks["step"] < 2 + int(outcome.step_columns["measured"].argmax()))).sum())
+    assert markers > 0  # the run has them: the test would see one slip into the trace
+
+
 def test_help_says_what_the_harness_is_and_lists_the_presets(tmp_path):
     done = run_cli("--help", cwd=tmp_path)
     assert done.returncode == 0

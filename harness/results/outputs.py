@@ -99,7 +99,10 @@ def chrome_trace_text(outcome: "RunResult", trace_steps: int) -> str:
     tasks = graph.tasks
     first = int(np.flatnonzero(outcome.step_columns["measured"])[0])
     step = result.column("step")
-    chosen = np.flatnonzero((step >= first) & (step < first + trace_steps))
+    # A zero-length task of no op is a marker of the step's structure (its start, a serving step's
+    # opening), not work: a viewer would list it as an event of the lane it sits on.
+    marker = (tasks["op"] < 0) & (result.end_us <= result.start_us)
+    chosen = np.flatnonzero((step >= first) & (step < first + trace_steps) & ~marker)
     if chosen.size > MAX_TRACE_EVENTS:  # a million-op step would write gigabytes no viewer opens
         log.warning(
             "trace.json holds the first %d of the %d tasks of steps %d-%d (at most %d events)",
