@@ -89,6 +89,10 @@ def test_a_process_of_its_own_starts_with_the_step_and_the_output_thread_once_it
     assert thread[0] == pytest.approx(60 + MODEL_ALONE) and thread[1:] == [pytest.approx(60 + 250)] * 7
     apart = step_us(*stage("schedule", 60), *stage("output", 250), "engine.output_process=true")
     assert apart[1:] == [pytest.approx(250)] * 7
+    # Both set (vLLM 0.6's async output thread under an output process): the outputs go to the process,
+    # which starts with the step; the thread has nothing left to do.
+    both = step_us(*stage("schedule", 60), *stage("output", 250), "engine.output_process=true", "engine.async_output=true")
+    assert both == apart
 
 
 def test_a_side_process_works_through_a_block_while_the_next_block_runs():

@@ -379,7 +379,7 @@ class EngineConfig:
     the new tokens). Where they run decides what they cost: on the engine's main thread they
     serialise with the model's dispatch; `api_process` / `output_process` move them to processes of
     their own (their own host cores); `async_output` processes a step's outputs on another thread while
-    the next step runs; `async_scheduling` schedules and prepares the next step while this one's device
+    the next step runs (with `output_process` too, the process takes them); `async_scheduling` schedules and prepares the next step while this one's device
     work runs; `multi_step` N schedules and prepares once per N steps and processes their outputs together.
     `layer_overhead_us` is the engine's own model code per decoder layer in eager mode (attention
     metadata, custom-op wrappers), which a graph replay skips."""
