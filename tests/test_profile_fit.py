@@ -346,6 +346,11 @@ def test_leaving_a_graph_is_fitted_apart_from_the_gap_between_eager_kernels(tmp_
     measured = json.loads((tmp_path / "profiled" / "profile.json").read_text())
     assert (measured["kernel_gap_us"], measured["graph_exit_gap_us"]) == (pytest.approx(2.0), pytest.approx(8.0))
     assert "hardware.graph.exit_gap_us=0" in (tmp_path / "profiled" / "replay.txt").read_text()  # the replay holds the measured gaps
+    # Without the second kernel there is no kernel-to-kernel gap to take off: the exit is the whole 8 µs.
+    (tmp_path / "conf" / "hardware" / "exits.yaml").unlink()
+    profile_main([trace_file(tmp_path, events[:-3] + events[-1:]), "--out", "profiled", "--fit", "exits", "--base", "h100"])
+    graph = yaml.safe_load((tmp_path / "conf" / "hardware" / "exits.yaml").read_text())["graph"]
+    assert graph["exit_gap_us"] == pytest.approx(8.0)
 
 
 def test_the_mi300x_graph_exit_is_the_one_its_piecewise_trace_measures_and_a_sibling_agrees():

@@ -19,7 +19,7 @@ fitted from: how many calls, and their spread):
   replays graphs;
 * `graph.exit_gap_us`: what a queued kernel launched on its own waits beyond `kernel_gap_us` when a
   graph's tasks ran before it on its stream (`graph_exit_gaps_us`: the eager attention between
-  piecewise graphs), when the trace has both kinds of gap.
+  piecewise graphs); the whole gap where the trace has no kernel-to-kernel gap to take off.
 
 Where the trace was recorded with shapes (`record_shapes=True`: each framework op's input sizes and
 types), the kernels a framework op launched are priced by its shapes, and the device's preset values
@@ -96,7 +96,7 @@ def _queued_alone_gaps_us(imported: Imported) -> tuple[np.ndarray, np.ndarray]:
 
 
 def eager_kernel_gaps_us(imported: Imported) -> np.ndarray:
-    """Device-side gaps before queued kernels launched on their own, behind a kernel launched on its own
+    """Device-side gaps before queued kernels launched on their own, behind a task that was not a graph's
     (the device front end's `kernel_gap_us`)."""
     gaps, after_graph = _queued_alone_gaps_us(imported)
     return gaps[~after_graph]
@@ -180,12 +180,13 @@ def fit_machine(
     if graph_gaps.size:
         note = f"mean device gap between consecutive tasks of a graph launch, {graph_gaps.size} pairs; {_spread(graph_gaps)}"
         fitted.append(Fitted("graph.task_dispatch_us", float(graph_gaps.mean()), note))
-    if exit_gaps is not None and exit_gaps.size and eager_gaps.size:
-        note = (
-            f"mean device gap before {exit_gaps.size} kernels launched alone right after a graph's tasks, {exit_gaps.mean():.3g} us"
-            f" ({_spread(exit_gaps)}), less kernel_gap_us"
-        )
-        fitted.append(Fitted("graph.exit_gap_us", max(0.0, float(exit_gaps.mean() - eager_gaps.mean())), note))
+    if exit_gaps is not None and exit_gaps.size:
+        note = f"mean device gap before {exit_gaps.size} kernels launched alone right after a graph's tasks, {exit_gaps.mean():.3g} us ({_spread(exit_gaps)})"
+        if eager_gaps.size:
+            note += ", less kernel_gap_us"
+        else:  # the base's kernel gap would be paid on top: at most that much too long, not silently the base's exit
+            note += "; the whole gap: the trace has no kernel queued behind another launched alone"
+        fitted.append(Fitted("graph.exit_gap_us", max(0.0, float(exit_gaps.mean() - (eager_gaps.mean() if eager_gaps.size else 0.0))), note))
     return fitted
 
 
