@@ -27,7 +27,7 @@ from test_semantics import TOKEN_BACK_US, three_op_run
 
 B, E, R = BUILD, EAGER, REPLAY
 MIB = 2**20
-A2_GRAPH_MIB = 24.2  # atlas_a2's graph.graph_mem_mib (vllm-ascend#4807: 0.26 GiB for 11 sizes), the default hardware
+A2_GRAPH_MIB = compose_run().hardware.graph.graph_mem_mib  # a captured graph's memory on the default hardware (atlas_a2)
 
 
 # ---------------------------------------------------------------- the tiling cache (LRU)
@@ -297,7 +297,7 @@ def test_memory_fits_at_exactly_the_capacity_and_not_above():
 
 @pytest.mark.parametrize("strategy", ["eager", "acl_graph"])
 def test_a_run_fits_hbm_at_its_exact_footprint(strategy):
-    """The footprint checked is weights + KV cache + workspace + the captured graphs (24.2 MiB each)."""
+    """The footprint checked is weights + KV cache + workspace + the captured graphs (the preset's graph_mem_mib each)."""
     base = ("workload=llama31_8b_decode", f"strategy={strategy}", "workload.steps=3")
     run = compose_run(*base)
     workload, _ = prepare(run, np.full(3, 1), None)

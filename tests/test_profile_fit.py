@@ -361,12 +361,11 @@ def test_the_mi300x_graph_exit_is_the_one_its_piecewise_trace_measures_and_a_sib
     from pathlib import Path
 
     from harness.importers import load_profile
-    from harness.importers.fit import eager_kernel_gaps_us, graph_exit_gaps_us
+    from harness.importers.fit import front_end_gaps_us
     from harness.importers.steps import import_profile
 
     def gaps(name: str) -> tuple[np.ndarray, np.ndarray]:
-        imported = import_profile(load_profile(Path(__file__).parent / "data" / "traces" / f"{name}.json.gz"))
-        return eager_kernel_gaps_us(imported), graph_exit_gaps_us(imported)
+        return front_end_gaps_us(import_profile(load_profile(Path(__file__).parent / "data" / "traces" / f"{name}.json.gz")))
 
     eager, exits = gaps("tl_vllm_prefilldecode_piecewise_mi300")
     assert exits.size == 25 and eager.size == 36

@@ -43,7 +43,7 @@ from harness.base.files import check_folder
 from harness.importers import READ_LIMIT_MB, load_profile
 from harness.config.paths import CONF_DIR, LAUNCH_FOLDER_CONF
 from harness.importers.fit import (
-    base_preset, device_fits, eager_kernel_gaps_us, fit_machine, graph_exit_gaps_us, graph_task_gaps_us, module_own_us, preset_yaml, shaped_ops,
+    base_preset, device_fits, fit_machine, front_end_gaps_us, graph_task_gaps_us, module_own_us, preset_yaml, shaped_ops,
 )
 from harness.importers.steps import Imported, import_profile, ops_table
 from harness.model.ops_csv import write_ops_table
@@ -192,7 +192,7 @@ def main(argv: Optional[list[str]] = None) -> None:
             fail(f"{args.trace}: no device task is linked to a launch call (no shared correlation ids or flows): nothing to replay")
         table = ops_table(imported)
         summary = measured_summary(imported)
-        eager_gaps, graph_gaps, exit_gaps = eager_kernel_gaps_us(imported), graph_task_gaps_us(imported), graph_exit_gaps_us(imported)
+        (eager_gaps, exit_gaps), graph_gaps = front_end_gaps_us(imported), graph_task_gaps_us(imported)
         overrides = replay_overrides(imported, args.out / OPS_FILE, graph_gaps)
     except HarnessError as exc:
         fail(str(exc))

@@ -18,7 +18,7 @@ fitted from: how many calls, and their spread):
 * `graph.task_dispatch_us`: the device gap between the tasks of one graph launch, when the trace
   replays graphs;
 * `graph.exit_gap_us`: what a queued kernel launched on its own waits beyond `kernel_gap_us` when a
-  graph's tasks ran before it on its stream (`graph_exit_gaps_us`: the eager attention between
+  graph's tasks ran before it on its stream (`front_end_gaps_us`: the eager attention between
   piecewise graphs); the whole gap where the trace has no kernel-to-kernel gap to take off.
 
 Where the trace was recorded with shapes (`record_shapes=True`: each framework op's input sizes and
@@ -76,10 +76,11 @@ def graph_task_gaps_us(imported: Imported) -> np.ndarray:
     return np.array(gaps, dtype=np.float64)
 
 
-def _queued_alone_gaps_us(imported: Imported) -> tuple[np.ndarray, np.ndarray]:
+def front_end_gaps_us(imported: Imported) -> tuple[np.ndarray, np.ndarray]:
     """Device-side gaps between a kernel launched on its own and the task before it on its stream, over
     the pairs where it was launched before that one ended (queued: the gap is the device front end's,
-    not the host's); and, per gap, whether the task before it was a graph's."""
+    not the host's), in one pass: those behind a task that was not a graph's (`kernel_gap_us`), and those
+    right after a graph's tasks (leaving a graph: `kernel_gap_us` plus the graph's `exit_gap_us`)."""
     gaps, after_graph = [], []
     for i in imported.kept:
         last_on_stream: dict[int, dict] = {}
@@ -92,21 +93,13 @@ def _queued_alone_gaps_us(imported: Imported) -> tuple[np.ndarray, np.ndarray]:
             if previous is not None and alone and op.get("ready_us", np.inf) <= previous["end_us"]:  # when the device could first see it
                 gaps.append(max(0.0, op["start_us"] - previous["end_us"]))
                 after_graph.append(bool(previous["in_graph"]))
-    return np.array(gaps, dtype=np.float64), np.array(after_graph, dtype=bool)
+    gaps_us, after = np.array(gaps, dtype=np.float64), np.array(after_graph, dtype=bool)
+    return gaps_us[~after], gaps_us[after]
 
 
 def eager_kernel_gaps_us(imported: Imported) -> np.ndarray:
-    """Device-side gaps before queued kernels launched on their own, behind a task that was not a graph's
-    (the device front end's `kernel_gap_us`)."""
-    gaps, after_graph = _queued_alone_gaps_us(imported)
-    return gaps[~after_graph]
-
-
-def graph_exit_gaps_us(imported: Imported) -> np.ndarray:
-    """Device-side gaps before queued kernels launched on their own right after a graph's tasks on their
-    stream (leaving a graph: `kernel_gap_us` plus the graph's `exit_gap_us`)."""
-    gaps, after_graph = _queued_alone_gaps_us(imported)
-    return gaps[after_graph]
+    """The queued kernels' gaps behind a task that was not a graph's (front_end_gaps_us)."""
+    return front_end_gaps_us(imported)[0]
 
 
 def base_preset(device_name: str, source_default: str) -> tuple[str, bool]:
@@ -144,7 +137,7 @@ def fit_machine(
 ) -> list[Fitted]:
     """The fitted values from the replayed steps (`ops`: their op list, ops.csv's rows, `steps` of them),
     the host time of their synchronisation calls per step (measured without their wait for the device),
-    the device gaps measured between them (eager_kernel_gaps_us, graph_task_gaps_us, graph_exit_gaps_us) and the own time of
+    the device gaps measured between them (front_end_gaps_us, graph_task_gaps_us) and the own time of
     their nn.Module calls (module_own_us): that part of the host time before launches becomes
     `host.module_us` a call, and is left out of `host.framework_us`."""
     launched = ops[ops["launch_us"].fillna(0) > 0]
@@ -186,7 +179,8 @@ def fit_machine(
             note += ", less kernel_gap_us"
         else:  # the base's kernel gap would be paid on top: at most that much too long, not silently the base's exit
             note += "; the whole gap: the trace has no kernel queued behind another launched alone"
-        fitted.append(Fitted("graph.exit_gap_us", max(0.0, float(exit_gaps.mean() - (eager_gaps.mean() if eager_gaps.size else 0.0))), note))
+        kernel_gap_us = float(eager_gaps.mean()) if eager_gaps.size else 0.0
+        fitted.append(Fitted("graph.exit_gap_us", max(0.0, float(exit_gaps.mean()) - kernel_gap_us), note))
     return fitted
 
 
