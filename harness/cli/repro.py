@@ -23,6 +23,7 @@ from omegaconf import OmegaConf
 
 from harness.config.paths import CONF_DIR
 from harness.base.errors import HarnessError, one_line_text
+from harness.base.stopping import held, raise_if_stopped
 from harness.base.commands import CommandParser
 from harness.base.files import atomic_write, check_folder, write_text
 
@@ -90,10 +91,14 @@ def _evaluate(node: ast.AST, summaries: dict[str, dict], where: str) -> float:
 
 
 def load_claims(path: Path = CLAIMS_FILE) -> list[Claim]:
-    try:
-        raw = OmegaConf.to_container(OmegaConf.load(path), resolve=True)
-    except Exception as err:  # YAML syntax, duplicate keys: one line naming the file
-        raise HarnessError(f"{path}: cannot read: {str(err).splitlines()[0]}") from None
+    # A stop raised inside OmegaConf surfaced as its own AttributeError, reported as this file being
+    # unreadable before the stop's line (see compose_run): it is taken after the load.
+    with held():
+        try:
+            raw = OmegaConf.to_container(OmegaConf.load(path), resolve=True)
+        except Exception as err:  # YAML syntax, duplicate keys: one line naming the file
+            raise HarnessError(f"{path}: cannot read: {str(err).splitlines()[0]}") from None
+    raise_if_stopped()
     if not isinstance(raw, dict) or not isinstance(raw.get("claims"), list):
         raise HarnessError(f"{path}: must hold a list under `claims:`")
     claims = []
