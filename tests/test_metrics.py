@@ -43,15 +43,15 @@ def test_accounting_identities(workload, strategy):
     assert sum(s[f"breakdown_{c}"] for c in CATEGORIES) == pytest.approx(1.0)
     # Time by category covers every task of the measured steps.
     assert sum(s[f"time_share_{c}"] for c in CATEGORIES) == pytest.approx(1.0)
-    durations_all = outcome.result.end_us - outcome.result.start_us
-    assert s["task_ms_per_step"] * s["steps_measured"] == pytest.approx(durations_all.sum() / 1e3)
+    work_all = outcome.result.end_us - outcome.result.work_start_us  # a kernel without its front-end gap
+    assert s["task_ms_per_step"] * s["steps_measured"] == pytest.approx(work_all.sum() / 1e3)
     path = outcome.result.critical_path()
     durations = outcome.result.end_us[path] - outcome.result.start_us[path]
     assert durations.sum() == pytest.approx(outcome.result.makespan_us)
-    # Device busy can never exceed the sum of device task durations (streams may overlap, not add).
+    # Device busy can never exceed the sum of device task work (streams may overlap, not add).
     graph = outcome.result.graph
     on_device = graph.lane_kinds[graph.tasks["lane"]] == LANE_DEVICE
-    device_sum = (outcome.result.end_us - outcome.result.start_us)[on_device].sum()
+    device_sum = (outcome.result.end_us - outcome.result.work_start_us)[on_device].sum()
     assert s["device_busy"] * s["window_ms"] * 1e3 <= device_sum + 1e-6
 
 
@@ -92,7 +92,7 @@ def test_lane_merges_agree_with_sorting(overrides):
     probe = np.linspace(0.0, result.makespan_us, 97)
     for lanes in [np.flatnonzero(graph.lane_kinds == LANE_DEVICE), *[[k] for k in np.unique(lane)]]:
         mine = np.isin(lane, lanes)
-        reference = BusyTime(result.start_us[mine], result.end_us[mine])
+        reference = BusyTime(result.work_start_us[mine], result.end_us[mine])
         merged = busy_of_lanes(result, lanes)
         assert np.array_equal(merged.starts, reference.starts) and np.array_equal(merged.ends, reference.ends)
         assert np.allclose(merged.covered_until(probe), reference.covered_until(probe))
@@ -215,8 +215,12 @@ def test_step_percentiles_are_those_of_the_measured_steps():
 
 def test_work_per_step_of_a_single_measured_step():
     outcome = simulate_run(compose_run("workload.steps=1"))
-    durations = outcome.result.end_us - outcome.result.start_us
-    assert outcome.summary["task_ms_per_step"] == pytest.approx(durations.sum() / 1e3)
+    result = outcome.result
+    durations = result.end_us - result.start_us
+    leads = result.graph.tasks["lead_us"]
+    assert leads.sum() > 0  # the default preset's kernels queue behind each other: each pays a front-end gap
+    # A profiler's time-by-category table: each kernel's own time, without the idle gap before it.
+    assert outcome.summary["task_ms_per_step"] == pytest.approx((durations - leads).sum() / 1e3)
 
 
 def test_no_allocations_no_activation_memory():
@@ -257,3 +261,25 @@ def test_the_steps_table_starts_a_step_where_the_one_before_ended():
     assert table["start_ms"].tolist() == [0.0, pytest.approx(table["end_ms"][0])]
     assert (table["end_ms"] - table["start_ms"]).tolist() == pytest.approx(table["latency_ms"].tolist())
     assert 0.01 < table["end_ms"][1] < 1.0  # two steps of a few tens of µs
+
+
+def test_a_kernels_front_end_gap_holds_its_stream_but_is_device_idle(tmp_path):
+    """Two 10 µs kernels, 1 µs of host work each, a 2 µs front-end gap before each: host k1 [0,1],
+    k2 [1,2]; the stream runs k1 [1,13] (its work from 3) and k2 [13,25] (work from 15). The step is
+    25 µs, the device works 20 of them (as a profiler would show: a gap before each kernel), and the
+    trace's events start where the work does."""
+    from harness.results.outputs import chrome_trace
+
+    path = tmp_path / "ops.csv"
+    path.write_text(f"step,name,kind,device_us,{STAGE_COLUMNS}\n0,k1,vector,10,1,0,0,0,0,0\n0,k2,vector,10,1,0,0,0,0,0\n")
+    outcome = simulate_run(compose_run(
+        "workload=trace", f"workload.path={path}", "workload.steps=1", "hardware=h100", "hardware.device.kernel_gap_us=2",
+        "hardware.host.jitter_cv=0",
+    ))
+    summary = outcome.summary
+    assert summary["step_ms_mean"] * 1e3 == pytest.approx(25.0)
+    assert summary["device_busy"] == pytest.approx(20.0 / 25.0)
+    assert summary["breakdown_compute"] == pytest.approx(24.0 / 25.0)  # the path holds the stream's whole tasks
+    assert summary["task_ms_per_step"] * 1e3 == pytest.approx(2.0 + 20.0)
+    kernels = {e["name"]: (e["ts"], e["dur"]) for e in chrome_trace(outcome, 1)["traceEvents"] if e.get("cat") == "compute"}
+    assert kernels == {"k1": (pytest.approx(3.0), pytest.approx(10.0)), "k2": (pytest.approx(15.0), pytest.approx(10.0))}

@@ -123,7 +123,8 @@ def chrome_trace_text(outcome: "RunResult", trace_steps: int) -> str:
     # Times to the nanosecond: the viewer's resolution, and short numbers write several times faster.
     # Ends are rounded like starts and durations taken between the rounded times: rounding a duration
     # on its own can push an event 1 ns into the next one on its lane.
-    starts_rounded = np.round(result.start_us[chosen], 3)
+    # From the work's start, as a profiler shows a kernel: the device front end's lead is idle.
+    starts_rounded = np.round(result.work_start_us[chosen], 3)
     starts = starts_rounded.tolist()
     durations = np.round(np.round(result.end_us[chosen], 3) - starts_rounded, 3).tolist()
     deciders = result.decider[chosen].tolist()

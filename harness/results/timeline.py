@@ -54,7 +54,7 @@ class TimelineWindow:
     t0: float
     t1: float
     tasks: np.ndarray
-    start_us: np.ndarray
+    start_us: np.ndarray  # where each task's work begins (a device task after its front-end lead)
     end_us: np.ndarray
     lane_names: list
     lane_kinds: np.ndarray
@@ -73,7 +73,7 @@ def timeline_window(outcome: "RunResult", steps: int) -> TimelineWindow:
     step = result.column("step")
     picked = np.flatnonzero((step >= first) & (step <= last))
     return TimelineWindow(
-        first, last, t0, t1, graph.tasks[picked], result.start_us[picked], result.end_us[picked], list(graph.lane_names),
+        first, last, t0, t1, graph.tasks[picked], result.work_start_us[picked], result.end_us[picked], list(graph.lane_names),
         np.asarray(graph.lane_kinds), str(outcome.summary["bound"]),
     )
 

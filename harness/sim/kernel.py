@@ -284,14 +284,15 @@ def links(graph: TaskGraph) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndar
 
 
 @njit(cache=True, nogil=True)
-def _step_category_us(start, end, decider, step, category, first_step, n_steps, n_categories):
+def _step_category_us(start, work_start, end, decider, step, category, first_step, n_steps, n_categories):
     """Two (n_steps, n_categories) tables for steps first_step, …: time per category on each step's
-    critical path (from its last task back to its first, following deciders), and in all its tasks."""
+    critical path (from its last task back to its first, following deciders: whole tasks, so that it
+    spans the step), and in all its tasks (their work, without the device front end's lead)."""
     last = np.full(n_steps, -1, np.int64)
     all_tasks = np.zeros((n_steps, n_categories), np.float64)
     for i in range(end.shape[0]):
         s = step[i] - first_step
-        all_tasks[s, category[i]] += end[i] - start[i]
+        all_tasks[s, category[i]] += end[i] - work_start[i]
         if last[s] < 0 or end[i] >= end[last[s]]:
             last[s] = i
     on_path = np.zeros((n_steps, n_categories), np.float64)
@@ -340,6 +341,7 @@ class SimulationResult:
         self.end_us = end_us
         self.decider = decider
         self._columns: dict[str, np.ndarray] = {}
+        self._work_start_us: np.ndarray | None = None
 
     def column(self, name: str) -> np.ndarray:
         """A task field as a contiguous array (lane, step, op, category or stage), extracted once.
@@ -352,6 +354,15 @@ class SimulationResult:
         return self._columns[name]
 
     @property
+    def work_start_us(self) -> np.ndarray:
+        """When each task's own work begins: its start, after the device front end's lead (a kernel's
+        gap behind the one before it, a graph node's dispatch). Busy time and the drawn timelines count
+        from here, as a profiler does; the stream is held from the start."""
+        if self._work_start_us is None:
+            self._work_start_us = self.start_us + self.graph.tasks["lead_us"]
+        return self._work_start_us
+
+    @property
     def makespan_us(self) -> float:
         return float(self.end_us.max()) if self.end_us.size else 0.0
 
@@ -361,10 +372,10 @@ class SimulationResult:
     def step_category_us(self, n_categories: int) -> tuple[np.ndarray, np.ndarray]:
         """(on_path, all_tasks), each (steps, categories): time per task category on the critical path
         of each step the result holds (a step's path spans it: rows sum to latencies), and summed over
-        all its tasks (host, device and copy lanes)."""
+        all its tasks (host, device and copy lanes; a device task from where its work begins)."""
         step = self.column("step")
         first, last = int(step.min()), int(step.max())
-        return _step_category_us(self.start_us, self.end_us, self.decider, step, self.column("category"), first, last - first + 1, n_categories)
+        return _step_category_us(self.start_us, self.work_start_us, self.end_us, self.decider, step, self.column("category"), first, last - first + 1, n_categories)
 
 
 # Codes of the first problem `_check_graph` finds (0: none).

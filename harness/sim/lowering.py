@@ -34,9 +34,10 @@ Graph steps (policies.py decides the mode of each step): BUILD = host scheduling
 capture (or sink load) on the main thread; REPLAY = the host refreshes the arguments of dynamic tasks
 (capture) or the graph's addresses (sink), then issues one launch; the device schedules every task
 itself at `task_dispatch_us` each, keeping streams and events (so communication still overlaps). A
-kernel launched on its own pays the device front end's `kernel_gap_us` instead (counted, like a graph
-task's dispatch, in the task's device time), and the graph's `exit_gap_us` on top when it follows a
-graph's tasks on its stream (leaving a graph: the eager attention between piecewise graphs).
+kernel launched on its own pays the device front end's `kernel_gap_us` instead, and the graph's
+`exit_gap_us` on top when it follows a graph's tasks on its stream (leaving a graph: the eager attention
+between piecewise graphs). Like a graph task's dispatch, the gap is the task's `lead_us`: its stream is
+held, the device idle (busy time counts from the work's start, as a profiler shows it).
 
 A bounded queue of capacity C between two threads is a dependency edge: the producer's first task
 for item i waits for the consumer's first task of item i − C to end (the slot is taken by then).
@@ -584,13 +585,15 @@ def _fill_records(
             src = source[j]
             pool = NO_POOL
             units = 0
+            lead = 0.0
             if src == _DEVICE or src == _DEVICE_GRAPH or src == _DEVICE_AFTER_GRAPH:
                 k = np.int64(value[j])
                 # The device front end's time per task: a graph's own scheduling, or a kernel launched alone
                 # (after a graph's tasks, plus leaving the graph).
-                duration = device_us[s, k] + (graph_dispatch_us if src == _DEVICE_GRAPH else eager_gap_us)
+                lead = graph_dispatch_us if src == _DEVICE_GRAPH else eager_gap_us
                 if src == _DEVICE_AFTER_GRAPH:
-                    duration += graph_exit_us
+                    lead += graph_exit_us
+                duration = device_us[s, k] + lead
                 units = device_cores[s, k]
                 if units > 0:  # collectives and copies hold no AI core
                     pool = POOL_AI_CORES
@@ -621,6 +624,7 @@ def _fill_records(
                 pool = POOL_HOST
                 units = 1
             rec["duration_us"] = duration
+            rec["lead_us"] = lead
             rec["pool"] = pool
             rec["units"] = units
 

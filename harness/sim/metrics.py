@@ -1,7 +1,8 @@
 """Metrics: pure functions of the engine's result → the summary.json numbers and the per-step table.
 
 The measured steps are those after the warm-up that do not build a graph. "Device busy" is the union
-of device-stream task intervals within them (the device is idle only when no stream runs anything);
+of device-stream task intervals within them (the device is idle only when no stream runs anything),
+each from where its work begins: the front end's gap before a kernel is idle, as a profiler shows it;
 the bubble ratio is its complement over the window. The breakdown splits the critical path of each
 measured step by task category; it sums to 1 because a step's path covers it without gaps.
 
@@ -82,7 +83,7 @@ def busy_of_lanes(result: SimulationResult, lanes) -> BusyTime:
     """Busy time of the tasks on `lanes` (lane ids) of a simulated graph, without sorting them."""
     selected = np.zeros(len(result.graph.lane_names), dtype=np.bool_)
     selected[np.asarray(lanes, dtype=np.int64)] = True
-    return BusyTime.of_groups(*_lanes_union(result.start_us, result.end_us, result.column("lane"), selected))
+    return BusyTime.of_groups(*_lanes_union(result.work_start_us, result.end_us, result.column("lane"), selected))
 
 
 def step_bounds(result: SimulationResult) -> tuple[np.ndarray, np.ndarray]:

@@ -42,6 +42,10 @@ TASK_DTYPE = np.dtype(
     [
         ("duration_us", np.float64),
         ("release_us", np.float64),  # earliest start (e.g. a request's arrival); 0 for most tasks
+        # The device front end's part of duration_us before the task's work begins (the gap a kernel
+        # queued behind another waits for, a graph node's dispatch): the stream holds it, but the device
+        # does nothing in it, and a profiler shows it as idle. 0 for every task that is not device work.
+        ("lead_us", np.float64),
         ("lane", np.int32),
         ("pool", np.int32),
         ("units", np.int32),
