@@ -39,6 +39,9 @@ def test_accounting_identities(workload, strategy):
     assert steps["latency_ms"].sum() == pytest.approx(s["window_ms"])
     assert (steps["device_busy_ms"] <= steps["latency_ms"] + 1e-9).all()
     assert steps["device_busy_ms"].sum() == pytest.approx(s["device_busy"] * s["window_ms"])
+    # The front end's gaps are a part of the bubble, never more.
+    assert 0.0 < s["bubble_front_end"] <= s["bubble_ratio"] + 1e-12
+    assert steps["front_end_idle_ms"].sum() == pytest.approx(s["bubble_front_end"] * s["window_ms"])
     # The breakdown covers the whole critical path.
     assert sum(s[f"breakdown_{c}"] for c in CATEGORIES) == pytest.approx(1.0)
     # Time by category covers every task of the measured steps.
@@ -266,8 +269,8 @@ def test_the_steps_table_starts_a_step_where_the_one_before_ended():
 def test_a_kernels_front_end_gap_holds_its_stream_but_is_device_idle(tmp_path):
     """Two 10 µs kernels, 1 µs of host work each, a 2 µs front-end gap before each: host k1 [0,1],
     k2 [1,2]; the stream runs k1 [1,13] (its work from 3) and k2 [13,25] (work from 15). The step is
-    25 µs, the device works 20 of them (as a profiler would show: a gap before each kernel), and the
-    trace's events start where the work does."""
+    25 µs, the device works 20 of them (as a profiler would show: a gap before each kernel), the
+    summary says which part of the bubble the gaps are, and the trace's events start where the work does."""
     from harness.results.outputs import chrome_trace
 
     path = tmp_path / "ops.csv"
@@ -279,6 +282,9 @@ def test_a_kernels_front_end_gap_holds_its_stream_but_is_device_idle(tmp_path):
     summary = outcome.summary
     assert summary["step_ms_mean"] * 1e3 == pytest.approx(25.0)
     assert summary["device_busy"] == pytest.approx(20.0 / 25.0)
+    # Of the 5 µs of bubble, 1 waits for the host's first launch and 4 are the two gaps.
+    assert summary["bubble_front_end"] == pytest.approx(4.0 / 25.0)
+    assert outcome.steps["front_end_idle_ms"].tolist() == [pytest.approx(4.0e-3)]
     assert summary["breakdown_compute"] == pytest.approx(24.0 / 25.0)  # the path holds the stream's whole tasks
     assert summary["task_ms_per_step"] * 1e3 == pytest.approx(2.0 + 20.0)
     kernels = {e["name"]: (e["ts"], e["dur"]) for e in chrome_trace(outcome, 1)["traceEvents"] if e.get("cat") == "compute"}

@@ -42,7 +42,7 @@ def test_eager_three_ops_hand_computed():
     assert s["breakdown_launch"] == pytest.approx(3 / total)  # h2d issue + launches of a and b
     assert s["breakdown_alloc"] == pytest.approx(3 / total)  # alloc a, free a, alloc b
     assert s["breakdown_sync"] == pytest.approx(2 / total)
-    assert s["bubble_ratio"] == pytest.approx(1 - 15 / total)
+    assert s["bubble_ratio"] == pytest.approx(1 - 15 / total) and s["bubble_front_end"] == 0.0  # no kernel gap here
     # The host thread works 21 µs of the step: the copy's issue, 3 × 6 µs of stages, the 2 µs sync.
     assert s["host_busy_max"] == pytest.approx(21 / total) and s["host_cpu_load"] == pytest.approx(21 / total)
     assert "capture_ms" not in s and s["launches_per_step"] == 3 and s["task_ms_per_step"] * 1e3 == pytest.approx(21 + 15 + 1.00025 + TOKEN_BACK_US)
@@ -50,7 +50,7 @@ def test_eager_three_ops_hand_computed():
     assert row == {
         "step": 0, "measured": True, "mode": "eager", "start_ms": 0.0, "end_ms": pytest.approx(total / 1e3), "latency_ms": pytest.approx(total / 1e3),
         "kv_len": 1025.0, "padded_kv_len": 1025.0, "batch": 1, "padded_batch": 1, "tokens": 1, "device_busy_ms": pytest.approx(0.015),
-        "bubble_ratio": pytest.approx(1 - 15 / total), "host.main_busy_ms": pytest.approx(0.021), "launches": 3,
+        "front_end_idle_ms": 0.0, "bubble_ratio": pytest.approx(1 - 15 / total), "host.main_busy_ms": pytest.approx(0.021), "launches": 3,
     }
 
 

@@ -172,6 +172,12 @@ def run_notes(summary: Any) -> str:
     return "; ".join(notes)
 
 
+def _front_end_part(summary: dict) -> str:
+    """How much of the bubble is the device front end's gaps (shown where there is a tenth of a point)."""
+    front_end = summary.get("bubble_front_end", 0.0)
+    return f" (front-end gaps {front_end:.1%})" if front_end >= 0.0005 else ""
+
+
 def format_summary(summary: dict, names: dict, run_dir: Path) -> str:
     """A few lines for the terminal: what ran, the headline numbers, where the files are."""
     breakdown = sorted(
@@ -187,7 +193,8 @@ def format_summary(summary: dict, names: dict, run_dir: Path) -> str:
     if "ttft_ms" in summary:
         lines.append(f"  TTFT         {summary['ttft_ms']:.3f} ms")
     lines += [
-        f"  device busy  {summary['device_busy']:.1%}   bubble {summary['bubble_ratio']:.1%}   host busy (max thread) {summary['host_busy_max']:.1%}",
+        f"  device busy  {summary['device_busy']:.1%}   bubble {summary['bubble_ratio']:.1%}{_front_end_part(summary)}"
+        f"   host busy (max thread) {summary['host_busy_max']:.1%}",
         f"  bound        {summary['bound']}: {summary['bound_reason']}",
         "  critical path " + ", ".join(f"{k} {v:.1%}" for k, v in breakdown),
     ]

@@ -79,11 +79,13 @@ def _lanes_union(start, end, lane, selected):
     return group_start[: g + 1], group_end[: g + 1]
 
 
-def busy_of_lanes(result: SimulationResult, lanes) -> BusyTime:
-    """Busy time of the tasks on `lanes` (lane ids) of a simulated graph, without sorting them."""
+def busy_of_lanes(result: SimulationResult, lanes, held: bool = False) -> BusyTime:
+    """Busy time of the tasks on `lanes` (lane ids) of a simulated graph, without sorting them: their work,
+    or (`held`) the whole time each holds its lane, the device front end's lead included."""
     selected = np.zeros(len(result.graph.lane_names), dtype=np.bool_)
     selected[np.asarray(lanes, dtype=np.int64)] = True
-    return BusyTime.of_groups(*_lanes_union(result.work_start_us, result.end_us, result.column("lane"), selected))
+    start = result.start_us if held else result.work_start_us
+    return BusyTime.of_groups(*_lanes_union(start, result.end_us, result.column("lane"), selected))
 
 
 def step_bounds(result: SimulationResult) -> tuple[np.ndarray, np.ndarray]:
@@ -104,6 +106,7 @@ class StepMeasures:
     start_us: np.ndarray
     end_us: np.ndarray
     device_busy_us: np.ndarray
+    front_end_idle_us: np.ndarray  # device idle while a stream's next kernel is in its front-end gap
     host_busy_us: dict[str, np.ndarray]  # per host thread that ran anything
     path_us: np.ndarray  # (steps, categories): the step's critical path by category
     task_us: np.ndarray  # (steps, categories): all the step's task time by category
@@ -115,7 +118,10 @@ class StepMeasures:
     def of(result: SimulationResult, workload: Workload) -> "StepMeasures":
         graph = result.graph
         step_start, step_end = step_bounds(result)
-        device_busy = busy_of_lanes(result, np.flatnonzero(graph.lane_kinds == LANE_DEVICE))
+        device_lanes = np.flatnonzero(graph.lane_kinds == LANE_DEVICE)
+        device_busy = busy_of_lanes(result, device_lanes).between(step_start, step_end)
+        # Idle only because a stream's next kernel is in its front end (no stream works, one is held).
+        front_end_idle = busy_of_lanes(result, device_lanes, held=True).between(step_start, step_end) - device_busy
         used_lanes = np.bincount(result.column("lane"), minlength=len(graph.lane_names)) > 0
         host_busy = {
             graph.lane_names[lane]: busy_of_lanes(result, [lane]).between(step_start, step_end)
@@ -129,7 +135,8 @@ class StepMeasures:
         return StepMeasures(
             start_us=step_start,
             end_us=step_end,
-            device_busy_us=device_busy.between(step_start, step_end),
+            device_busy_us=device_busy,
+            front_end_idle_us=front_end_idle,
             host_busy_us=host_busy,
             path_us=path_us,
             task_us=task_us,
@@ -145,6 +152,7 @@ class StepMeasures:
             start_us=np.concatenate([p.start_us for p in parts]),
             end_us=np.concatenate([p.end_us for p in parts]),
             device_busy_us=np.concatenate([p.device_busy_us for p in parts]),
+            front_end_idle_us=np.concatenate([p.front_end_idle_us for p in parts]),
             host_busy_us={
                 name: np.concatenate([p.host_busy_us.get(name, np.zeros(p.start_us.size)) for p in parts]) for name in lanes
             },
@@ -203,6 +211,10 @@ def summarize(measures: StepMeasures, workload: Workload, plan: StepPlan | None 
     if workload.phase == Phase.prefill:
         summary["ttft_ms"] = float(latency_ms[measured].mean())  # each prefill step yields its batch's first token
     summary.update(occupancy(breakdown, device_busy_us, host_busy_us, window_us))
+    # The part of the bubble the device front end makes (gaps before queued kernels, graph nodes'
+    # dispatch); the rest is the device waiting for work: the host, a copy, a sync, a request.
+    front_end_idle_us = float(measures.front_end_idle_us[measured].sum())
+    summary["bubble_front_end"] = front_end_idle_us / window_us if window_us > 0 else 0.0
     summary.update(
         {
             "ops_per_step": workload.n_kernels_per_step,
@@ -235,6 +247,7 @@ def summarize(measures: StepMeasures, workload: Workload, plan: StepPlan | None 
         "padded_batch": workload.batch,
         "tokens": tokens_per_step,
         "device_busy_ms": device_step_us / US_PER_MS,
+        "front_end_idle_ms": measures.front_end_idle_us / US_PER_MS,
     }
     with np.errstate(divide="ignore", invalid="ignore"):  # a zero-length step: inf or NaN, as a table shows it
         steps_table["bubble_ratio"] = 1.0 - steps_table["device_busy_ms"] / steps_table["latency_ms"]
