@@ -249,6 +249,9 @@ def test_timeline_draws_host_ops_not_stripes_and_leaves_idle_lanes_out(tmp_path,
     assert lanes == ["host.main", "device.stream0", "device idle"]  # the copy engines moved only a few tokens
     assert "not drawn (under 0.1% busy): copy.h2d, copy.d2h" in ax.get_xlabel()
     assert [t.get_text() for t in ax.get_legend().get_texts()] == ["host op (stages\ntoo short to draw)", "compute", "device idle"]
+    # The title says how much of the idle time is the front end's gaps: the summary's share, rounded.
+    s = outcome.summary
+    assert ax.get_title(loc="left") == f"step 0: device idle {s['bubble_ratio']:.0%} (red; front-end gaps {s['bubble_front_end']:.0%}), bound: host"
 
 
 def test_a_sweeps_jobs_compose_exactly_as_hydra_would(monkeypatch):

@@ -148,9 +148,14 @@ def draw_window(w: TimelineWindow, path: Path) -> None:
     ax.set_xlim(0, window_us * scale)
     ax.set_ylim(-0.1, top)
     ax.set_xlabel("time (ms)" + (f"    not drawn (under {HIDDEN_LANE_BUSY:.1%} busy): {', '.join(hidden)}" if hidden else ""))
-    idle = 1 - float(busy.between(np.array(t0), np.array(t1))) / window_us if t1 > t0 else 0.0
+    work_us = float(busy.between(np.array(t0), np.array(t1)))
+    idle = 1 - work_us / window_us if t1 > t0 else 0.0
+    # The part of it kernels' front-end gaps make (the streams held, no work): from the tasks' leads.
+    held = BusyTime(start_us[on_device] - tasks["lead_us"][on_device], end_us[on_device])
+    front_end = (float(held.between(np.array(t0), np.array(t1))) - work_us) / window_us if t1 > t0 else 0.0
     span = f"step {first}" if first == last else f"steps {first}–{last}"
-    ax.set_title(f"{span}: device idle {idle:.0%} (red), bound: {w.bound}", loc="left")
+    gaps = f"; front-end gaps {front_end:.0%}" if front_end >= 0.005 else ""
+    ax.set_title(f"{span}: device idle {idle:.0%} (red{gaps}), bound: {w.bound}", loc="left")
     shown = sorted({CATEGORIES[c] for c in drawn}, key=CATEGORIES.index)
     handles = [Patch(color=COLOURS[c], label=c) for c in shown]
     if merged_any:
