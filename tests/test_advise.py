@@ -153,6 +153,10 @@ def test_the_why_compares_the_winner_with_the_best_of_another_strategy_at_equal_
     mine, theirs = figures(winner.summaries[2])["tok_s_per_device"], figures(best.summaries[2])["tok_s_per_device"]
     assert (f"The best candidate with another strategy, {best.label}, gives {theirs:.1f} tok/s per device against the winner's"
             f" {mine:.1f} ({mine / theirs:.2f}×, both over 2 steps)") in why(advice)
+    # Where the winner's device idles, how much of it is the front end's gaps (h100: 0.58 µs a graph node).
+    s = winner.summary
+    assert s["bubble_front_end"] >= 0.005
+    assert f"the device idle {s['bubble_ratio']:.0%} of the time ({s['bubble_front_end']:.0%} in kernels' front-end gaps)" in why(advice)
 
 
 def test_the_same_question_gives_the_same_answer():

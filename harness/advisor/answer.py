@@ -67,6 +67,7 @@ def why(advice: Advice) -> str:
     parts = [
         f"{winner.label} gives {f['tok_s_per_device']:.1f} tok/s per device{_latency_text(f)}.",
         f"It is {f['bound']}-bound (critical path: {_path_text(winner.summary)}), the device idle {f['bubble_ratio']:.0%} of the time"
+        + _front_end_text(winner.summary)
         + (f", padding waste {f['padding_waste']:.1%}" if f["padding_waste"] else "") + ".",
     ]
     different = [c for c in advice.ranked[1:] if figures(c.summary)["tok_s_per_device"] != f["tok_s_per_device"]]
@@ -80,6 +81,12 @@ def why(advice: Advice) -> str:
         parts.append(f"It captures {winner.graphs} graphs ({winner.graph_mem_gb:.2f} GB, {winner.capture_s:.1f} s at start-up).")
     parts += _against_other_strategies(advice, winner) + _against_other_sizes(advice, winner)
     return unfinished + " ".join(parts)
+
+
+def _front_end_text(summary: dict) -> str:
+    """Where the idle time is kernels' front-end gaps, how much: no host change removes that part."""
+    front_end = summary.get("bubble_front_end", 0.0)
+    return f" ({front_end:.0%} in kernels' front-end gaps)" if front_end >= 0.005 else ""
 
 
 def _path_text(summary: dict) -> str:
