@@ -289,3 +289,19 @@ def test_a_kernels_front_end_gap_holds_its_stream_but_is_device_idle(tmp_path):
     assert summary["task_ms_per_step"] * 1e3 == pytest.approx(2.0 + 20.0)
     kernels = {e["name"]: (e["ts"], e["dur"]) for e in chrome_trace(outcome, 1)["traceEvents"] if e.get("cat") == "compute"}
     assert kernels == {"k1": (pytest.approx(3.0), pytest.approx(10.0)), "k2": (pytest.approx(15.0), pytest.approx(10.0))}
+
+
+def test_a_front_end_gap_while_another_stream_works_is_not_idle(tmp_path):
+    """a on stream 0 and b on stream 1, independent, 10 µs each, 1 µs of host work each, a 2 µs gap
+    before each. Stream 0 holds [1,13] (work from 3), stream 1 [2,14] (work from 4): the device works
+    [3,14], 11 µs of the 14 µs step; of its 3 µs idle, [1,3] is front end (stream 1's gap [2,4] overlaps
+    a's work from 3: not idle)."""
+    path = tmp_path / "ops.csv"
+    path.write_text(f"step,name,kind,stream,after,device_us,{STAGE_COLUMNS}\n0,a,vector,0,-,10,1,0,0,0,0,0\n0,b,vector,1,-,10,1,0,0,0,0,0\n")
+    summary = simulate_run(compose_run(
+        "workload=trace", f"workload.path={path}", "workload.steps=1", "hardware=h100", "hardware.device.kernel_gap_us=2",
+        "hardware.host.jitter_cv=0",
+    )).summary
+    assert summary["step_ms_mean"] * 1e3 == pytest.approx(14.0)
+    assert summary["bubble_ratio"] == pytest.approx(3.0 / 14.0)
+    assert summary["bubble_front_end"] == pytest.approx(2.0 / 14.0)  # not the leads' sum, 4 µs

@@ -85,8 +85,9 @@ def test_a_piecewise_replay_launches_each_piece_and_the_split_op_eagerly_hand_co
 
 
 def test_leaving_a_graph_delays_the_eager_kernel_after_a_piece_hand_computed():
-    """The piecewise step above with a 4 µs graph exit gap: b, the eager kernel after piece [a], takes
-    10 + 4 µs on the device, [23,37]; piece [c], triggered at 34, waits for it: [37,40.5], 3 µs later.
+    """The piecewise step above with a 4 µs graph exit gap: b, the eager kernel after piece [a], holds
+    its stream 10 + 4 µs, [23,37] (its work from 27); piece [c], triggered at 34, waits for it: [37,40.5],
+    3 µs later.
     A whole-graph replay and an eager step hold no kernel launched alone after a graph's: unchanged."""
     ops = [OpSpec(name="a", device_us=2.0), OpSpec(name="b", device_us=10.0, dynamic=True), OpSpec(name="c", device_us=3.0)]
 
@@ -96,6 +97,10 @@ def test_leaving_a_graph_delays_the_eager_kernel_after_a_piece_hand_computed():
 
     steps = simulate_run(exiting(piecewise_run(["b"], ops=ops))).steps
     assert steps["latency_ms"][1:].to_numpy() * 1e3 == pytest.approx([40.5 + TOKEN_BACK_US + 2] * 3)
+    # The gaps hold the stream but are device idle: the device works 2 + 10 + 3 µs, and idles 0.5 + 4 + 0.5
+    # of them in front-end gaps (a's and c's dispatch, b's exit gap).
+    assert steps["device_busy_ms"][1:].to_numpy() * 1e3 == pytest.approx([15.0] * 3)
+    assert steps["front_end_idle_ms"][1:].to_numpy() * 1e3 == pytest.approx([5.0] * 3)
     for run in (graph_run("capture", ops=ops), three_op_run("eager")):
         assert simulate_run(exiting(run)).summary["step_ms_mean"] == simulate_run(run).summary["step_ms_mean"]
 
