@@ -43,7 +43,8 @@ TASKS_PER_OP_GUESS = 8  # sizes the first chunk (host stages + device task); lat
 # llama2_7b_prefill and deepseek_v3 runs at 1000 and 40000 steps grows by 55–78 bytes per op and step
 # (the per-step op arrays and their temporaries; the simulation itself works in bounded chunks) above
 # ~0.6–0.8 GB of libraries and chunks in flight (a long run lowers one chunk ahead and measures one behind:
-# deepseek_v3 at 1000 and 3000 steps peaked at 0.86 and 1.12 GB); end to end a run goes at 5.6–6.6 M tasks/s
+# deepseek_v3 at 1000 and 3000 steps peaked at 0.86 and 1.12 GB; 0.90 and 1.16 GB since a task record
+# carries its front-end lead, 48 bytes instead of 40); end to end a run goes at 5.6–6.6 M tasks/s
 # on one core, faster on two (benchmarks/bench_scaling.py). The estimate takes the high or low end,
 # whichever refuses sooner.
 BYTES_PER_OP_STEP = 80
