@@ -43,13 +43,16 @@ def test_joblib_sweep_makes_one_parent_and_four_finished_children(sweep):
     assert {names[c] for c in children} == {f"{s}·{w}·atlas_a2·steps=4" for w in ("llama2_7b_decode", "qwen25_7b_decode") for s in ("eager", "acl_graph")}
     assert (sweep / "sweep" / "swept_keys").read_text().split() == ["strategy", "workload"]
     for values in metrics.values():
-        assert {"headline/throughput_tok_s", "headline/bubble_ratio", "path_share/launch"} <= values.keys()
+        assert {"headline/throughput_tok_s", "headline/bubble_ratio", "path_share/launch", "other/bubble_front_end"} <= values.keys()
     artifacts = list((sweep / "outputs" / "mlartifacts").rglob("summary.json"))
     assert len(artifacts) == 4
     results_md = (sweep / "sweep" / "results.md").read_text()
     assert results_md.count("atlas_a2") == 4
     # Fixed decimals and the notes a reader needs next to the numbers (graph captures).
     assert "e+0" not in results_md and "| notes" in results_md and results_md.count("| 1 capture") == 2
+    # Next to the bubble, the part of it that is kernels' front-end gaps.
+    header = [cell.strip() for cell in results_md.splitlines()[0].strip("|").split("|")]
+    assert header[header.index("bubble_ratio") + 1] == "bubble_front_end"
     # The parent holds the comparison: the table as its description, table and plots as its artifacts.
     with sqlite3.connect(sweep / "outputs" / "mlflow.db") as con:
         (description,) = con.execute("select value from tags where run_uuid=? and key='mlflow.note.content'", (parent,)).fetchone()

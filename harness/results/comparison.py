@@ -17,7 +17,7 @@ from harness.base.files import atomic_write
 from harness.results.outputs import run_notes
 
 KEYS = ["hardware", "workload", "strategy"]
-SHOWN = ["throughput_tok_s", "speedup_vs_eager", "step_ms_mean", "bubble_ratio", "bound"]
+SHOWN = ["throughput_tok_s", "speedup_vs_eager", "step_ms_mean", "bubble_ratio", "bubble_front_end", "bound"]
 
 
 def load_run_dirs(paths: list[Path]) -> pd.DataFrame:
