@@ -59,6 +59,7 @@ class TimelineWindow:
     lane_names: list
     lane_kinds: np.ndarray
     bound: str
+    front_end_idle_us: float  # of the window, device idle in kernels' front-end gaps (the steps table's)
 
 
 def timeline_window(outcome: "RunResult", steps: int) -> TimelineWindow:
@@ -74,7 +75,7 @@ def timeline_window(outcome: "RunResult", steps: int) -> TimelineWindow:
     picked = np.flatnonzero((step >= first) & (step <= last))
     return TimelineWindow(
         first, last, t0, t1, graph.tasks[picked], result.work_start_us[picked], result.end_us[picked], list(graph.lane_names),
-        np.asarray(graph.lane_kinds), str(outcome.summary["bound"]),
+        np.asarray(graph.lane_kinds), str(outcome.summary["bound"]), float(columns["front_end_idle_ms"][first : last + 1].sum()) * 1e3,
     )
 
 
@@ -150,9 +151,7 @@ def draw_window(w: TimelineWindow, path: Path) -> None:
     ax.set_xlabel("time (ms)" + (f"    not drawn (under {HIDDEN_LANE_BUSY:.1%} busy): {', '.join(hidden)}" if hidden else ""))
     work_us = float(busy.between(np.array(t0), np.array(t1)))
     idle = 1 - work_us / window_us if t1 > t0 else 0.0
-    # The part of it kernels' front-end gaps make (the streams held, no work): from the tasks' leads.
-    held = BusyTime(start_us[on_device] - tasks["lead_us"][on_device], end_us[on_device])
-    front_end = (float(held.between(np.array(t0), np.array(t1))) - work_us) / window_us if t1 > t0 else 0.0
+    front_end = w.front_end_idle_us / window_us if t1 > t0 else 0.0
     span = f"step {first}" if first == last else f"steps {first}–{last}"
     gaps = f"; front-end gaps {front_end:.0%}" if front_end >= 0.005 else ""
     ax.set_title(f"{span}: device idle {idle:.0%} (red{gaps}), bound: {w.bound}", loc="left")
