@@ -260,7 +260,7 @@ def test_the_shipped_kernel_floor_and_gemm_rate_are_the_ones_measured_on_that_de
     from pathlib import Path
 
     from harness.importers import load_profile
-    from harness.importers.fit import device_fits, eager_kernel_gaps_us, shaped_ops
+    from harness.importers.fit import device_fits, front_end_gaps_us, shaped_ops
     from harness.importers.steps import import_profile
 
     imported = import_profile(load_profile(Path(__file__).parent / "data" / "traces" / f"{trace_name}.json.gz"))
@@ -269,7 +269,7 @@ def test_the_shipped_kernel_floor_and_gemm_rate_are_the_ones_measured_on_that_de
     assert fitted["device.vector_fixed_us"] == pytest.approx(device.vector_fixed_us, abs=0.05)
     assert fitted["device.matmul_efficiency"] == pytest.approx(device.matmul_efficiency, abs=0.001)
     if trace_name == "tl_qwen05b_h100":
-        assert float(np.mean(eager_kernel_gaps_us(imported))) == pytest.approx(device.kernel_gap_us, abs=0.005)
+        assert float(np.mean(front_end_gaps_us(imported)[0])) == pytest.approx(device.kernel_gap_us, abs=0.005)
 
 
 def test_a_trace_recorded_with_the_profilers_costly_options_says_so_in_the_fitted_preset(tmp_path, monkeypatch, capsys):
@@ -345,7 +345,9 @@ def test_leaving_a_graph_is_fitted_apart_from_the_gap_between_eager_kernels(tmp_
     assert preset["graph"]["exit_gap_us"] == pytest.approx(6.0)
     measured = json.loads((tmp_path / "profiled" / "profile.json").read_text())
     assert (measured["kernel_gap_us"], measured["graph_exit_gap_us"]) == (pytest.approx(2.0), pytest.approx(8.0))
-    assert "hardware.graph.exit_gap_us=0" in (tmp_path / "profiled" / "replay.txt").read_text()  # the replay holds the measured gaps
+    # The replay runs the trace's own gaps: 2 µs behind a kernel, 6 more after the graph's.
+    replay = (tmp_path / "profiled" / "replay.txt").read_text().split()
+    assert "hardware.device.kernel_gap_us=2" in replay and "hardware.graph.exit_gap_us=6" in replay
     # Without the second kernel there is no kernel-to-kernel gap to take off: the exit is the whole 8 µs.
     (tmp_path / "conf" / "hardware" / "exits.yaml").unlink()
     profile_main([trace_file(tmp_path, events[:-3] + events[-1:]), "--out", "profiled", "--fit", "exits", "--base", "h100"])

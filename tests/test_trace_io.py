@@ -123,7 +123,7 @@ def measured_run(tmp_path, body: str, *overrides: str):
     path = tmp_path / "ops.csv"
     path.write_text(body)
     # No front-end gap between queued kernels: the hand computations below are about the file's own costs
-    # (a replay command sets the gap its trace measured: harness.importers.fit.eager_kernel_gaps_us).
+    # (a replay command sets the gap its trace measured: harness.importers.fit.front_end_gaps_us).
     return simulate_run(compose_run("workload=trace", f"workload.path={path}", "hardware=h100", "hardware.device.kernel_gap_us=0", *overrides))
 
 

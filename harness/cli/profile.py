@@ -43,7 +43,8 @@ from harness.base.files import check_folder
 from harness.importers import READ_LIMIT_MB, load_profile
 from harness.config.paths import CONF_DIR, LAUNCH_FOLDER_CONF
 from harness.importers.fit import (
-    base_preset, device_fits, fit_machine, front_end_gaps_us, graph_task_gaps_us, module_own_us, preset_yaml, shaped_ops,
+    base_preset, device_fits, fit_machine, front_end_gaps_us, graph_task_gaps_us, kernel_and_exit_gap_us, module_own_us, preset_yaml,
+    shaped_ops,
 )
 from harness.importers.steps import Imported, import_profile, ops_table
 from harness.model.ops_csv import write_ops_table
@@ -62,9 +63,11 @@ HARDWARE_OF_SOURCE = {"kineto": "h100", "torch_npu": "atlas_a2"}
 GRAPH_OF_SOURCE = {"kineto": "cuda_graph", "torch_npu": "acl_graph"}
 
 
-def replay_overrides(imported: Imported, ops_path: Path, graph_gaps: Optional[np.ndarray] = None) -> list[str]:
-    """Overrides of `python -m harness` that replay the op list as the trace ran it (`graph_gaps`: its
-    graph_task_gaps_us, when measured already)."""
+def replay_overrides(
+    imported: Imported, ops_path: Path, graph_gaps: Optional[np.ndarray] = None, front_end_gaps: Optional[tuple[np.ndarray, np.ndarray]] = None,
+) -> list[str]:
+    """Overrides of `python -m harness` that replay the op list as the trace ran it (`graph_gaps`,
+    `front_end_gaps`: its graph_task_gaps_us and front_end_gaps_us, when measured already)."""
     profile = imported.profile
     overrides = [
         "workload=trace",
@@ -75,13 +78,13 @@ def replay_overrides(imported: Imported, ops_path: Path, graph_gaps: Optional[np
         overrides += ["strategy=async", f"strategy.queue_capacity={TORCH_NPU_QUEUE}"]
     else:
         overrides.append("strategy=eager")
+    # The op list holds the kernels' measured durations; the device front end's gaps between them, idle
+    # in the trace as in the simulation, are the trace's own means.
     graph_gaps = graph_task_gaps_us(imported) if graph_gaps is None else graph_gaps
-    if graph_gaps.size:  # leaving a graph is in the measured gaps too (below)
-        overrides += [f"hardware.graph.task_dispatch_us={graph_gaps.mean():.6g}", "hardware.graph.exit_gap_us=0"]
-    # The op list holds the kernels' measured durations; the simulator counts a front-end gap in a kernel's
-    # device time, which a profiler shows idle: a replay leaves it out (profile.json says what the trace
-    # measured, `kernel_gap_us`, for a machine fitted from it).
-    overrides.append("hardware.device.kernel_gap_us=0")
+    kernel_gap_us, exit_gap_us = kernel_and_exit_gap_us(*(front_end_gaps_us(imported) if front_end_gaps is None else front_end_gaps))
+    if graph_gaps.size:
+        overrides += [f"hardware.graph.task_dispatch_us={graph_gaps.mean():.6g}", f"hardware.graph.exit_gap_us={exit_gap_us:.6g}"]
+    overrides.append(f"hardware.device.kernel_gap_us={kernel_gap_us:.6g}")
     return overrides
 
 
@@ -193,7 +196,7 @@ def main(argv: Optional[list[str]] = None) -> None:
         table = ops_table(imported)
         summary = measured_summary(imported)
         (eager_gaps, exit_gaps), graph_gaps = front_end_gaps_us(imported), graph_task_gaps_us(imported)
-        overrides = replay_overrides(imported, args.out / OPS_FILE, graph_gaps)
+        overrides = replay_overrides(imported, args.out / OPS_FILE, graph_gaps, (eager_gaps, exit_gaps))
     except HarnessError as exc:
         fail(str(exc))
     if links["device_tasks_linked"] < links["device_tasks"]:

@@ -14,7 +14,7 @@ fitted from: how many calls, and their spread):
   op sequences pay it per module call); 0 where the trace holds none, their Python being in `framework_us`;
 * `host.sync_us`: the host time of a synchronisation call, its wait for the device left out;
 * `device.kernel_gap_us`: the device's front end between kernels launched one by one, from kernels
-  queued before the previous one ended (`eager_kernel_gaps_us`);
+  queued before the previous one ended (`front_end_gaps_us`);
 * `graph.task_dispatch_us`: the device gap between the tasks of one graph launch, when the trace
   replays graphs;
 * `graph.exit_gap_us`: what a queued kernel launched on its own waits beyond `kernel_gap_us` when a
@@ -97,9 +97,13 @@ def front_end_gaps_us(imported: Imported) -> tuple[np.ndarray, np.ndarray]:
     return gaps_us[~after], gaps_us[after]
 
 
-def eager_kernel_gaps_us(imported: Imported) -> np.ndarray:
-    """The queued kernels' gaps behind a task that was not a graph's (front_end_gaps_us)."""
-    return front_end_gaps_us(imported)[0]
+def kernel_and_exit_gap_us(eager_gaps: np.ndarray, exit_gaps: np.ndarray) -> tuple[float, float]:
+    """`device.kernel_gap_us` and `graph.exit_gap_us` from front_end_gaps_us' two sets: the mean gap
+    behind a kernel, and what leaving a graph adds to it (the whole gap after a graph where no kernel
+    queued behind another was measured); 0 where nothing was measured."""
+    kernel_gap_us = float(eager_gaps.mean()) if eager_gaps.size else 0.0
+    exit_gap_us = max(0.0, float(exit_gaps.mean()) - kernel_gap_us) if exit_gaps.size else 0.0
+    return kernel_gap_us, exit_gap_us
 
 
 def base_preset(device_name: str, source_default: str) -> tuple[str, bool]:
@@ -179,8 +183,7 @@ def fit_machine(
             note += ", less kernel_gap_us"
         else:  # the base's kernel gap would be paid on top: at most that much too long, not silently the base's exit
             note += "; the whole gap: the trace has no kernel queued behind another launched alone"
-        kernel_gap_us = float(eager_gaps.mean()) if eager_gaps.size else 0.0
-        fitted.append(Fitted("graph.exit_gap_us", max(0.0, float(exit_gaps.mean()) - kernel_gap_us), note))
+        fitted.append(Fitted("graph.exit_gap_us", kernel_and_exit_gap_us(eager_gaps, exit_gaps)[1], note))
     return fitted
 
 
