@@ -1,9 +1,10 @@
 """Importing real profiler traces: reading, linking, steps, measured numbers, the op list, its replay.
 
-The seven traces in tests/data/traces were recorded by others (see its README). Their reference
+Nine traces in tests/data/traces were recorded by others (see its README). Their reference
 figures (device busy, HolisticTraceAnalysis 0.5's temporal and idle-time breakdowns, kernels
 linked) come from the shared trace collection's README; the tests check the importer against them
-and the replay of each op list against what the trace measured.
+and the replay of each op list against what the trace measured. Three more were recorded for this
+project on an H200 (benchmarks/record_traces.py): eager and CUDA-graph replay of one decoder.
 """
 from __future__ import annotations
 
@@ -60,6 +61,11 @@ REFERENCE = {
     "hta_gpu_annot_gp100": (0.0376, 96.24, 3.75, 7446.0, None, (130, 130)),
     "hta_alexnet_a100": (0.0051, 99.49, 0.08, 24866725.0, 107.0, (79, 79)),
     "ascend_msprof_analyze_ut": (0.1589, None, None, None, None, (274, 276)),
+    # Recorded here (benchmarks/record_traces.py; HTA not run): 8 decode steps of 1,309 kernels each
+    # (the graph trace also holds kernels of the profiler's warm-up steps).
+    "h200_qwen25_7b_eager_b1": (0.1887, None, None, None, None, (10472, 10472)),
+    "h200_qwen25_7b_graph_b1": (0.8144, None, None, None, None, (10488, 10488)),
+    "h200_qwen25_7b_graph_b8": (0.8165, None, None, None, None, (10472, 10472)),
 }
 # How auto splits each trace: rule, steps found, steps replayed.
 STEPS = {
@@ -72,6 +78,9 @@ STEPS = {
     "hta_gpu_annot_gp100": ("from=Optimizer.zero_grad#SGD.zero_grad", 5, [0, 1, 2, 3]),
     "hta_alexnet_a100": ("sync", 3, [2]),
     "ascend_msprof_analyze_ut": ("profiler", 1, [0]),
+    "h200_qwen25_7b_eager_b1": ("profiler", 8, list(range(8))),
+    "h200_qwen25_7b_graph_b1": ("profiler", 8, list(range(8))),
+    "h200_qwen25_7b_graph_b8": ("profiler", 8, list(range(8))),
 }
 REPLAY_TOLERANCE = 0.10  # replaying a trace must reproduce its step span and device busy within ±10 %
 
@@ -219,6 +228,19 @@ def test_op_list_round_trips_through_the_csv_reader(imported, tmp_path):
     assert np.allclose(launch.ravel(), table["launch_us"].to_numpy(), atol=1e-3)
     device = table["device_us"].fillna(0).to_numpy().reshape(workload.steps, per_step)
     assert np.allclose(np.nan_to_num(workload.device_us), device, atol=1e-3)
+
+
+def test_a_copy_call_that_returns_only_once_its_copy_is_done_is_a_copy_and_a_wait(imported):
+    """tensor.to("cpu") into pageable memory: cudaMemcpyAsync returns only once its copy is done, in the
+    H200 graph trace ~6.7 ms after the call, behind the replayed graph. That is a copy and a wait for it
+    (no launch cost), so the replay's critical path is the device's, as the trace's is; taken as 6.7 ms of
+    launching, the replay said host-bound."""
+    table = ops_table(imported["h200_qwen25_7b_graph_b1"])
+    copies = table[table["kernel"].str.startswith("Memcpy DtoH (Device -> Pageable)")]
+    assert len(copies) == 8 and (copies["launch_us"] == 0).all()
+    waits = table[table["name"] == "[sync] cudaMemcpyAsync"]
+    assert len(waits) == 8 and (waits.index.to_numpy() == copies.index.to_numpy() + 1).all()  # each right after its copy
+    assert (waits["host_us"] < 20).all()  # the call's own time after the copy: the 6.7 ms were the wait
 
 
 def test_graph_launch_replays_as_one_launch_and_a_group(imported):

@@ -51,6 +51,7 @@ from harness.model.ops_csv import IMPORTED_OP_COLUMNS, NO_DEPENDENCY
 from harness.importers.events import (
     ALL_STREAMS,
     CALL_ALLOC,
+    CALL_COPY,
     CALL_COPY_SYNC,
     CALL_GRAPH,
     CALL_RECORD,
@@ -390,6 +391,10 @@ def step_ops(profile: Profile, index: TraceIndex, window: Window, issued_anywher
                     pending_deps.setdefault(int(c.stream), []).append(awaited)
             continue
         rows = task_of_key.get(int(c.key), []) if kind in ISSUING and c.key >= 0 else []
+        if kind == CALL_COPY and rows and c.end_us >= max(index.t_end[r] for r in rows):
+            # An async copy call that returned only once its copy was done blocked on it (CUDA: a copy
+            # from the device into pageable host memory, as tensor.to("cpu") makes): a copy and a wait.
+            kind = CALL_COPY_SYNC
         if kind in ISSUING and rows:
             costs = take_gap(c.start_us)
             main_us = c.end_us - c.start_us
