@@ -78,16 +78,16 @@ def test_unfused_model_code_pays_each_module_calls_python_in_eager_and_not_in_a_
     hardware.host.module_us=5 that is 2.11 ms more host time a step, one host op before the layers, one
     in each layer and one after them; a replayed graph runs none of it, and fused kernels (a serving
     engine's model code, engine.layer_overhead_us) never pay it."""
-    from harness.model.workload import build_workload, model_code_costs
+    from harness.model.workload import build_workload, run_build_options
     from harness.sim.simulate import simulate_run
 
     run = compose_run("hardware=h100", "workload=llama31_8b_decode", "workload.kernels=unfused", "workload.steps=2", "hardware.host.module_us=5")
-    hf = build_workload(run.workload, **model_code_costs(run))
+    hf = build_workload(run.workload, **run_build_options(run))
     assert hf.n_ops == 7 + 32 * 40 + 15 + 1 + 32 + 1
     assert hf.host_us.sum() == pytest.approx(422 * 5.0)
     assert sorted(set(hf.host_us[hf.host_us > 0])) == pytest.approx([2 * 5.0, 4 * 5.0, 13 * 5.0])
     fused = compose_run("hardware=h100", "workload=llama31_8b_decode", "workload.steps=2", "hardware.host.module_us=5")
-    assert build_workload(fused.workload, **model_code_costs(fused)).host_us.sum() == 0.0
+    assert build_workload(fused.workload, **run_build_options(fused)).host_us.sum() == 0.0
 
     def host_ms(*overrides):
         s = simulate_run(compose_run("hardware=h100", "workload=llama31_8b_decode", "workload.kernels=unfused", "workload.steps=4", *overrides)).summary
@@ -97,6 +97,33 @@ def test_unfused_model_code_pays_each_module_calls_python_in_eager_and_not_in_a_
     assert with_modules - without == pytest.approx(422 * 5.0 / 1e3, rel=0.02)
     graph = [host_ms("strategy=cuda_graph", f"hardware.host.module_us={v}")[1] for v in (5, 0)]
     assert graph[0] == graph[1]
+
+
+def test_an_unfused_kv_cache_is_static_under_graphs_and_grows_by_cat_in_eager_mode():
+    """Qwen2.5-7B as HF issues it, one sequence of 2,048 tokens: DynamicCache's torch.cat reads and writes
+    the whole K (or V) cache with the new token's, 2 x 2,049 x 4 KV heads x 128 x 2 bytes, every step (its
+    shape changes); a static cache (HF StaticCache, gpt-fast; what a captured graph needs) writes the new
+    token's 4 x 128 values in place: 2 x 512 x 2 bytes. workload.kv_cache=auto is static exactly when the
+    strategy captures or sinks graphs; a serving engine's fused list has no such op."""
+    from harness.model.workload import build_workload, run_build_options
+
+    def kv_ops(*overrides):
+        run = compose_run("hardware=h200", "workload=qwen25_7b_decode", "workload.kernels=unfused", "workload.steps=1",
+                          "workload.context_len=2048", *overrides)
+        workload = build_workload(run.workload, **run_build_options(run))
+        found = {}
+        for j, name in enumerate(workload.op_names):
+            if name in ("layers.0.kv_cat", "layers.0.kv_write"):
+                found.setdefault(name.split(".")[-1], []).append(float(workload.bytes[0, j]))
+        return found
+
+    cat_bytes = 2 * 2049 * 4 * 128 * 2.0
+    assert kv_ops() == kv_ops("workload.kv_cache=dynamic") == {"kv_cat": [cat_bytes, cat_bytes]}
+    assert kv_ops("workload.kv_cache=static") == kv_ops("strategy=cuda_graph") == {"kv_write": [2048.0, 2048.0]}
+    assert kv_ops("strategy=cuda_graph", "workload.kv_cache=dynamic") == {"kv_cat": [cat_bytes, cat_bytes]}
+    assert kv_ops("workload.kernels=fused", "workload.kv_cache=static") == {}  # its paged cache: kv_cache_write
+    with pytest.raises(Exception, match="kv_cache"):
+        compose_run("workload.kv_cache=growing")
 
 
 def test_defaults():

@@ -23,7 +23,7 @@ from harness.config.advise import AdviseConfig
 from harness.config.compose import compose_config, compose_run, to_run_config
 from harness.config.paths import CONF_DIR, launch_folder_conf
 from harness.config.schema import GraphMode, RunConfig
-from harness.model.workload import build_workload, model_code_costs
+from harness.model.workload import build_workload, run_build_options
 from harness.sim.policies import MIB, graph_budget, layer_count
 from harness.sim.simulate import last_step
 
@@ -200,7 +200,7 @@ def check_limits_before(candidate: Candidate, advise: AdviseConfig) -> None:
         workload = last_step(run) if not serving.enabled else build_workload(
             dataclasses.replace(run.workload, steps=1, warmup_steps=0), devices_per_node=run.hardware.link.devices_per_node,
             batch=np.array([batch]), kv_len=np.array([float(serving.prompt_len_mean + serving.output_len_mean)]),
-            **model_code_costs(run),
+            **run_build_options(run),
         )
     except HarnessError as exc:
         candidate.rejected = str(exc)

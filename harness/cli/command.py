@@ -33,7 +33,7 @@ from harness.base.files import check_folder
 from harness.base.errors import EXIT_TRACKING_FAILED, EXIT_WRITE_FAILED, HarnessError, fail, one_line_text
 from harness.model.ops import check_memory
 from harness.base.stopping import Stopped, leaves, stop_with
-from harness.model.workload import build_workload, model_code_costs
+from harness.model.workload import build_workload, run_build_options
 
 log = logging.getLogger(__name__)
 
@@ -270,7 +270,7 @@ def check_run(run: RunConfig, prepare: bool = False) -> None:
     if serving.enabled:
         batch = np.full(run.workload.steps, serving.max_batch)
         kv = np.full(run.workload.steps, serving.prompt_len_mean + serving.output_len_mean)
-    workload = build_workload(run.workload, devices_per_node=run.hardware.link.devices_per_node, batch=batch, kv_len=kv, **model_code_costs(run))
+    workload = build_workload(run.workload, devices_per_node=run.hardware.link.devices_per_node, batch=batch, kv_len=kv, **run_build_options(run))
     if is_op_list(run):
         check_size(run, workload)
     check_memory(workload, run.hardware.device.hbm_gb)

@@ -17,7 +17,7 @@ from harness.base.commands import CommandParser
 from harness.base.errors import HarnessError, fail
 from harness.base.files import check_folder
 from harness.model.ops_csv import write_ops_csv
-from harness.model.workload import build_workload, model_code_costs
+from harness.model.workload import build_workload, run_build_options
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -31,7 +31,7 @@ def main(argv: list[str] | None = None) -> None:
     check_folder("--out", args.out.parent)
     try:
         run = compose_run(args.overrides)
-        workload = build_workload(run.workload, devices_per_node=run.hardware.link.devices_per_node, **model_code_costs(run))
+        workload = build_workload(run.workload, devices_per_node=run.hardware.link.devices_per_node, **run_build_options(run))
         device_us = None if args.no_device_us else device_times(workload, run.hardware)[0]
         write_ops_csv(workload, args.out, device_us)
     except HarnessError as exc:

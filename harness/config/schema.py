@@ -33,6 +33,17 @@ class Kernels(enum.Enum):
     unfused = "unfused"
 
 
+class KvCache(enum.Enum):
+    """How HF transformers / plain PyTorch code (kernels=unfused) keeps the KV cache: `dynamic` grows it by
+    torch.cat of the whole cache every step (HF's DynamicCache), `static` writes the new token in place
+    (HF's StaticCache, gpt-fast); `auto` as HF does it: static when the step is captured or sunk as a
+    graph, which needs fixed shapes, dynamic otherwise."""
+
+    auto = "auto"
+    dynamic = "dynamic"
+    static = "static"
+
+
 class Quant(enum.Enum):
     """Weight/activation precision of the linear layers: bf16, or int8 weights and activations (W8A8)."""
 
@@ -254,6 +265,7 @@ class WorkloadConfig:
     phase: Phase = Phase.decode
     quant: Quant = Quant.bf16
     kernels: Kernels = Kernels.fused  # fused (serving engine) or unfused (HF transformers eager) op sequences
+    kv_cache: KvCache = KvCache.auto  # kernels=unfused: the KV update (dynamic: torch.cat, static: in place; auto: static under graphs)
     tp: int = 1  # tensor-parallel degree (attention heads, MLP columns)
     dp: int = 1  # data-parallel attention groups; devices = tp × dp
     ep: int = 0  # expert-parallel degree for MoE layers; 0: all devices

@@ -29,7 +29,7 @@ from omegaconf import OmegaConf
 from harness.config.limits import LIMITS, check_number
 from harness.config.messages import did_you_mean
 from harness.config.paths import WORKLOADS_DIR
-from harness.config.schema import OpKind, Phase, Quant, RunConfig, WorkloadConfig
+from harness.config.schema import GraphMode, KvCache, OpKind, Phase, Quant, RunConfig, WorkloadConfig
 from harness.base.errors import ConfigError
 from harness.model.ops import (
     BYTES_PER_GB,
@@ -182,6 +182,16 @@ def _hf_kv_cat(s: Shapes) -> Cost:
     return Cost(OpKind.vector, flops=0.0, bytes=2.0 * cached * s.act, dynamic=True)
 
 
+def _hf_kv_write(s: Shapes) -> Cost:
+    """A static cache's update (HF StaticCache, gpt-fast): the new tokens' K (or V) written in place
+    (index_copy_), reading them and writing their slots; the cache keeps its shape."""
+    return _elementwise(s, s.tokens * s.kv_heads * s.head_dim, s.act, s.act, 0.0)
+
+
+# An unfused sequence's KV update under workload.kv_cache=static (or auto with graphs).
+STATIC_KV_UPDATE = {"kv_cat": "kv_write"}
+
+
 def _norm(dim_attr: str, fused_add: bool = False):
     def formula(s: Shapes) -> Cost:
         dim = getattr(s, dim_attr)
@@ -324,6 +334,7 @@ OP_FORMULAS: dict[str, Callable[[Shapes], Optional[Cost]]] = {
     "rope_k_cat": lambda s: _elementwise(s, s.tokens * s.kv_heads * s.head_dim, s.act, s.act, 0.0),
     "rope_k_add": lambda s: _elementwise(s, s.tokens * s.kv_heads * s.head_dim, 2 * s.act, s.act),
     "kv_cat": _hf_kv_cat,
+    "kv_write": _hf_kv_write,
     "silu": lambda s: _elementwise(s, s.tokens * _mlp_width(s) / s.tp, s.act, s.act, 4.0),
     "mul": lambda s: _elementwise(s, s.tokens * _mlp_width(s) / s.tp, 2 * s.act, s.act),
     "rope_table": lambda s: _elementwise(s, s.tokens * s.head_dim, FP32, FP32),
@@ -554,10 +565,15 @@ def _shapes(
 # ---------------------------------------------------------------- building
 
 
-def model_code_costs(run: RunConfig) -> dict:
-    """build_workload's host costs of the model code around the kernels, as the run prices them: the
-    serving engine's per layer (eager) and one nn.Module call's (kernels=unfused)."""
-    return {"engine_layer_us": run.engine.layer_overhead_us, "module_us": run.hardware.host.module_us}
+def run_build_options(run: RunConfig) -> dict:
+    """build_workload's options that the rest of the run decides: the host costs of the model code around
+    the kernels (the serving engine's per layer in eager mode, one nn.Module call's for kernels=unfused),
+    and whether the step's shapes are fixed by graph capture or sink (workload.kv_cache=auto)."""
+    return {
+        "engine_layer_us": run.engine.layer_overhead_us,
+        "module_us": run.hardware.host.module_us,
+        "graphs": run.strategy.graph.mode != GraphMode.none,
+    }
 
 
 def build_workload(
@@ -568,6 +584,7 @@ def build_workload(
     moe_pad: bool = False,
     engine_layer_us: float = 0.0,
     module_us: float = 0.0,
+    graphs: bool = False,
 ) -> Workload:
     """Ops of every step with their costs, for the simulated rank.
 
@@ -576,7 +593,9 @@ def build_workload(
     counts to powers of two, which makes routed ops' shapes static (shape bucketing).
     `engine_layer_us` adds the serving engine's own model code per decoder layer (eager mode) as a
     host op at the start of every layer; `module_us` (hardware.host.module_us) prices the nn.Module calls
-    of a card's unfused op sequence (kernels=unfused), a host op at the start of each part.
+    of a card's unfused op sequence (kernels=unfused), a host op at the start of each part. `graphs`: the
+    strategy captures or sinks the step as a graph, so an unfused sequence's KV cache is static under
+    workload.kv_cache=auto (a graph needs fixed shapes; HF's DynamicCache changes them every step).
     """
     if batch is None:
         batch = np.full(cfg.steps, cfg.batch_size, dtype=np.int64)
@@ -584,7 +603,8 @@ def build_workload(
         card = load_card(cfg.card, cfg.card_overrides)
         if cfg.kernels.value == "unfused" and not card.get("unfused_layer_ops"):
             raise ConfigError(f"workload.kernels=unfused: card {cfg.card!r} lists no unfused (HF transformers eager) op sequence")
-        return _from_card(card, cfg, np.asarray(batch, dtype=np.int64), devices_per_node, kv_len, moe_pad, engine_layer_us, module_us)
+        static_kv = cfg.kv_cache == KvCache.static or (cfg.kv_cache == KvCache.auto and graphs)
+        return _from_card(card, cfg, np.asarray(batch, dtype=np.int64), devices_per_node, kv_len, moe_pad, engine_layer_us, module_us, static_kv)
     if cfg.path is not None:
         return read_ops_csv(cfg.path, cfg)
     return from_static_ops(cfg, [
@@ -597,7 +617,7 @@ def build_workload(
 
 def _from_card(
     card: dict, cfg: WorkloadConfig, batch: np.ndarray, devices_per_node: int, kv_len: Optional[np.ndarray], moe_pad: bool,
-    engine_layer_us: float = 0.0, module_us: float = 0.0,
+    engine_layer_us: float = 0.0, module_us: float = 0.0, static_kv: bool = False,
 ) -> Workload:
     s = _shapes(card, cfg.phase, cfg.context_len, batch, cfg.tp, cfg.dp, cfg.ep, cfg.quant == Quant.w8a8, devices_per_node, kv_len, moe_pad)
     s.extra["engine_layer_us"] = engine_layer_us
@@ -617,6 +637,8 @@ def _from_card(
             entries = ["engine_overhead", *entries]
         if unfused and module_us > 0:
             entries = ["layer_modules" if in_layers else "pre_modules" if group_index == 0 else "post_modules", *entries]
+        if static_kv:
+            entries = [STATIC_KV_UPDATE.get(entry, entry) if isinstance(entry, str) else entry for entry in entries]
         for repeat in range(count):
             issued: dict[str, int] = {}  # op name → index of its latest issue in this layer
             previous = len(names) - 1

@@ -52,7 +52,7 @@ from harness.model.ops import (
     Workload,
     mix_keys,
 )
-from harness.model.workload import build_workload, model_code_costs
+from harness.model.workload import build_workload, run_build_options
 
 EAGER, BUILD, REPLAY = 0, 1, 2
 MIB = 2**20
@@ -123,8 +123,8 @@ def prepare(
     steps before these ran graphs (serving prepares one step at a time): routed ops then stay padded."""
     cfg, strategy, hardware = run.workload, run.strategy, run.hardware
     dpn = hardware.link.devices_per_node
-    code_costs = model_code_costs(run)
-    real = build_workload(cfg, dpn, batch=batch, kv_len=kv_len, **code_costs)
+    build_options = run_build_options(run)
+    real = build_workload(cfg, dpn, batch=batch, kv_len=kv_len, **build_options)
 
     def padded_workload(batch: np.ndarray, kv_len: np.ndarray, moe_pad: bool) -> Workload:
         """The workload at padded sizes; `real` itself when nothing is padded (an op list from a file or
@@ -133,7 +133,7 @@ def prepare(
         moe_pad = moe_pad and bool(np.any(real.flags & FLAG_ROUTED))
         if cfg.card is None or (not moe_pad and np.array_equal(batch, real.batch) and np.array_equal(kv_len, real.kv_len)):
             return real
-        return build_workload(cfg, dpn, batch=batch, kv_len=kv_len, moe_pad=moe_pad, **code_costs)
+        return build_workload(cfg, dpn, batch=batch, kv_len=kv_len, moe_pad=moe_pad, **build_options)
 
     buckets_on = strategy.shape_buckets and cfg.phase.value == "decode"
     kv_padded = pad_up(real.kv_len, strategy.kv_block) if buckets_on else real.kv_len

@@ -28,7 +28,7 @@ from harness.base.stopping import held, raise_if_stopped
 from harness.sim.outcome import RunResult
 from harness.base.errors import ConfigError
 from harness.model.ops import Workload, check_memory
-from harness.model.workload import build_workload, model_code_costs
+from harness.model.workload import build_workload, run_build_options
 
 log = logging.getLogger(__name__)
 
@@ -88,7 +88,7 @@ def one_step(run: RunConfig, kv_len: float | None = None) -> Workload:
         dataclasses.replace(run.workload, steps=1, warmup_steps=0),
         devices_per_node=run.hardware.link.devices_per_node,
         kv_len=None if kv_len is None else np.array([float(kv_len)]),
-        **model_code_costs(run),
+        **run_build_options(run),
     )
 
 
