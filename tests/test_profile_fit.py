@@ -58,6 +58,53 @@ def test_a_fitted_machine_holds_the_traces_costs_and_the_base_presets_rest(synth
     assert 2.0 < host_ms["fitted"] / host_ms["shipped"] < 2.3
 
 
+@pytest.fixture
+def host_bound(tmp_path, monkeypatch):
+    """The synthetic steps with 2 µs kernels: the host (10 µs before each launch, 5 µs launches) bounds them."""
+    monkeypatch.chdir(tmp_path)
+    path = tmp_path / "host_bound.json"
+    path.write_text(json.dumps(kineto_trace(Layout(steps=2, ops=2, kernel_us=2.0))))
+    return path
+
+
+def test_the_profilers_work_comes_off_every_host_stage_alike(host_bound, tmp_path, capsys):
+    """The host works 10 + 5 µs before and in each of a step's two launches, plus 4 µs between steps (in
+    the framework time): 2 x (12 + 5) = 34 µs a step. Told the step took 8.5 µs less without the profiler,
+    the fit takes a quarter off each stage: 12 -> 9 µs framework, 5 -> 3.75 launch (the sync's own time
+    stays)."""
+    profile_main([str(host_bound), "--out", "first", "--fit", "as_traced", "--base", "a100"])
+    traced = json.loads((tmp_path / "first" / "profile.json").read_text())
+    assert traced["bound"] == "host"
+    as_traced = yaml.safe_load((tmp_path / "conf" / "hardware" / "as_traced.yaml").read_text())
+    assert (as_traced["host"]["framework_us"], as_traced["host"]["launch_us"]) == (pytest.approx(12.0), pytest.approx(5.0))
+    capsys.readouterr()
+    unprofiled_ms = traced["step_ms_mean"] - 0.0085
+    profile_main([str(host_bound), "--out", "profiled", "--fit", "lab_box", "--base", "a100", "--unprofiled-step-ms", repr(unprofiled_ms)])
+    assert "the host costs are the trace's x 0.75" in capsys.readouterr().err
+    text = (tmp_path / "conf" / "hardware" / "lab_box.yaml").read_text()
+    preset = yaml.safe_load(text)
+    assert (preset["host"]["framework_us"], preset["host"]["launch_us"]) == (pytest.approx(9.0), pytest.approx(3.75))
+    assert preset["host"]["sync_us"] == as_traced["host"]["sync_us"] and preset.get("device") == as_traced.get("device")
+    assert f"--unprofiled-step-ms {unprofiled_ms:g}" in text.splitlines()[0]
+
+
+@pytest.mark.parametrize(
+    "trace, unprofiled, message",
+    [
+        ("host_bound", "1000", "not below the traced step"),
+        ("host_bound", "0.0001", "more than the host's whole work before its launches"),
+        ("synthetic", "0.0001", "the traced steps are device-bound, so their time does not show the profiler's host work"),
+    ],
+)
+def test_an_unprofiled_step_the_trace_cannot_have_is_refused_and_no_preset_written(request, tmp_path, capsys, trace, unprofiled, message):
+    with pytest.raises(SystemExit) as stopped:
+        profile_main([str(request.getfixturevalue(trace)), "--out", "profiled", "--fit", "lab_box", "--base", "a100", "--unprofiled-step-ms", unprofiled])
+    assert stopped.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"hostbound: error: --unprofiled-step-ms {unprofiled}: ") and message in err and "\n" not in err
+    assert not (tmp_path / "conf" / "hardware" / "lab_box.yaml").exists()
+
+
 def test_advice_on_a_fitted_machine_is_for_that_machine(synthetic, tmp_path, capsys):
     """`python -m harness.advise hardware=NAME …` with a machine fitted here: its candidates run on the fitted
     host costs (an eager decode's host time ~2.2× a100's, as above), not the base preset's."""
@@ -83,6 +130,9 @@ def test_advice_on_a_fitted_machine_is_for_that_machine(synthetic, tmp_path, cap
         (["--fit", "box", "--base", "h900"], "--base h900: no such hardware preset; choose from a100, atlas_a2, b200, h100, h200, mi300x"),
         (["--base", "h100"], "--base h100: only with --fit NAME"),
         (["--fit", "taken"], "--fit taken: conf/hardware/taken.yaml exists; remove it or choose another name"),
+        (["--unprofiled-step-ms", "5"], "--unprofiled-step-ms 5: only with --fit NAME"),
+        (["--fit", "box", "--unprofiled-step-ms", "0"], "--unprofiled-step-ms 0: must be a step time above 0 ms"),
+        (["--fit", "box", "--unprofiled-step-ms", "nan"], "--unprofiled-step-ms nan: must be a step time above 0 ms"),
     ],
 )
 def test_a_bad_fit_request_is_refused_in_one_line_before_anything_is_written(synthetic, tmp_path, capsys, extra, message):

@@ -22,7 +22,7 @@ from harness.config.paths import REPO_ROOT
 # Lines that name something this machine cannot have; each is covered elsewhere as noted.
 ILLUSTRATIVE = {
     "python -m harness.profile trace.json.gz --out imported": "a user's own trace (test_profile_import)",
-    "python -m harness.profile trace.json.gz --out imported --fit my_box": "a user's own trace (test_profile_fit)",
+    "python -m harness.profile trace.json.gz --out imported --fit my_box --unprofiled-step-ms 16.0": "a user's own trace (test_profile_fit)",
     "python -m harness.report outputs/sweeps/<date>/<time>_<id>": "placeholders (test_sweeps)",
     "python -m harness.report --tracking-uri sqlite:///outputs/mlflow.db --parent <sweep's parent run id>":
         "placeholders (test_sweeps)",

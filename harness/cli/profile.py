@@ -44,7 +44,7 @@ from harness.importers import READ_LIMIT_MB, load_profile
 from harness.config.paths import CONF_DIR, LAUNCH_FOLDER_CONF
 from harness.importers.fit import (
     base_preset, device_fits, fit_machine, front_end_gaps_us, graph_task_gaps_us, kernel_and_exit_gap_us, module_own_us, preset_yaml,
-    shaped_ops,
+    repeat_launches, shaped_ops, without_profiler,
 )
 from harness.importers.steps import Imported, import_profile, ops_table
 from harness.model.ops_csv import write_ops_table
@@ -55,8 +55,9 @@ PROFILE_FILE, OPS_FILE, REPLAY_FILE = "profile.json", "ops.csv", "replay.txt"
 WHATIF_CSV, WHATIF_MD = "whatif.csv", "whatif.md"
 # torch_npu's task queue holds 4096 entries (kQueueCapacity, torch_npu/csrc/core/npu/NPUQueue.cpp).
 TORCH_NPU_QUEUE = 4096
-# Hardware presets whose platform costs (graph launch, capture) fit the trace's runtime; the op
-# list carries the measured device and host times, so nothing else of the preset prices a replay.
+# Hardware presets whose platform costs (graph launch, capture) fit the trace's runtime, where the
+# trace does not name a device a preset is for (base_preset); the op list carries the measured device
+# and host times, so nothing else of the preset prices a replay.
 HARDWARE_OF_SOURCE = {"kineto": "h100", "torch_npu": "atlas_a2"}
 # The graph capture/replay preset by the name the platform's users look for (CUDA/HIP graphs refresh
 # arguments before the replay, vllm-ascend's ACL graphs after launching it).
@@ -72,7 +73,7 @@ def replay_overrides(
     overrides = [
         "workload=trace",
         f"workload.path={ops_path}",
-        f"hardware={HARDWARE_OF_SOURCE[profile.source]}",
+        f"hardware={base_preset(profile.device, HARDWARE_OF_SOURCE[profile.source])[0]}",
     ]
     if profile.dispatch == "async":
         overrides += ["strategy=async", f"strategy.queue_capacity={TORCH_NPU_QUEUE}"]
@@ -173,10 +174,14 @@ def main(argv: Optional[list[str]] = None) -> None:
         help=f"refuse a trace that holds more than this, read or inflated (default {READ_LIMIT_MB}; parsing needs ~6× it in memory)",
     )
     parser.add_argument("--base", metavar="PRESET", help="with --fit: the shipped hardware preset it starts from (default: the trace's device)")
+    parser.add_argument(
+        "--unprofiled-step-ms", type=float, metavar="MS",
+        help="with --fit: the step time of the same run measured without the profiler; the fitted host costs lose the profiler's own work",
+    )
     args = parser.parse_args(argv)
     try:  # before anything is read: a long import must not end in an unusable folder
         check_folder("--out", args.out)
-        fit_path = check_fit(args.fit, args.base)
+        fit_path = check_fit(args.fit, args.base, args.unprofiled_step_ms)
     except HarnessError as exc:
         fail(str(exc))
     keep = None
@@ -247,14 +252,19 @@ def main(argv: Optional[list[str]] = None) -> None:
         write_fit(fit_path, args, imported, table, summary, eager_gaps, graph_gaps, exit_gaps)
 
 
-def check_fit(name: Optional[str], base: Optional[str]) -> Optional[Path]:
+def check_fit(name: Optional[str], base: Optional[str], unprofiled_step_ms: Optional[float] = None) -> Optional[Path]:
     """Where --fit NAME writes, refused (before anything is written) when the name is not a preset name,
-    is a shipped preset's, or is taken in the launch folder; --base must be a shipped preset."""
+    is a shipped preset's, or is taken in the launch folder; --base must be a shipped preset, and
+    --unprofiled-step-ms a positive time."""
     shipped = sorted(p.stem for p in (CONF_DIR / "hardware").glob("*.yaml"))
     if name is None:
         if base is not None:
             fail(f"--base {base}: only with --fit NAME")
+        if unprofiled_step_ms is not None:
+            fail(f"--unprofiled-step-ms {unprofiled_step_ms:g}: only with --fit NAME")
         return None
+    if unprofiled_step_ms is not None and not (0 < unprofiled_step_ms < float("inf")):
+        fail(f"--unprofiled-step-ms {unprofiled_step_ms:g}: must be a step time above 0 ms")
     if not re.fullmatch(r"[A-Za-z][A-Za-z0-9_]{0,63}", name):
         fail(f"--fit {name[:80]!r}: a preset name is a letter, then up to 63 letters, digits or _")
     if name in shipped:
@@ -279,12 +289,25 @@ def write_fit(
         base = args.base
     fitted = fit_machine(
         table, len(imported.kept), summary.get("host_ms_sync", 0.0), eager_gaps, graph_gaps, module_own_us(imported), exit_gaps,
+        repeat_launches(imported),
     )
     if not fitted:
         fail(f"{args.trace}: no kernel launch in the replayed steps: nothing to fit a machine from")
-    origin = " ".join(shlex.quote(a) for a in [args.trace.name, *(["--steps", args.steps] if args.steps != "auto" else []), *(["--keep", args.keep] if args.keep else [])])
+    origin = " ".join(shlex.quote(a) for a in [args.trace.name, *(["--steps", args.steps] if args.steps != "auto" else []), *(["--keep", args.keep] if args.keep else []),
+                                            *(["--unprofiled-step-ms", f"{args.unprofiled_step_ms:g}"] if args.unprofiled_step_ms is not None else [])])
     caveats = []
-    if profile.recorded_with:
+    if args.unprofiled_step_ms is not None:
+        if summary["bound"] != "host":
+            fail(f"--unprofiled-step-ms {args.unprofiled_step_ms:g}: the traced steps are {summary['bound']}-bound, so their time does not"
+                 " show the profiler's host work; fit without it")
+        try:
+            fitted, factor = without_profiler(fitted, table, len(imported.kept), summary["step_ms_mean"], args.unprofiled_step_ms)
+        except HarnessError as exc:
+            fail(str(exc))
+        caveats.append(f"the host costs are the trace's x {factor:.3g}: its steps took {summary['step_ms_mean']:.4g} ms under the profiler and"
+                       f" {args.unprofiled_step_ms:g} ms without it (--unprofiled-step-ms); the difference is the profiler's own work, taken off"
+                       " every host stage alike")
+    elif profile.recorded_with:
         caveats.append(f"the trace was recorded with {', '.join(profile.recorded_with)}: the profiler's own host work per op is in"
                        " the fitted host costs, an upper bound on what this host spends without the profiler")
     host_only = ""

@@ -5,7 +5,8 @@ What a trace shows of its machine, and the preset key each becomes (every value 
 fitted from: how many calls, and their spread):
 
 * `host.<stage>_us` for framework, infer_shape, tiling, alloc, launch, free: the host time of that
-  stage per launched kernel, the trace's total over the launches it holds. A PyTorch-profiler trace
+  stage per framework op that launched kernels (a card's op; per launch where the trace does not name
+  the op of each launch), the trace's total over those ops. A PyTorch-profiler trace
   folds shape inference, allocation and freeing into the framework op (`framework_us` is then all of
   a kernel's host work before its launch call: the Python of an `nn.Module` forward included, unless
   the trace holds the module calls, below); torch_npu traces split them.
@@ -46,7 +47,7 @@ import numpy as np
 import pandas as pd
 
 from harness.config.schema import DeviceConfig
-from harness.importers.events import CALL_LAUNCH, TASK_KERNEL
+from harness.importers.events import CALL_LAUNCH, TASK_KERNEL, ProfileError
 from harness.importers.steps import Imported
 from harness.model.device import KIND_CUBE, block_dim, core_peak_flop_per_us
 from harness.model.ops import HOST_COSTS
@@ -135,25 +136,40 @@ def module_own_us(imported: Imported) -> np.ndarray:
     return calls["own_us"].to_numpy()[chosen]
 
 
+def repeat_launches(imported: Imported) -> int:
+    """Kernel launches of the replayed steps made by a framework op that had launched one already (a trace
+    with shapes names each launch's op: cuBLAS's split-K GEMM and its reduction kernel, cuDNN attention's
+    two kernels); 0 where the trace names no op."""
+    if not imported.kept:
+        return 0
+    calls = pd.concat([imported.found[i].calls for i in imported.kept], ignore_index=True)
+    named = calls[(calls["kind"] == CALL_LAUNCH) & (calls["op_id"] >= 0) & (calls["key"] >= 0)]
+    return int(len(named) - named["op_id"].nunique())
+
+
 def fit_machine(
     ops: pd.DataFrame, steps: int, sync_host_ms: float, eager_gaps: np.ndarray, graph_gaps: np.ndarray, module_us: np.ndarray | None = None,
-    exit_gaps: np.ndarray | None = None,
+    exit_gaps: np.ndarray | None = None, repeats: int = 0,
 ) -> list[Fitted]:
     """The fitted values from the replayed steps (`ops`: their op list, ops.csv's rows, `steps` of them),
     the host time of their synchronisation calls per step (measured without their wait for the device),
     the device gaps measured between them (front_end_gaps_us, graph_task_gaps_us) and the own time of
     their nn.Module calls (module_own_us): that part of the host time before launches becomes
-    `host.module_us` a call, and is left out of `host.framework_us`."""
+    `host.module_us` a call, and is left out of `host.framework_us`. The host stages are per framework op
+    that launched (`repeats`: the launches of an op beyond its first, repeat_launches), as a card's op is
+    a framework op and one launch in the model: an op's extra launches are part of its cost."""
     launched = ops[ops["launch_us"].fillna(0) > 0]
     if launched.empty:
         return []
-    n = len(launched)
+    n = len(launched) - repeats
     module_us = np.zeros(0) if module_us is None else module_us
     fitted = []
     for stage in LAUNCH_STAGES:
         column = ops[f"{stage}_us"].fillna(0.0)
         total_us = float(column.sum())
-        note = f"{total_us / 1e3 / steps:.4g} ms a step over {n / steps:.0f} launches a step"
+        note = f"{total_us / 1e3 / steps:.4g} ms a step over {n / steps:.0f} " + (
+            f"framework ops a step ({len(launched) / steps:.0f} launches)" if repeats else "launches a step"
+        )
         if stage == "framework" and module_us.size:
             note += f", less {module_us.sum() / 1e3 / steps:.4g} ms of nn.Module calls' own Python (host.module_us)"
             total_us = max(0.0, total_us - float(module_us.sum()))
@@ -185,6 +201,32 @@ def fit_machine(
             note += "; the whole gap: the trace has no kernel queued behind another launched alone"
         fitted.append(Fitted("graph.exit_gap_us", kernel_and_exit_gap_us(eager_gaps, exit_gaps)[1], note))
     return fitted
+
+
+def without_profiler(fitted: list[Fitted], ops: pd.DataFrame, steps: int, traced_step_ms: float, unprofiled_step_ms: float) -> tuple[list[Fitted], float]:
+    """The fitted host costs with the profiler's own work taken off, and the factor they were scaled by.
+
+    A profiler adds host work to every op it records (for PyTorch's, with CUDA activity and shapes: about
+    12 µs a launch on the host of tests/data/traces/h200_*, docs/validation.md). Where the traced steps
+    are host-bound, the step measured without the profiler (same program, same inputs) says how much: the
+    traced step less that one. It is taken off the host's work before its launches (`ops`' host stages,
+    `steps` steps), each stage and the module calls scaled alike (how the profiler's work splits between
+    them is not measured)."""
+    host_ms = float(ops[[f"{stage}_us" for stage in LAUNCH_STAGES]].fillna(0.0).to_numpy().sum()) / 1e3 / steps
+    profiler_ms = traced_step_ms - unprofiled_step_ms
+    if profiler_ms <= 0:
+        raise ProfileError(f"--unprofiled-step-ms {unprofiled_step_ms:g}: not below the traced step ({traced_step_ms:.4g} ms): nothing to take off")
+    if profiler_ms >= host_ms:
+        raise ProfileError(
+            f"--unprofiled-step-ms {unprofiled_step_ms:g}: {profiler_ms:.4g} ms less than the traced step, more than the host's whole work"
+            f" before its launches ({host_ms:.4g} ms a step): not the same program, or not host-bound"
+        )
+    factor = 1.0 - profiler_ms / host_ms
+    scaled_keys = {f"host.{stage}_us" for stage in LAUNCH_STAGES} | {"host.module_us"}
+    note = f"; x {factor:.3g} for the profiler's own work (step {traced_step_ms:.4g} ms traced, {unprofiled_step_ms:g} without the profiler)"
+    return [
+        Fitted(f.key, f.value * factor, f.note + note) if f.key in scaled_keys and f.value > 0 else f for f in fitted
+    ], factor
 
 
 def preset_yaml(name: str, base: str, fitted: list[Fitted], origin: str, caveats: list[str] | tuple[str, ...] = ()) -> str:
