@@ -284,10 +284,6 @@ def record_decoder(torch, card: dict, args, batch: int, summary: dict) -> None:
             "step_ms_unprofiled": stats(timed), "step_ms_profiled": stats(traced) if traced else None,
         }
         report(name, timed, traced)
-    del model, state, runners
-    if args.device == "cuda":
-        del graph
-        torch.cuda.empty_cache()
 
 
 def record_hf(torch, card: dict, args, batch: int, summary: dict) -> None:
@@ -330,9 +326,6 @@ def record_hf(torch, card: dict, args, batch: int, summary: dict) -> None:
         "step_ms_unprofiled": stats(timed), "step_ms_profiled": stats(traced) if traced else None,
     }
     report(name, timed, traced)
-    del model, cache, out
-    if args.device == "cuda":
-        torch.cuda.empty_cache()
 
 
 def environment(torch) -> dict:
@@ -373,6 +366,8 @@ def main(argv=None) -> int:
         except Exception as error:  # one recording failing must not lose the others
             summary["failed"][label] = f"{type(error).__name__}: {error}"
             traceback.print_exc()
+        if args.device == "cuda":  # the job's model, cache and graph went with its frame
+            torch.cuda.empty_cache()
         (args.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     return 1 if summary["failed"] else 0
 
