@@ -293,8 +293,14 @@ def write_fit(
     )
     if not fitted:
         fail(f"{args.trace}: no kernel launch in the replayed steps: nothing to fit a machine from")
-    origin = " ".join(shlex.quote(a) for a in [args.trace.name, *(["--steps", args.steps] if args.steps != "auto" else []), *(["--keep", args.keep] if args.keep else []),
-                                            *(["--unprofiled-step-ms", f"{args.unprofiled_step_ms:g}"] if args.unprofiled_step_ms is not None else [])])
+    origin_args = [args.trace.name]  # the command line the preset says it came from
+    if args.steps != "auto":
+        origin_args += ["--steps", args.steps]
+    if args.keep:
+        origin_args += ["--keep", args.keep]
+    if args.unprofiled_step_ms is not None:
+        origin_args += ["--unprofiled-step-ms", f"{args.unprofiled_step_ms:g}"]
+    origin = " ".join(shlex.quote(a) for a in origin_args)
     caveats = []
     if args.unprofiled_step_ms is not None:
         if summary["bound"] != "host":
