@@ -161,6 +161,19 @@ def test_compute_dependent_op_keeps_steps_eager():
     assert set(outcome.steps["mode"]) == {"eager"} and "compute-dependent" in outcome.summary["graph_note"]
 
 
+def test_a_phase_left_out_of_the_graph_phases_runs_eagerly_and_says_so():
+    """A prefill under cuda_graph launches its ops one by one (strategy.graph.phases defaults to decode);
+    the summary says so instead of reporting an eager step as a graph strategy's."""
+    run = ["hardware=h200", "workload=qwen25_7b_prefill", "workload.context_len=128", "workload.steps=2", "strategy=cuda_graph"]
+    outcome = simulate_run(compose_run(*run))
+    eager = outcome.summary
+    assert eager["graph_note"] == "prefill runs eagerly: strategy.graph.phases=[decode] (add prefill to run it as a graph)"
+    assert set(outcome.steps["mode"]) == {"eager"}
+    graphed = simulate_run(compose_run(*run, "strategy.graph.phases=[decode,prefill]"))
+    assert "graph_note" not in graphed.summary and set(graphed.steps["mode"]) == {"build", "replay"}
+    assert graphed.summary["step_ms_mean"] < eager["step_ms_mean"]
+
+
 def test_batches_pad_to_buckets_and_waste_is_padded_minus_real():
     run = compose_run("workload=llama31_8b_decode", "strategy=acl_graph", "workload.batch_size=5", "workload.steps=4")
     workload, plan = prepare(run, np.full(4, 5), None)

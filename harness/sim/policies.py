@@ -187,6 +187,10 @@ def prepare(
                 elif len(seen) < max_graphs:
                     mode[s] = BUILD
                     seen.add(int(keys[s]))
+    if graph.mode != GraphMode.none and not graph_on:
+        phases = ",".join(p.value for p in graph.phases)
+        info["graph_note"] = (f"{cfg.phase.value} runs eagerly: strategy.graph.phases=[{phases}]"
+                              f" (add {cfg.phase.value} to run it as a graph)")
     if fallback:
         if graph.dynamic_fallback == Fallback.error:
             raise ConfigError(f"strategy.graph.mode={graph.mode.value}: {fallback}")
