@@ -52,6 +52,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--context", type=int, default=2048, help="tokens in each sequence's KV cache")
     parser.add_argument("--steps", type=int, default=8, help="decode steps in each trace (0: time the steps, write no trace)")
     parser.add_argument("--timed-steps", type=int, default=40, help="decode steps timed without the profiler")
+    parser.add_argument("--prefill", type=int, nargs="*", default=[], metavar="TOKENS",
+                        help="record prompts' forwards of these lengths instead of decode steps")
     parser.add_argument("--hf", action="store_true", help="also trace HF transformers' own model, eager, DynamicCache")
     parser.add_argument("--layers", type=int, default=None, help="fewer layers than the card (a quick check)")
     parser.add_argument("--lean", action="store_true", help="eager traces with shapes only (no Python stacks or module calls: less profiler work per op); names end in _lean")
@@ -68,9 +70,11 @@ def load_card(path: Path, layers: int | None) -> dict:
     return card
 
 
-def build_decoder(card: dict, batch: int, context: int, device: str):
+def build_decoder(card: dict, batch: int, context: int, device: str, prefill: int = 0):
     """The card's decoder with random bf16 weights and a static KV cache of `context` tokens per sequence,
-    and the state a decode step reads and updates in place (so a captured step replays as is)."""
+    and the state a decode step reads and updates in place (so a captured step replays as is). With
+    `prefill` tokens, the step is a prompt's forward instead: causal attention over the prompt itself, its
+    K and V written to the cache, the last token's argmax."""
     import torch
     from torch import nn
     import torch.nn.functional as F
@@ -119,16 +123,19 @@ def build_decoder(card: dict, batch: int, context: int, device: str):
             self.register_buffer("v_cache", torch.randn(batch, kv_heads, context, head_dim, dtype=dtype))
 
         def forward(self, x, cos, sin, slot):
-            b = x.shape[0]
-            q = self.q_proj(x).view(b, 1, heads, head_dim).transpose(1, 2)
-            k = self.k_proj(x).view(b, 1, kv_heads, head_dim).transpose(1, 2)
-            v = self.v_proj(x).view(b, 1, kv_heads, head_dim).transpose(1, 2)
+            b, n = x.shape[0], x.shape[1]
+            q = self.q_proj(x).view(b, n, heads, head_dim).transpose(1, 2)
+            k = self.k_proj(x).view(b, n, kv_heads, head_dim).transpose(1, 2)
+            v = self.v_proj(x).view(b, n, kv_heads, head_dim).transpose(1, 2)
             cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
             q, k = rotate(q, cos, sin), rotate(k, cos, sin)
             self.k_cache.index_copy_(2, slot, k)
             self.v_cache.index_copy_(2, slot, v)
-            out = F.scaled_dot_product_attention(q, self.k_cache, self.v_cache, enable_gqa=kv_heads != heads)
-            return self.o_proj(out.transpose(1, 2).reshape(b, 1, heads * head_dim))
+            if n == 1:  # decode: the new token attends to the whole cache
+                out = F.scaled_dot_product_attention(q, self.k_cache, self.v_cache, enable_gqa=kv_heads != heads)
+            else:  # prefill: the prompt attends to itself, causally
+                out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=kv_heads != heads)
+            return self.o_proj(out.transpose(1, 2).reshape(b, n, heads * head_dim))
 
     class MLP(nn.Module):
         def __init__(self):
@@ -176,17 +183,31 @@ def build_decoder(card: dict, batch: int, context: int, device: str):
                 self.lm_head.weight = self.model.embed_tokens.weight
 
         def forward(self, tokens, positions, slot):
-            return self.lm_head(self.model(tokens, positions, slot))
+            # The next token's logits only (a prompt's other positions need none: vLLM, HF's logits_to_keep)
+            return self.lm_head(self.model(tokens, positions, slot)[:, -1:, :])
 
     with torch.device(device):
         model = CausalLM().eval()
         generator = torch.Generator(device=device).manual_seed(0)
-        state = {
-            "tokens": torch.randint(0, card["vocab_size"], (batch, 1), generator=generator, device=device),
-            "positions": torch.full((batch, 1), float(context), dtype=torch.float32),
-            "slot": torch.zeros(1, dtype=torch.long),
-            "next": torch.zeros(batch, dtype=torch.long),
-        }
+        if prefill:
+            state = {
+                "tokens": torch.randint(0, card["vocab_size"], (batch, prefill), generator=generator, device=device),
+                "positions": torch.arange(prefill, dtype=torch.float32).expand(batch, prefill).contiguous(),
+                "slot": torch.arange(prefill),
+                "next": torch.zeros(batch, dtype=torch.long),
+            }
+        else:
+            state = {
+                "tokens": torch.randint(0, card["vocab_size"], (batch, 1), generator=generator, device=device),
+                "positions": torch.full((batch, 1), float(context), dtype=torch.float32),
+                "slot": torch.zeros(1, dtype=torch.long),
+                "next": torch.zeros(batch, dtype=torch.long),
+            }
+
+    def prefill_step():
+        """A prompt's forward, host copy left out."""
+        logits = model(state["tokens"], state["positions"], state["slot"])
+        state["next"].copy_(logits[:, -1, :].float().argmax(-1))
 
     def step():
         """One decode step's device work, host copy left out (graph mode captures exactly this)."""
@@ -196,7 +217,7 @@ def build_decoder(card: dict, batch: int, context: int, device: str):
         state["positions"].add_(1)
         state["slot"].add_(1).remainder_(context)
 
-    return model, state, step
+    return model, state, prefill_step if prefill else step
 
 
 def profile_steps(torch, run_step, steps: int, path: Path, python: bool) -> list[float]:
@@ -247,8 +268,8 @@ def report(name: str, timed: list[float], traced: list[float]) -> None:
     print(line + (f"; traced {stats(traced)['median']:.3f} ms" if traced else ""), flush=True)
 
 
-def record_decoder(torch, card: dict, args, batch: int, summary: dict) -> None:
-    model, state, step = build_decoder(card, batch, args.context, args.device)
+def record_decoder(torch, card: dict, args, batch: int, summary: dict, prefill: int = 0) -> None:
+    model, state, step = build_decoder(card, batch, prefill or args.context, args.device, prefill)
 
     def eager_step():
         with torch.no_grad():
@@ -274,13 +295,13 @@ def record_decoder(torch, card: dict, args, batch: int, summary: dict) -> None:
         runners["graph"] = graph_step
     for mode, run_step in runners.items():
         python = mode == "eager" and not args.lean
-        name = f"{mode}_b{batch}" + ("_lean" if mode == "eager" and args.lean else "")
+        name = (f"prefill{prefill}_" if prefill else "") + f"{mode}_b{batch}" + ("_lean" if mode == "eager" and args.lean else "")
         for _ in range(WARMUP_STEPS):
             run_step()
         timed = timed_steps_ms(run_step, args.timed_steps)
         traced = profile_steps(torch, run_step, args.steps, args.out / f"{name}.json.gz", python=python) if args.steps else []
         summary["traces"][name] = {
-            "model": "decoder", "mode": mode, "batch": batch, "context": args.context,
+            "model": "decoder", "mode": mode, "batch": batch, **({"prefill": prefill} if prefill else {"context": args.context}),
             "step_ms_unprofiled": stats(timed), "step_ms_profiled": stats(traced) if traced else None,
         }
         report(name, timed, traced)
@@ -357,12 +378,14 @@ def main(argv=None) -> int:
         "timed_steps": args.timed_steps, "environment": environment(torch), "traces": {}, "failed": {},
     }
     print(json.dumps(summary["environment"]), flush=True)
-    jobs = [(f"decoder b{b}", record_decoder, b) for b in args.batch]
+    jobs = [(f"decoder prefill {n} b{b}", record_decoder, b, {"prefill": n}) for n in args.prefill for b in args.batch]
+    if not args.prefill:
+        jobs += [(f"decoder b{b}", record_decoder, b, {}) for b in args.batch]
     if args.hf:
-        jobs += [(f"hf b{b}", record_hf, b) for b in args.batch]
-    for label, job, batch in jobs:
+        jobs += [(f"hf b{b}", record_hf, b, {}) for b in args.batch]
+    for label, job, batch, options in jobs:
         try:
-            job(torch, card, args, batch, summary)
+            job(torch, card, args, batch, summary, **options)
         except Exception as error:  # one recording failing must not lose the others
             summary["failed"][label] = f"{type(error).__name__}: {error}"
             traceback.print_exc()
