@@ -3,7 +3,7 @@ several batch sizes: the pair of traces of one machine that `python -m harness.p
 is checked with (fit on the eager trace, predict the graph one; docs/validation.md).
 
     python benchmarks/record_traces.py --out DIR [--card workloads/qwen25_7b.yaml] [--batch 1 8]
-        [--context 2048] [--steps 8] [--timed-steps 40] [--hf] [--layers N] [--device cuda]
+        [--context 2048] [--steps 8] [--timed-steps 40] [--prefill N ...] [--lean] [--hf] [--layers N] [--device cuda]
 
 Runs where PyTorch and a CUDA GPU are; PyTorch is not a dependency of the harness, and nothing is
 downloaded: the decoder is built from a workload card's shapes with random weights.
@@ -17,6 +17,9 @@ step writes the new token's K and V over the oldest (`index_copy_`, where HF's D
 (next input, position, write slot ×2), then the new tokens to the host (a copy and a wait, as a server
 streaming tokens does). Eager runs that step op by op; graph captures it once per batch size
 (`torch.cuda.CUDAGraph`) and replays it, then copies the tokens out the same way.
+
+`--prefill N ...` records prompts' forwards of N tokens instead of decode steps (causal attention over the
+prompt, its K and V written to the cache, the last position's logits); `--steps 0` only times the steps.
 
 `--hf` also records HF transformers' own model (the card's config, random weights) decoding eagerly with
 its DynamicCache after a `--context`-token prefill: the loop the card's unfused op lists were counted on.
