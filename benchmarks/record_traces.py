@@ -308,6 +308,11 @@ def record_decoder(torch, card: dict, args, batch: int, summary: dict, prefill: 
             "step_ms_unprofiled": stats(timed), "step_ms_profiled": stats(traced) if traced else None,
         }
         report(name, timed, traced)
+        if traced and mode == "eager":  # how to fit a machine from it, the profiler's own work taken off
+            fit = (f"python -m harness.profile {args.out / name}.json.gz --out fit_{name} --fit NAME"
+                   f" --unprofiled-step-ms {stats(timed)['median']:.4f}")
+            summary["traces"][name]["fit"] = fit
+            print(f"{'':>16}  fit: {fit}", flush=True)
 
 
 def record_hf(torch, card: dict, args, batch: int, summary: dict) -> None:
