@@ -42,7 +42,7 @@ from harness.importers.measure import linkage, measured_summary, peer_breakdown,
 from harness.cli.profile import describe, replay_overrides
 from harness.sim.simulate import simulate_run
 from harness.model.workload import build_workload
-from synthetic_trace import GPU, LAUNCH, PID, TID, Layout, device_task, expected_step_us, kineto_trace, runtime_call
+from synthetic_trace import GPU, LAUNCH, PID, TID, Layout, device_task, expected_step_us, kineto_trace, runtime_call, trace_file
 
 TRACES = Path(__file__).parent / "data" / "traces"
 
@@ -241,6 +241,24 @@ def test_a_copy_call_that_returns_only_once_its_copy_is_done_is_a_copy_and_a_wai
     waits = table[table["name"] == "[sync] cudaMemcpyAsync"]
     assert len(waits) == 8 and (waits.index.to_numpy() == copies.index.to_numpy() + 1).all()  # each right after its copy
     assert (waits["host_us"] < 20).all()  # the call's own time after the copy: the 6.7 ms were the wait
+
+
+@pytest.mark.parametrize("copy, blocking", [("Memcpy DtoH (Device -> Pageable)", True), ("Memcpy DtoD (Device -> Device)", False),
+                                             ("Memcpy HtoD (Pageable -> Device)", False)])
+def test_only_a_copy_into_pageable_host_memory_is_a_wait_when_its_call_outlasts_it(tmp_path, copy, blocking):
+    """A kernel [10, 40] µs, then a cudaMemcpyAsync call [8, 45] µs whose 2 µs copy runs at [41, 43]: into
+    pageable host memory the call waited for it (CUDA returns once the copy is done), so the op list holds
+    the copy with no launch cost and a wait; any other copy that ends before its call returns was only
+    quick, and its 37 µs stay launch time."""
+    events = [runtime_call("cudaLaunchKernel", 2, 5, 1), device_task("k", 10, 30, 1),
+              runtime_call("cudaMemcpyAsync", 8, 37, 2), device_task(copy, 41, 2, 2, cat="gpu_memcpy")]
+    table = ops_table(import_profile(load_profile(Path(trace_file(tmp_path, events))), "whole"))
+    copy_row = table[table["kernel"] == copy].iloc[0]
+    waits = table[table["name"] == "[sync] cudaMemcpyAsync"]
+    if blocking:
+        assert copy_row["launch_us"] == 0 and len(waits) == 1 and waits["host_us"].iloc[0] == pytest.approx(2.0)
+    else:
+        assert copy_row["launch_us"] == pytest.approx(37.0) and waits.empty
 
 
 def test_graph_launch_replays_as_one_launch_and_a_group(imported):

@@ -5,8 +5,8 @@ What a trace shows of its machine, and the preset key each becomes (every value 
 fitted from: how many calls, and their spread):
 
 * `host.<stage>_us` for framework, infer_shape, tiling, alloc, launch, free: the host time of that
-  stage per framework op that launched kernels (a card's op; per launch where the trace does not name
-  the op of each launch), the trace's total over those ops. A PyTorch-profiler trace
+  stage per framework op that launched kernels (a card's op; per launch where the trace holds no
+  framework ops, `cpu_op` events, to name each launch's), the trace's total over those ops. A PyTorch-profiler trace
   folds shape inference, allocation and freeing into the framework op (`framework_us` is then all of
   a kernel's host work before its launch call: the Python of an `nn.Module` forward included, unless
   the trace holds the module calls, below); torch_npu traces split them.
@@ -137,13 +137,15 @@ def module_own_us(imported: Imported) -> np.ndarray:
 
 
 def repeat_launches(imported: Imported) -> int:
-    """Kernel launches of the replayed steps made by a framework op that had launched one already (a trace
-    with shapes names each launch's op: cuBLAS's split-K GEMM and its reduction kernel, cuDNN attention's
-    two kernels); 0 where the trace names no op."""
+    """Kernel launches of the replayed steps made by a framework op that had launched one already
+    (cuBLAS's split-K GEMM and its reduction kernel, cuDNN attention's two kernels), counted over launches
+    whose kernel the trace holds; 0 where the trace names no launch's op (no `cpu_op` events)."""
     if not imported.kept:
         return 0
     calls = pd.concat([imported.found[i].calls for i in imported.kept], ignore_index=True)
-    named = calls[(calls["kind"] == CALL_LAUNCH) & (calls["op_id"] >= 0) & (calls["key"] >= 0)]
+    tasks = imported.profile.tasks
+    kernels = tasks.loc[tasks["kind"] == TASK_KERNEL, "key"]
+    named = calls[(calls["kind"] == CALL_LAUNCH) & (calls["op_id"] >= 0) & calls["key"].isin(kernels)]
     return int(len(named) - named["op_id"].nunique())
 
 
@@ -161,6 +163,7 @@ def fit_machine(
     launched = ops[ops["launch_us"].fillna(0) > 0]
     if launched.empty:
         return []
+    repeats = repeats if repeats < len(launched) else 0  # counted from other rows than these: never all of them
     n = len(launched) - repeats
     module_us = np.zeros(0) if module_us is None else module_us
     fitted = []

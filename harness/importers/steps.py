@@ -241,6 +241,10 @@ def _from_marks(chosen: pd.DataFrame, marks: pd.DataFrame, last_call: float) -> 
 # ---------------------------------------------------------------- ops of a step
 
 
+# How Kineto names a copy from the device into pageable host memory, which blocks its async call.
+PAGEABLE_DTOH = "(Device -> Pageable)"
+
+
 class TraceIndex:
     """The trace's calls and tasks as plain lists and arrays, indexed once for every window (pandas
     row access per task costs ~50 µs: a 100k-event trace would take seconds)."""
@@ -391,9 +395,10 @@ def step_ops(profile: Profile, index: TraceIndex, window: Window, issued_anywher
                     pending_deps.setdefault(int(c.stream), []).append(awaited)
             continue
         rows = task_of_key.get(int(c.key), []) if kind in ISSUING and c.key >= 0 else []
-        if kind == CALL_COPY and rows and c.end_us >= max(index.t_end[r] for r in rows):
-            # An async copy call that returned only once its copy was done blocked on it (CUDA: a copy
-            # from the device into pageable host memory, as tensor.to("cpu") makes): a copy and a wait.
+        if kind == CALL_COPY and rows and profile.dispatch != "async" and all(PAGEABLE_DTOH in index.t_name[r] for r in rows) \
+                and c.end_us >= max(index.t_end[r] for r in rows):
+            # CUDA's async copy from the device into pageable host memory (tensor.to("cpu")) returns only
+            # once the copy is done: a copy and a wait for it, not launch time.
             kind = CALL_COPY_SYNC
         if kind in ISSUING and rows:
             costs = take_gap(c.start_us)
