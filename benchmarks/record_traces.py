@@ -24,7 +24,7 @@ prompt, its K and V written to the cache, the last position's logits); `--steps 
 `--hf` also records HF transformers' own model (the card's config, random weights) decoding eagerly with
 its DynamicCache after a `--context`-token prefill: the loop the card's unfused op lists were counted on.
 
-Written to --out: `<mode>_b<batch>.json.gz` (profiler traces: `ProfilerStep#N` per step, shapes, module
+Written to --out: `[prefill<N>_]<mode>_b<batch>[_lean].json.gz` (profiler traces: `ProfilerStep#N` per step, shapes, module
 calls and Python stacks for eager, shapes for graph) and `summary.json`: the GPU, host CPU and versions, and
 per trace the step time measured without the profiler (wall clock per step, the host waiting for the
 tokens; median, p10, p90 of --timed-steps steps) and with it (the traced steps' median).
@@ -263,7 +263,7 @@ def timed_steps_ms(run_step, steps: int) -> list[float]:
 def stats(values: list[float]) -> dict:
     ordered = sorted(values)
     pick = lambda q: ordered[min(len(ordered) - 1, int(q * len(ordered)))]  # noqa: E731
-    return {"median": statistics.median(ordered), "p10": pick(0.1), "p90": pick(0.9), "n": len(ordered)}
+    return {"median": statistics.median(ordered), "mean": statistics.fmean(ordered), "p10": pick(0.1), "p90": pick(0.9), "n": len(ordered)}
 
 
 def report(name: str, timed: list[float], traced: list[float]) -> None:
@@ -310,7 +310,7 @@ def record_decoder(torch, card: dict, args, batch: int, summary: dict, prefill: 
         report(name, timed, traced)
         if traced and mode == "eager":  # how to fit a machine from it, the profiler's own work taken off
             fit = (f"python -m harness.profile {args.out / name}.json.gz --out fit_{name} --fit NAME"
-                   f" --unprofiled-step-ms {stats(timed)['median']:.4f}")
+                   f" --unprofiled-step-ms {stats(timed)['mean']:.4f}")  # a mean, as the traced steps' it is compared with
             summary["traces"][name]["fit"] = fit
             print(f"{'':>16}  fit: {fit}", flush=True)
 
@@ -358,10 +358,15 @@ def record_hf(torch, card: dict, args, batch: int, summary: dict) -> None:
 
 
 def environment(torch) -> dict:
-    cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")), platform.processor())
+    cpu = platform.processor()
+    try:
+        with open("/proc/cpuinfo") as info:
+            cpu = next((line.split(":", 1)[1].strip() for line in info if line.startswith("model name")), cpu)
+    except OSError:  # not Linux
+        pass
     env = {"python": sys.version.split()[0], "torch": torch.__version__, "host_cpu": cpu, "host_threads": os.cpu_count()}
     if torch.cuda.is_available():
-        env.update(gpu=torch.cuda.get_device_name(0), cuda=torch.version.cuda, driver_sms=torch.cuda.get_device_properties(0).multi_processor_count)
+        env.update(gpu=torch.cuda.get_device_name(0), cuda=torch.version.cuda, sms=torch.cuda.get_device_properties(0).multi_processor_count)
     try:
         import transformers
 
@@ -373,6 +378,12 @@ def environment(torch) -> dict:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if args.timed_steps < 1 or args.steps < 0:
+        print(f"record_traces: --timed-steps {args.timed_steps} --steps {args.steps}: time one step or more, trace none or more", file=sys.stderr)
+        return 2
+    if args.hf and args.prefill:
+        print("record_traces: --hf records decode steps only; leave it out with --prefill", file=sys.stderr)
+        return 2
     import torch
 
     if args.device == "cuda" and not torch.cuda.is_available():

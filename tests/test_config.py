@@ -107,8 +107,8 @@ def test_an_unfused_kv_cache_is_static_under_graphs_and_grows_by_cat_in_eager_mo
     strategy captures or sinks graphs; a serving engine's fused list has no such op."""
     from harness.model.workload import build_workload, run_build_options
 
-    def kv_ops(*overrides):
-        run = compose_run("hardware=h200", "workload=qwen25_7b_decode", "workload.kernels=unfused", "workload.steps=1",
+    def kv_ops(*overrides, workload="qwen25_7b_decode"):
+        run = compose_run("hardware=h200", f"workload={workload}", "workload.kernels=unfused", "workload.steps=1",
                           "workload.context_len=2048", *overrides)
         workload = build_workload(run.workload, **run_build_options(run))
         found = {}
@@ -121,6 +121,9 @@ def test_an_unfused_kv_cache_is_static_under_graphs_and_grows_by_cat_in_eager_mo
     assert kv_ops() == kv_ops("workload.kv_cache=dynamic") == {"kv_cat": [cat_bytes, cat_bytes]}
     assert kv_ops("workload.kv_cache=static") == kv_ops("strategy=cuda_graph") == {"kv_write": [2048.0, 2048.0]}
     assert kv_ops("strategy=cuda_graph", "workload.kv_cache=dynamic") == {"kv_cat": [cat_bytes, cat_bytes]}
+    assert kv_ops("strategy.graph.mode=sink") == {"kv_write": [2048.0, 2048.0]}  # a sunk graph's shapes are fixed too
+    # A 2,048-token prompt writes all its tokens' K (or V): 2,048 x 4 x 128 values read and written.
+    assert kv_ops("workload.kv_cache=static", workload="qwen25_7b_prefill") == {"kv_write": [2048 * 4 * 128 * 4.0] * 2}
     assert kv_ops("workload.kernels=fused", "workload.kv_cache=static") == {}  # its paged cache: kv_cache_write
     with pytest.raises(Exception, match="kv_cache"):
         compose_run("workload.kv_cache=growing")

@@ -85,7 +85,26 @@ def test_the_profilers_work_comes_off_every_host_stage_alike(host_bound, tmp_pat
     preset = yaml.safe_load(text)
     assert (preset["host"]["framework_us"], preset["host"]["launch_us"]) == (pytest.approx(9.0), pytest.approx(3.75))
     assert preset["host"]["sync_us"] == as_traced["host"]["sync_us"] and preset.get("device") == as_traced.get("device")
-    assert f"--unprofiled-step-ms {unprofiled_ms:g}" in text.splitlines()[0]
+    assert f"--unprofiled-step-ms {unprofiled_ms:.12g}" in text.splitlines()[0]
+
+
+def test_the_profilers_share_comes_off_the_module_calls_too_and_nothing_else():
+    """without_profiler by hand: 2 steps of 3 launched ops, 10 + 2 µs of host work each before its launch:
+    72 µs of host work, 36 a step. A step 9 µs shorter without the profiler leaves 3/4 of every host
+    stage, the module calls' own time included; the sync and the device's values stay."""
+    import pandas as pd
+
+    from harness.importers.fit import LAUNCH_STAGES, Fitted, without_profiler
+
+    ops = pd.DataFrame({f"{stage}_us": [0.0] * 6 for stage in LAUNCH_STAGES})
+    ops["framework_us"], ops["launch_us"] = 10.0, 2.0
+    fitted = [Fitted("host.framework_us", 8.0, "f"), Fitted("host.launch_us", 2.0, "l"), Fitted("host.module_us", 4.0, "m"),
+              Fitted("host.sync_us", 3.0, "s"), Fitted("device.kernel_gap_us", 1.0, "g"), Fitted("host.tiling_us", 0.0, "t")]
+    scaled, factor = without_profiler(fitted, ops, steps=2, traced_step_ms=0.050, unprofiled_step_ms=0.041)
+    assert factor == pytest.approx(0.75)
+    assert {f.key: f.value for f in scaled} == pytest.approx({"host.framework_us": 6.0, "host.launch_us": 1.5, "host.module_us": 3.0,
+                                                              "host.sync_us": 3.0, "device.kernel_gap_us": 1.0, "host.tiling_us": 0.0})
+    assert all("x 0.75 for the profiler's own work" in f.note for f in scaled[:3]) and scaled[3].note == "s"
 
 
 @pytest.mark.parametrize(
@@ -131,8 +150,8 @@ def test_advice_on_a_fitted_machine_is_for_that_machine(synthetic, tmp_path, cap
         (["--base", "h100"], "--base h100: only with --fit NAME"),
         (["--fit", "taken"], "--fit taken: conf/hardware/taken.yaml exists; remove it or choose another name"),
         (["--unprofiled-step-ms", "5"], "--unprofiled-step-ms 5: only with --fit NAME"),
-        (["--fit", "box", "--unprofiled-step-ms", "0"], "--unprofiled-step-ms 0: must be a step time above 0 ms"),
-        (["--fit", "box", "--unprofiled-step-ms", "nan"], "--unprofiled-step-ms nan: must be a step time above 0 ms"),
+        (["--fit", "box", "--unprofiled-step-ms", "0"], "--unprofiled-step-ms 0: must be a finite step time above 0 ms"),
+        (["--fit", "box", "--unprofiled-step-ms", "nan"], "--unprofiled-step-ms nan: must be a finite step time above 0 ms"),
     ],
 )
 def test_a_bad_fit_request_is_refused_in_one_line_before_anything_is_written(synthetic, tmp_path, capsys, extra, message):

@@ -132,6 +132,14 @@ def test_hta_does_not_read_the_ascend_format(imported):
     assert peer_breakdown(imported["ascend_msprof_analyze_ut"]) is None
 
 
+@pytest.mark.parametrize("name, preset", [("h200_qwen25_7b_eager_b1", "h200"), ("tl_qwen05b_mi300", "mi300x"), ("hta_alexnet_a100", "a100"),
+                                          ("hta_gpu_annot_gp100", "h100")])
+def test_a_replay_runs_on_the_preset_of_the_traces_device(name, preset, imported, tmp_path):
+    """Graph capture costs and the like come from the preset of the device the trace names (h100 where no
+    shipped preset is for it: a Quadro GP100)."""
+    assert f"hardware={preset}" in replay_overrides(imported[name], tmp_path / "ops.csv")
+
+
 def test_ascend_trace_is_the_async_dispatch_of_the_harness(imported, tmp_path):
     im = imported["ascend_msprof_analyze_ut"]
     assert im.profile.source == "torch_npu" and im.profile.dispatch == "async"

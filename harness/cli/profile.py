@@ -176,7 +176,8 @@ def main(argv: Optional[list[str]] = None) -> None:
     parser.add_argument("--base", metavar="PRESET", help="with --fit: the shipped hardware preset it starts from (default: the trace's device)")
     parser.add_argument(
         "--unprofiled-step-ms", type=float, metavar="MS",
-        help="with --fit: the step time of the same run measured without the profiler; the fitted host costs lose the profiler's own work",
+        help="with --fit: the mean step time of the same run measured without the profiler (compared with the traced steps' mean);"
+             " the fitted host costs lose the profiler's own work",
     )
     args = parser.parse_args(argv)
     try:  # before anything is read: a long import must not end in an unusable folder
@@ -261,10 +262,10 @@ def check_fit(name: Optional[str], base: Optional[str], unprofiled_step_ms: Opti
         if base is not None:
             fail(f"--base {base}: only with --fit NAME")
         if unprofiled_step_ms is not None:
-            fail(f"--unprofiled-step-ms {unprofiled_step_ms:g}: only with --fit NAME")
+            fail(f"--unprofiled-step-ms {unprofiled_step_ms:.12g}: only with --fit NAME")
         return None
     if unprofiled_step_ms is not None and not (0 < unprofiled_step_ms < float("inf")):
-        fail(f"--unprofiled-step-ms {unprofiled_step_ms:g}: must be a step time above 0 ms")
+        fail(f"--unprofiled-step-ms {unprofiled_step_ms:.12g}: must be a finite step time above 0 ms")
     if not re.fullmatch(r"[A-Za-z][A-Za-z0-9_]{0,63}", name):
         fail(f"--fit {name[:80]!r}: a preset name is a letter, then up to 63 letters, digits or _")
     if name in shipped:
@@ -299,19 +300,19 @@ def write_fit(
     if args.keep:
         origin_args += ["--keep", args.keep]
     if args.unprofiled_step_ms is not None:
-        origin_args += ["--unprofiled-step-ms", f"{args.unprofiled_step_ms:g}"]
+        origin_args += ["--unprofiled-step-ms", f"{args.unprofiled_step_ms:.12g}"]
     origin = " ".join(shlex.quote(a) for a in origin_args)
     caveats = []
     if args.unprofiled_step_ms is not None:
         if summary["bound"] != "host":
-            fail(f"--unprofiled-step-ms {args.unprofiled_step_ms:g}: the traced steps are {summary['bound']}-bound, so their time does not"
+            fail(f"--unprofiled-step-ms {args.unprofiled_step_ms:.12g}: the traced steps are {summary['bound']}-bound, so their time does not"
                  " show the profiler's host work; fit without it")
         try:
             fitted, factor = without_profiler(fitted, table, len(imported.kept), summary["step_ms_mean"], args.unprofiled_step_ms)
         except HarnessError as exc:
             fail(str(exc))
         caveats.append(f"the host costs are the trace's x {factor:.3g}: its steps took {summary['step_ms_mean']:.4g} ms under the profiler and"
-                       f" {args.unprofiled_step_ms:g} ms without it (--unprofiled-step-ms); the difference is the profiler's own work, taken off"
+                       f" {args.unprofiled_step_ms:.12g} ms without it (--unprofiled-step-ms); the difference is the profiler's own work, taken off"
                        " every host stage alike")
     elif profile.recorded_with:
         caveats.append(f"the trace was recorded with {', '.join(profile.recorded_with)}: the profiler's own host work per op is in"

@@ -35,9 +35,11 @@ class Kernels(enum.Enum):
 
 class KvCache(enum.Enum):
     """How HF transformers / plain PyTorch code (kernels=unfused) keeps the KV cache: `dynamic` grows it by
-    torch.cat of the whole cache every step (HF's DynamicCache), `static` writes the new token in place
-    (HF's StaticCache, gpt-fast); `auto` as HF does it: static when the step is captured or sunk as a
-    graph, which needs fixed shapes, dynamic otherwise."""
+    torch.cat of the whole cache every step (HF's DynamicCache), `static` writes the new tokens in place
+    (HF's StaticCache, gpt-fast); `auto` as HF does it: static when the strategy captures or sinks
+    graphs, which need fixed shapes, dynamic otherwise. One cache serves the whole generation, so a phase
+    left out of strategy.graph.phases keeps it too. Fused (serving-engine) op lists and op-list CSVs have
+    their own KV update and ignore it."""
 
     auto = "auto"
     dynamic = "dynamic"

@@ -218,15 +218,15 @@ def without_profiler(fitted: list[Fitted], ops: pd.DataFrame, steps: int, traced
     host_ms = float(ops[[f"{stage}_us" for stage in LAUNCH_STAGES]].fillna(0.0).to_numpy().sum()) / 1e3 / steps
     profiler_ms = traced_step_ms - unprofiled_step_ms
     if profiler_ms <= 0:
-        raise ProfileError(f"--unprofiled-step-ms {unprofiled_step_ms:g}: not below the traced step ({traced_step_ms:.4g} ms): nothing to take off")
+        raise ProfileError(f"--unprofiled-step-ms {unprofiled_step_ms:.12g}: not below the traced step ({traced_step_ms:.4g} ms): nothing to take off")
     if profiler_ms >= host_ms:
         raise ProfileError(
-            f"--unprofiled-step-ms {unprofiled_step_ms:g}: {profiler_ms:.4g} ms less than the traced step, more than the host's whole work"
+            f"--unprofiled-step-ms {unprofiled_step_ms:.12g}: {profiler_ms:.4g} ms less than the traced step, more than the host's whole work"
             f" before its launches ({host_ms:.4g} ms a step): not the same program, or not host-bound"
         )
     factor = 1.0 - profiler_ms / host_ms
     scaled_keys = {f"host.{stage}_us" for stage in LAUNCH_STAGES} | {"host.module_us"}
-    note = f"; x {factor:.3g} for the profiler's own work (step {traced_step_ms:.4g} ms traced, {unprofiled_step_ms:g} without the profiler)"
+    note = f"; x {factor:.3g} for the profiler's own work (step {traced_step_ms:.4g} ms traced, {unprofiled_step_ms:.12g} without the profiler)"
     return [
         Fitted(f.key, f.value * factor, f.note + note) if f.key in scaled_keys and f.value > 0 else f for f in fitted
     ], factor

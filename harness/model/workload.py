@@ -637,13 +637,13 @@ def _from_card(
             entries = ["engine_overhead", *entries]
         if unfused and module_us > 0:
             entries = ["layer_modules" if in_layers else "pre_modules" if group_index == 0 else "post_modules", *entries]
-        if static_kv:
-            entries = [STATIC_KV_UPDATE.get(entry, entry) if isinstance(entry, str) else entry for entry in entries]
         for repeat in range(count):
             issued: dict[str, int] = {}  # op name → index of its latest issue in this layer
             previous = len(names) - 1
             for entry in entries:
                 op, after_name = _entry(entry)
+                if static_kv:
+                    op, after_name = STATIC_KV_UPDATE.get(op, op), STATIC_KV_UPDATE.get(after_name, after_name)
                 key = (group_index, op)
                 if key not in template_of:
                     template_of[key] = len(costs)
