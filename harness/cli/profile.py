@@ -304,11 +304,8 @@ def write_fit(
     origin = " ".join(shlex.quote(a) for a in origin_args)
     caveats = []
     if args.unprofiled_step_ms is not None:
-        if summary["bound"] != "host":
-            fail(f"--unprofiled-step-ms {args.unprofiled_step_ms:.12g}: the traced steps are {summary['bound']}-bound, so their time does not"
-                 " show the profiler's host work; fit without it")
         try:
-            fitted, factor = without_profiler(fitted, table, len(imported.kept), summary["step_ms_mean"], args.unprofiled_step_ms)
+            fitted, factor = without_profiler(fitted, table, len(imported.kept), summary["step_ms_mean"], args.unprofiled_step_ms, summary["bound"])
         except HarnessError as exc:
             fail(str(exc))
         caveats.append(f"the host costs are the trace's x {factor:.3g}: its steps took {summary['step_ms_mean']:.4g} ms under the profiler and"

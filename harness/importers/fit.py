@@ -206,7 +206,9 @@ def fit_machine(
     return fitted
 
 
-def without_profiler(fitted: list[Fitted], ops: pd.DataFrame, steps: int, traced_step_ms: float, unprofiled_step_ms: float) -> tuple[list[Fitted], float]:
+def without_profiler(
+    fitted: list[Fitted], ops: pd.DataFrame, steps: int, traced_step_ms: float, unprofiled_step_ms: float, bound: str = "host",
+) -> tuple[list[Fitted], float]:
     """The fitted host costs with the profiler's own work taken off, and the factor they were scaled by.
 
     A profiler adds host work to every op it records (for PyTorch's, with CUDA activity and shapes: about
@@ -214,7 +216,11 @@ def without_profiler(fitted: list[Fitted], ops: pd.DataFrame, steps: int, traced
     are host-bound, the step measured without the profiler (same program, same inputs) says how much: the
     traced step less that one. It is taken off the host's work before its launches (`ops`' host stages,
     `steps` steps), each stage and the module calls scaled alike (how the profiler's work splits between
-    them is not measured)."""
+    them is not measured). Refused (ProfileError) where the steps are not host-bound (`bound`, the
+    measured verdict) or the two steps cannot both be this program's."""
+    if bound != "host":
+        raise ProfileError(f"--unprofiled-step-ms {unprofiled_step_ms:.12g}: the traced steps are {bound}-bound, so their time does not"
+                           " show the profiler's host work; fit without it")
     host_ms = float(ops[[f"{stage}_us" for stage in LAUNCH_STAGES]].fillna(0.0).to_numpy().sum()) / 1e3 / steps
     profiler_ms = traced_step_ms - unprofiled_step_ms
     if profiler_ms <= 0:
