@@ -267,7 +267,8 @@ def stats(values: list[float]) -> dict:
 
 
 def report(name: str, timed: list[float], traced: list[float]) -> None:
-    line = f"{name:>16}: step {stats(timed)['median']:.3f} ms (p10 {stats(timed)['p10']:.3f}, p90 {stats(timed)['p90']:.3f})"
+    step = stats(timed)
+    line = f"{name:>16}: step {step['median']:.3f} ms (p10 {step['p10']:.3f}, p90 {step['p90']:.3f})"
     print(line + (f"; traced {stats(traced)['median']:.3f} ms" if traced else ""), flush=True)
 
 
