@@ -1,7 +1,14 @@
-"""The calibration and validation table: claims file, experiments, and a table computed from the presets."""
+"""The calibration and validation table: claims file, experiments, and a table computed from the presets.
+
+The README's summary (how many claims are within, and every miss with its why) and docs/calibration.md's
+table are this table's: `python tests/test_repro.py` reruns the repro and rewrites both.
+"""
 from __future__ import annotations
 
+import re
 import shutil
+import tempfile
+from pathlib import Path
 import subprocess
 import sys
 
@@ -14,7 +21,7 @@ import harness.model.workload
 from conftest import compose_run
 from harness.config.paths import REPO_ROOT, WORKLOADS_DIR
 from harness.base.errors import HarnessError
-from harness.cli.repro import TOLERANCE, load_claims, main, reproduce
+from harness.cli.repro import TOLERANCE, headline, load_claims, main, misses_markdown, reproduce
 
 
 @pytest.fixture(scope="module")
@@ -120,3 +127,51 @@ def test_experiments_compose_from_the_command_line(tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "runtime_30x7 on atlas_a2 with eager" in proc.stdout
     assert "214 ops/step, 214 launches/step" in proc.stdout  # 30 layers x 7 kernels + embedding, norm, head, sampling
+
+
+def readme_summary(table: pd.DataFrame) -> str:
+    """The README's block: the headline and the table of claims out of tolerance."""
+    return f"{headline(table)}\n\n{misses_markdown(table)}\n"
+
+
+def calibration_table(repro_md: str) -> str:
+    """repro.md's table of every claim (docs/calibration.md shows it)."""
+    return repro_md.split("\n\n", 1)[0] + "\n"
+
+
+README_BLOCK = re.compile(r"^\d+ claims: [^\n]*\n\n(?:\|[^\n]*\n)+", re.M)
+CALIBRATION_BLOCK = re.compile(r"^\| claim [^\n]*\n(?:\|[^\n]*\n)+", re.M)
+
+
+def test_every_claim_out_of_tolerance_says_why_in_one_line(repro_dir):
+    table = pd.read_csv(repro_dir / "repro.csv", keep_default_na=False)
+    out = table[~table["ok"].astype(bool)]
+    assert not out.empty and (out["why"] != "").all(), out.loc[out["why"] == "", "claim"].tolist()
+    assert all(len(why) <= 110 and "\n" not in why for why in table["why"])
+    summary = readme_summary(table)
+    assert summary.startswith(f"{len(table)} claims: ") and len(re.findall(r"^\| (?!claim|:-)", summary, re.M)) == len(out)
+    validation = table[table["role"] == "validation"]
+    assert f"{len(validation)} validation (predicted, ±25%): {int(validation['ok'].sum())} within" in summary
+    written = (repro_dir / "repro.md").read_text()
+    assert headline(table) in written and misses_markdown(table) in written
+
+
+def test_the_readme_and_the_calibration_record_show_todays_table(repro_dir):
+    """No number in the docs that the presets no longer give: rerun `python tests/test_repro.py` when they move."""
+    table = pd.read_csv(repro_dir / "repro.csv", keep_default_na=False)
+    assert readme_summary(table) in (REPO_ROOT / "README.md").read_text(), "README's repro summary is stale"
+    assert calibration_table((repro_dir / "repro.md").read_text()) in (REPO_ROOT / "docs" / "calibration.md").read_text(), (
+        "docs/calibration.md's table is stale")
+
+
+if __name__ == "__main__":
+    with tempfile.TemporaryDirectory() as scratch:
+        assert main(["--out", scratch]) == 0
+        fresh = pd.read_csv(Path(scratch) / "repro.csv", keep_default_na=False)
+        repro_md = (Path(scratch) / "repro.md").read_text()
+    for path, pattern, block in ((REPO_ROOT / "README.md", README_BLOCK, readme_summary(fresh)),
+                                 (REPO_ROOT / "docs" / "calibration.md", CALIBRATION_BLOCK, calibration_table(repro_md))):
+        text = path.read_text()
+        assert len(pattern.findall(text)) == 1, f"{path}: the block to rewrite is not there once"
+        path.write_text(pattern.sub(lambda _: block, text))
+        print(f"rewrote the repro table in {path}")

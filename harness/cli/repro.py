@@ -5,8 +5,10 @@
 Every claim of `conf/claims.yaml` names the experiments it needs (`conf/experiment/<name>.yaml`, the
 scenario: hardware, deployment, batch, strategy) and an expression over their summaries. This runs each
 experiment once (tracking off), evaluates the claims and writes `DIR/repro.csv` and `DIR/repro.md`
-(claim, published, simulated, unit, rel_error, role, …) and `DIR/experiments.csv` (every summary).
-Nothing in the table is typed in: change a preset and the table changes.
+(claim, published, simulated, unit, rel_error, role, …) and `DIR/experiments.csv` (every summary), and
+prints how many claims of each role are within tolerance and the table of those that are not, each with
+its one-line `why` (the README shows that table). Nothing in the table is typed in: change a preset and
+the table changes.
 """
 from __future__ import annotations
 
@@ -32,7 +34,7 @@ EXPERIMENT_DIR = CONF_DIR / "experiment"
 # Largest |relative error| a claim may show, by role (issue: calibration ±10 %, validation ±25 %).
 TOLERANCE = {"calibration": 0.10, "validation": 0.25}
 CHECKS = ("value", "at_least")
-COLUMNS = ["claim", "published", "simulated", "unit", "rel_error", "role", "ok", "check", "source", "fits", "note"]
+COLUMNS = ["claim", "published", "simulated", "unit", "rel_error", "role", "ok", "check", "source", "fits", "note", "why"]
 
 
 @dataclass
@@ -47,6 +49,7 @@ class Claim:
     range: Optional[list] = None
     fits: str = ""
     note: str = ""
+    why: str = ""  # the note in one line, for the table of claims out of tolerance
     experiments: list[str] = field(default_factory=list)
 
 
@@ -166,6 +169,7 @@ def reproduce(claims: list[Claim]) -> tuple[pd.DataFrame, pd.DataFrame]:
                 "source": claim.source,
                 "fits": claim.fits,
                 "note": claim.note,
+                "why": claim.why,
             }
         )
     experiments = pd.DataFrame([{"experiment": name, **summary} for name, summary in summaries.items()])
@@ -183,6 +187,32 @@ def to_markdown(table: pd.DataFrame) -> str:
     body = shown[["claim", "published", "simulated", "unit", "rel_error", "role", "ok", "source"]].to_markdown(index=False)
     fits = [f"- {row.claim}: {row.fits}" for row in table.itertuples() if row.fits]
     return "\n".join([body, "", "Fitted numbers (calibration claims):", *fits, "", "Notes:", *notes, ""])
+
+
+def headline(table: pd.DataFrame) -> str:
+    """How many claims of each role are within their tolerance, in one line."""
+    parts = []
+    for role, kind in (("calibration", "fitted"), ("validation", "predicted")):
+        rows = table[table["role"] == role]
+        if len(rows):
+            within = int(rows["ok"].sum())
+            parts.append(f"{len(rows)} {role} ({kind}, ±{TOLERANCE[role]:.0%}): {within} within ({within / len(rows):.0%})")
+    return f"{len(table)} claims: " + "; ".join(parts)
+
+
+def misses_markdown(table: pd.DataFrame) -> str:
+    """The claims out of tolerance, each with its one-line why (the note has the evidence)."""
+    out = table[~table["ok"].astype(bool)]
+    if out.empty:
+        return "Every claim is within its tolerance."
+    return pd.DataFrame({
+        "claim": out["claim"],
+        "published": out["published"].map("{:g}".format),
+        "simulated": out["simulated"].map("{:.4g}".format),
+        "unit": out["unit"],
+        "error": out["rel_error"].map("{:+.0%}".format),
+        "why": [why or "(see its note)" for why in out["why"]],
+    }).to_markdown(index=False)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -208,9 +238,11 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     atomic_write(args.out / "repro.csv", lambda tmp: table.to_csv(tmp, index=False))
     atomic_write(args.out / "experiments.csv", lambda tmp: experiments.to_csv(tmp, index=False))
+    summary = "\n".join([headline(table), "", "Out of tolerance:", "", misses_markdown(table), ""])
     markdown = to_markdown(table)
-    write_text(args.out / "repro.md", markdown)
+    write_text(args.out / "repro.md", markdown + "\n" + summary)
     print(markdown)
+    print(summary)
     missed = table[~table["ok"] & (table["note"] == "")]
     if not missed.empty:  # a claim out of tolerance that no note explains: a regression to look at
         print(f"hostbound repro: {len(missed)} claim(s) out of tolerance without a note: {'; '.join(missed['claim'])}", file=sys.stderr)
