@@ -363,7 +363,7 @@ def test_device_idle_is_split_into_host_and_device_waits_by_hand(tmp_path):
     something the trace does not show, under the 50 µs that would make it an unseen wait). Idle: [0,8] is
     7 µs of waiting for the host (a was not launched yet) and 1 µs for the device; [13,20], b was ready:
     7 µs device wait; [25,40] after the last kernel: 15 µs host. On the critical path: framework
-    2 + 15 µs, launch 5 µs, compute 10 µs busy + 8 µs device wait."""
+    2 + 15 µs, launch 5 µs, compute 10 µs busy, and the 8 µs of device wait on the device's front end."""
     events = [
         {"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#0", "pid": 1, "tid": 1, "ts": 0, "dur": 40},
         LAUNCH, {**KERNEL, "ts": 8},
@@ -371,7 +371,8 @@ def test_device_idle_is_split_into_host_and_device_waits_by_hand(tmp_path):
     ]
     measured = measured_summary(import_profile(load_profile(trace_file(tmp_path, events))))
     expected = {"step_ms_mean": 0.040, "device_busy": 10 / 40, "idle_host_wait_ms": 0.022, "idle_device_wait_ms": 0.008,
-                "idle_host_wait_share": 22 / 30, "breakdown_framework": 17 / 40, "breakdown_launch": 5 / 40, "breakdown_compute": 18 / 40}
+                "idle_host_wait_share": 22 / 30, "breakdown_framework": 17 / 40, "breakdown_launch": 5 / 40, "breakdown_compute": 10 / 40,
+                "breakdown_front_end": 8 / 40}
     assert {key: measured[key] for key in expected} == pytest.approx(expected)
 
 

@@ -10,7 +10,8 @@ an event, or unseen work on the stream).
 The breakdown is the step's critical path as a trace shows it: while the device runs, the path is on
 the device (by task category); while it waits for the host, on the host thread (by what the thread
 was doing: framework code, a launch call, an allocation, a sync); while launched work has not
-started, on the device (`external` when the stream was busy with work the trace does not hold).
+started, on the device's front end (`front_end`: launch latency, a kernel's gap behind the one before
+it; `external` when the stream was busy with work the trace does not hold).
 
 `peer_breakdown` recomputes HolisticTraceAnalysis 0.5's temporal breakdown and idle-time breakdown
 with HTA's own definitions (window, event set, name-based categories, whole-µs rounding), so the
@@ -92,7 +93,7 @@ def _step_measures(step: StepOps) -> dict:
         rest = gap_end - gap_start - waited_host
         host_wait += waited_host
         device_wait += rest
-        path["external" if external else "compute"] += rest
+        path["external" if external else "front_end"] += rest
         if waited_host > 0:  # on the host: what the issuing threads did meanwhile (segments run in time order)
             lo, hi = gap_start, gap_start + waited_host
             covered = 0.0

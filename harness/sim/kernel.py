@@ -284,10 +284,11 @@ def links(graph: TaskGraph) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndar
 
 
 @njit(cache=True, nogil=True)
-def _step_category_us(start, work_start, end, decider, step, category, first_step, n_steps, n_categories):
+def _step_category_us(start, work_start, end, decider, step, category, first_step, n_steps, n_categories, front_end):
     """Two (n_steps, n_categories) tables for steps first_step, …: time per category on each step's
     critical path (from its last task back to its first, following deciders: whole tasks, so that it
-    spans the step), and in all its tasks (their work, without the device front end's lead)."""
+    spans the step; a task's lead, the device front end's gap before its work, in category `front_end`),
+    and in all its tasks (their work, without the lead)."""
     last = np.full(n_steps, -1, np.int64)
     all_tasks = np.zeros((n_steps, n_categories), np.float64)
     for i in range(end.shape[0]):
@@ -299,7 +300,8 @@ def _step_category_us(start, work_start, end, decider, step, category, first_ste
     for s in range(n_steps):
         i = last[s]
         while i >= 0 and step[i] == s + first_step:
-            on_path[s, category[i]] += end[i] - start[i]
+            on_path[s, category[i]] += end[i] - work_start[i]
+            on_path[s, front_end] += work_start[i] - start[i]
             i = decider[i]
     return on_path, all_tasks
 
@@ -369,13 +371,15 @@ class SimulationResult:
     def critical_path(self) -> np.ndarray:
         return _critical_path(self.end_us, self.decider)
 
-    def step_category_us(self, n_categories: int) -> tuple[np.ndarray, np.ndarray]:
+    def step_category_us(self, n_categories: int, front_end: int) -> tuple[np.ndarray, np.ndarray]:
         """(on_path, all_tasks), each (steps, categories): time per task category on the critical path
-        of each step the result holds (a step's path spans it: rows sum to latencies), and summed over
-        all its tasks (host, device and copy lanes; a device task from where its work begins)."""
+        of each step the result holds (a step's path spans it: rows sum to latencies; device tasks'
+        leads in category `front_end`), and summed over all its tasks (host, device and copy lanes; a
+        device task from where its work begins)."""
         step = self.column("step")
         first, last = int(step.min()), int(step.max())
-        return _step_category_us(self.start_us, self.work_start_us, self.end_us, self.decider, step, self.column("category"), first, last - first + 1, n_categories)
+        return _step_category_us(self.start_us, self.work_start_us, self.end_us, self.decider, step, self.column("category"), first, last - first + 1,
+                                 n_categories, front_end)
 
 
 # Codes of the first problem `_check_graph` finds (0: none).

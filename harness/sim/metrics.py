@@ -131,7 +131,7 @@ class StepMeasures:
         # Kernel launches and graph triggers (the launch stage); the per-step H2D issue of the input
         # tokens is a copy call and does not count.
         launches = np.bincount(step[result.column("stage") == LAUNCH_STAGE] - step.min(), minlength=step_start.size)
-        path_us, task_us = result.step_category_us(len(CATEGORIES))
+        path_us, task_us = result.step_category_us(len(CATEGORIES), CATEGORY["front_end"])
         return StepMeasures(
             start_us=step_start,
             end_us=step_end,
@@ -231,7 +231,9 @@ def summarize(measures: StepMeasures, workload: Workload, plan: StepPlan | None 
     # Where all the time goes, overlapped or not (a profiler's "time by category" table).
     task_us = measures.task_us[measured].sum(axis=0)
     task_total_us = float(task_us.sum())
-    summary.update({f"time_share_{name}": float(task_us[i] / task_total_us) if task_total_us > 0 else 0.0 for i, name in enumerate(CATEGORIES)})
+    # No task's work is a front-end gap: the shares of task time leave that category out.
+    summary.update({f"time_share_{name}": float(task_us[i] / task_total_us) if task_total_us > 0 else 0.0
+                    for i, name in enumerate(CATEGORIES) if name != "front_end"})
     summary["task_ms_per_step"] = task_total_us / US_PER_MS / max(int(measured.sum()), 1)
 
     steps_table: dict[str, np.ndarray] = {

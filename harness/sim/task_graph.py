@@ -26,6 +26,9 @@ CATEGORIES = (
     "cpu",  # ops run on host CPU cores (heterogeneous execution)
     "external",  # a device stream busy with work outside the simulation (an imported profile's unseen work)
     "engine",  # the serving engine's own host work: scheduling, input preparation, sampling, outputs, API
+    # the device's own front end: a kernel's gap behind the one before it, a graph node's dispatch (the
+    # stream is held, nothing runs): no host-side change removes it, and it is not the kernel's work
+    "front_end",
 )
 CATEGORY = {name: code for code, name in enumerate(CATEGORIES)}
 
