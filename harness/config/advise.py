@@ -10,6 +10,7 @@ import yaml
 from omegaconf import OmegaConf
 
 from harness.base.errors import ConfigError
+from harness.base.stopping import held, raise_if_stopped
 from harness.config.limits import check_field, check_limits
 from harness.config.messages import one_line
 from harness.config.paths import CONF_DIR
@@ -71,6 +72,15 @@ def compose_advise(preset: str, overrides: list[str]) -> AdviseConfig:
     # space.KEY=VALUES adds or replaces one axis, KEY being a whole config key (its dots are not nesting).
     axes = {o.partition("=")[0].removeprefix("space."): o.partition("=")[2] for o in overrides if o.startswith("space.")}
     dotted = [o for o in overrides if not o.startswith("space.")]
+    # A stop raised inside OmegaConf could leave its nodes broken and come out as an AttributeError,
+    # reported as bad input (compose_run holds it the same way): it is taken after the block.
+    with held():
+        advise = _merged_advise(path, overrides, axes, dotted)
+    raise_if_stopped()
+    return advise
+
+
+def _merged_advise(path, overrides: list[str], axes: dict, dotted: list[str]) -> AdviseConfig:
     try:
         chosen = OmegaConf.load(path)
         if any(o.partition("=")[0] == "space" for o in overrides) and "space" in chosen:
