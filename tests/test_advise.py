@@ -273,6 +273,31 @@ def test_the_presets_compose():
     assert dataclasses.asdict(compose_advise("decode_slo", ["tpot_ms_max=20"]))["tpot_ms_max"] == 20.0
 
 
+def test_a_stop_while_the_advise_preset_composes_waits_for_the_composition(monkeypatch):
+    """A stop that arrives inside OmegaConf (here: in its merge) is taken once the preset is composed, as
+    compose_run takes it: raised inside, it could leave OmegaConf's nodes broken and read as bad input."""
+    import signal
+
+    import harness.config.advise as advise_module
+    from harness.base.stopping import Stopped, forget, stop_with
+
+    merged = []
+
+    def merge_then_stop(*configs):
+        stop_with(Stopped(signal.SIGINT))
+        merged.append(advise_module.OmegaConf.structured(AdviseConfig))  # after the stop: the composition goes on
+        return real_merge(*configs)
+
+    real_merge = advise_module.OmegaConf.merge
+    monkeypatch.setattr(advise_module.OmegaConf, "merge", merge_then_stop)
+    try:
+        with pytest.raises(Stopped):
+            compose_advise("decode_slo", [])
+    finally:
+        forget()
+    assert len(merged) == 1
+
+
 def test_an_advise_key_given_to_a_run_says_which_command_takes_it(capsys):
     from harness.cli.command import preflight
 

@@ -128,9 +128,9 @@ OTHER_PROGRAMS = {
 }
 
 
-# Each engine on its own platform: vLLM and SGLang on GPUs, vllm-ascend on the Ascend preset.
+# Each engine on its own platform: vLLM and SGLang on GPUs, vllm-ascend on Ascend presets.
 PROGRAM_CASES = [(hardware, program) for hardware in HARDWARE for program in sorted(OTHER_PROGRAMS)
-                 if program.startswith("hf_") or (program == "vllm_ascend") == (hardware == "atlas_a2")]
+                 if program.startswith("hf_") or (program == "vllm_ascend") == (graph_strategy(hardware) == "acl_graph")]
 
 
 @pytest.mark.parametrize("hardware, program", PROGRAM_CASES)

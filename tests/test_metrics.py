@@ -130,6 +130,16 @@ def test_a_run_is_host_bound_above_half_the_critical_path_on_the_host(host, boun
     assert out["host_busy_max"] == pytest.approx(0.8) and out["host_cpu_load"] == pytest.approx(1.0)
 
 
+def test_front_end_gaps_are_device_time_not_host_work():
+    """60 % of the path in kernels' front-end gaps and 40 % in launch calls: device-bound, though no kernel
+    works for most of the path (no host-side change removes a gap)."""
+    from harness.sim.metrics import occupancy
+
+    out = occupancy(shares(front_end=0.6, launch=0.4), 30.0, {"host.main": 40.0}, 100.0)
+    assert out["bound"] == "device"
+    assert out["bound_reason"] == "device time is 60% of the critical path (front_end 60%); device idle 70% of the window"
+
+
 def test_an_empty_window_has_no_bubble_and_no_load():
     from harness.sim.metrics import occupancy
 
@@ -143,11 +153,11 @@ def test_an_empty_window_has_no_bubble_and_no_load():
         (dict(launch=0.4, framework=0.3, tiling=0.1, alloc=0.05, compute=0.15), 0.7,
          "host work is 85% of the critical path (launch 40%, framework 30%, tiling 10%); device idle 70% of the window"),
         (dict(compute=0.6, comm=0.3, launch=0.1), 0.1,
-         "device work is 90% of the critical path (compute 60%, comm 30%); device idle 10% of the window"),
+         "device time is 90% of the critical path (compute 60%, comm 30%); device idle 10% of the window"),
         (dict(external=0.6, compute=0.4), 0.2,
-         "device work is 100% of the critical path (external 60%, compute 40%); device idle 20% of the window;"
+         "device time is 100% of the critical path (external 60%, compute 40%); device idle 20% of the window;"
          " 60% is the device waiting for work outside the trace (another stream, process or step)"),
-        (dict(external=0.5, compute=0.5), 0.2, "device work is 100% of the critical path (compute 50%, external 50%); device idle 20% of the window"),
+        (dict(external=0.5, compute=0.5), 0.2, "device time is 100% of the critical path (compute 50%, external 50%); device idle 20% of the window"),
     ],
 )
 def test_the_bound_reason_names_the_three_largest_shares_of_its_side(parts, bubble, reason):
@@ -244,7 +254,7 @@ def test_the_bound_reason_at_exactly_half_on_the_host_takes_the_device_side():
     from harness.sim.metrics import bound_reason
 
     breakdown = shares(launch=0.5, compute=0.5)
-    assert bound_reason(0.5, breakdown, 0.4) == "device work is 50% of the critical path (compute 50%); device idle 40% of the window"
+    assert bound_reason(0.5, breakdown, 0.4) == "device time is 50% of the critical path (compute 50%); device idle 40% of the window"
 
 
 def test_lanes_merge_in_key_order_whichever_lane_holds_them():

@@ -4,6 +4,7 @@ the run the candidates start from is composed by Hydra like any other run."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, ClassVar, Dict, List, Optional
 
 import yaml
@@ -80,7 +81,7 @@ def compose_advise(preset: str, overrides: list[str]) -> AdviseConfig:
     return advise
 
 
-def _merged_advise(path, overrides: list[str], axes: dict, dotted: list[str]) -> AdviseConfig:
+def _merged_advise(path: Path, overrides: list[str], axes: dict, dotted: list[str]) -> AdviseConfig:
     try:
         chosen = OmegaConf.load(path)
         if any(o.partition("=")[0] == "space" for o in overrides) and "space" in chosen:

@@ -11,7 +11,8 @@ The breakdown is the step's critical path as a trace shows it: while the device 
 the device (by task category); while it waits for the host, on the host thread (by what the thread
 was doing: framework code, a launch call, an allocation, a sync); while launched work has not
 started, on the device's front end (`front_end`: launch latency, a kernel's gap behind the one before
-it; `external` when the stream was busy with work the trace does not hold).
+it, and also a wait for an event of another stream, which a trace does not tell apart; `external` when
+the stream was busy with work the trace does not hold).
 
 `peer_breakdown` recomputes HolisticTraceAnalysis 0.5's temporal breakdown and idle-time breakdown
 with HTA's own definitions (window, event set, name-based categories, whole-µs rounding), so the

@@ -315,8 +315,10 @@ def bound_reason(host_share: float, breakdown: np.ndarray, bubble: float) -> str
     names = HOST_CATEGORIES if host_side else tuple(c for c in CATEGORIES if c not in HOST_CATEGORIES)
     top = sorted(names, key=lambda c: -breakdown[CATEGORY[c]])[:3]
     parts = ", ".join(f"{c} {breakdown[CATEGORY[c]]:.0%}" for c in top if breakdown[CATEGORY[c]] > 0)
-    side, share = ("host", host_share) if host_side else ("device", 1.0 - host_share)
-    reason = f"{side} work is {share:.0%} of the critical path ({parts}); device idle {bubble:.0%} of the window"
+    # The device side holds more than the kernels' work: their front-end gaps, a wait for work outside a trace.
+    side = "host work" if host_side else "device time"
+    share = host_share if host_side else 1.0 - host_share
+    reason = f"{side} is {share:.0%} of the critical path ({parts}); device idle {bubble:.0%} of the window"
     external = breakdown[CATEGORY["external"]]
     if external > 0.5:  # neither this host nor this device's own work: say so rather than "device-bound"
         reason += f"; {external:.0%} is the device waiting for work outside the trace (another stream, process or step)"
