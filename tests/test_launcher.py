@@ -233,3 +233,37 @@ def test_the_launchers_job_runner_does_what_hydras_run_job_does(tmp_path, monkey
             assert set(outcomes[0][0]) == {"config.yaml", "hydra.yaml", "overrides.yaml"}
     assert Path(seen[0][0]).parent == tmp_path / "sw" and Path(seen[0][0]).name.startswith("5_") and seen[0][1] == 5
     assert outcomes[0][4] == JobStatus.FAILED
+
+
+def test_a_stop_raised_where_python_cannot_raise_it_prints_no_traceback(monkeypatch, capsys):
+    """SIGINT while a weakref callback runs (garbage collection): Python cannot raise the stop there and
+    printed "Exception ignored in …" with a traceback before the command's one line; the stop is already
+    requested (raise_if_stopped ends the command by it), so the hook says nothing. Other errors still go
+    to Python's hook."""
+    import weakref
+
+    from harness.base import stopping
+
+    class Thing:
+        pass
+
+    monkeypatch.setattr(signal, "signal", lambda *args: None)  # this process keeps its handlers
+    monkeypatch.setattr(sys, "unraisablehook", sys.unraisablehook)  # and its hook, after the test
+    stopping.stop_on_signals()  # what every command does first
+    assert sys.unraisablehook is stopping._quiet_unraisable
+
+    stop = stopping.Stopped(signal.SIGINT)
+    passed_on = []
+    monkeypatch.setattr(stopping, "_requested", stop)
+    monkeypatch.setattr(stopping, "_python_unraisable_hook", lambda unraisable: passed_on.append(type(unraisable.exc_value)))
+
+    for error in (stop, ValueError("not a stop")):
+        def callback(_ref, error=error):
+            raise error
+
+        thing = Thing()
+        ref = weakref.ref(thing, callback)
+        del thing  # the callback runs here and its exception is unraisable
+        assert ref() is None
+    assert passed_on == [ValueError]
+    assert "Traceback" not in capsys.readouterr().err

@@ -112,9 +112,22 @@ def _stop(signum: int, frame: object) -> None:
     stop_with(Stopped(signum))
 
 
+def _quiet_unraisable(unraisable) -> None:
+    """sys.unraisablehook: a stop raised where Python cannot raise it (a weakref callback or a `__del__`
+    that runs during garbage collection) is already requested, and `raise_if_stopped` ends the command by
+    it; Python's own hook printed "Exception ignored in …" and its traceback first. Anything else as before."""
+    if isinstance(unraisable.exc_value, Stopped) and unraisable.exc_value is _requested:
+        return
+    _python_unraisable_hook(unraisable)
+
+
+_python_unraisable_hook = sys.unraisablehook
+
+
 def stop_on_signals() -> None:
     """SIGINT and SIGTERM raise `Stopped` in this process (between store calls). The main thread only:
     Python runs signal handlers there. A sweep replaces them with its own (harness.sweep.callbacks)."""
+    sys.unraisablehook = _quiet_unraisable
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGINT, _stop)
         signal.signal(signal.SIGTERM, _stop)
