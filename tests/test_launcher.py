@@ -267,3 +267,22 @@ def test_a_stop_raised_where_python_cannot_raise_it_prints_no_traceback(monkeypa
         assert ref() is None
     assert passed_on == [ValueError]
     assert "Traceback" not in capsys.readouterr().err
+
+
+def test_an_error_leaving_a_held_block_after_a_stop_gives_way_to_the_stop():
+    """Ctrl-C while a held block (composing a config) runs, then the block fails (a value check, or
+    OmegaConf left broken): the command ends by the stop, not with a "bad input" line. Without a stop
+    the error is the error."""
+    from harness.base.errors import ConfigError
+    from harness.base.stopping import Stopped, forget, held
+
+    try:
+        with pytest.raises(Stopped):
+            with held():
+                stop_with(Stopped(signal.SIGINT))  # deferred: the block goes on
+                raise ConfigError("workload.batch_size=0: must be in 1..1048576 sequences")
+    finally:
+        forget()
+    with pytest.raises(ConfigError):
+        with held():
+            raise ConfigError("workload.batch_size=0: must be in 1..1048576 sequences")

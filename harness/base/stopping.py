@@ -58,11 +58,20 @@ def store_call() -> contextlib.AbstractContextManager[None]:
     return _deferring(raise_at_end=True)
 
 
-def held() -> contextlib.AbstractContextManager[None]:
+@contextlib.contextmanager
+def held() -> Iterator[None]:
     """A block that a stop does not interrupt and that does not raise it either: a command's imports (a
     module left half-imported by Ctrl-C broke what came after it: a false "bad input" line, an exception
-    swallowed and the run finished). The stop stays requested; the command's `raise_if_stopped` raises it."""
-    return _deferring(raise_at_end=False)
+    swallowed and the run finished). The stop stays requested; the command's `raise_if_stopped` raises it.
+    An error that leaves the block once a stop was requested gives way to the stop: the user asked to
+    stop, and the error may be the stop's doing (a "bad input" line would be false)."""
+    with _deferring(raise_at_end=False):
+        try:
+            yield
+        except Exception:
+            if _requested is not None:
+                raise _requested from None
+            raise
 
 
 def forget() -> None:
