@@ -183,7 +183,7 @@ def test_the_path_of_each_step_covers_its_latency():
     lowering = Lowering(workload, run.hardware, run.strategy, run.seed, plan, run.engine)
     for steps in (np.arange(5), np.arange(2, 5)):
         result = simulate(lowering.graph(steps))
-        on_path, all_tasks = result.step_category_us(len(CATEGORIES), CATEGORY["front_end"])
+        on_path, all_tasks = result.step_category_us()
         start, end = step_bounds(result)
         assert on_path.shape[0] == steps.size
         assert on_path.sum(axis=1) == pytest.approx(end - start, rel=1e-12)
@@ -218,8 +218,8 @@ def test_the_critical_path_starts_from_the_last_task_to_end_highest_id_on_ties()
     g.tasks["category"] = [0, 7]
     result = simulate(g)
     assert result.critical_path().tolist() == [1]
-    on_path, all_tasks = result.step_category_us(13, 12)
-    assert on_path[0].tolist() == [0.0] * 7 + [2.0] + [0.0] * 5 and all_tasks[0, [0, 7]].tolist() == [2.0, 2.0]
+    on_path, all_tasks = result.step_category_us()
+    assert on_path[0].tolist() == [0.0] * 7 + [2.0] + [0.0] * (len(CATEGORIES) - 8) and all_tasks[0, [0, 7]].tolist() == [2.0, 2.0]
 
 
 def test_a_tasks_lead_on_the_critical_path_is_front_end_time():
@@ -228,9 +228,10 @@ def test_a_tasks_lead_on_the_critical_path_is_front_end_time():
     g = make_graph([0, 0], [-1, -1], [0, 0], [2.0, 2.5], [[], []], [1])
     g.tasks["category"] = [0, 7]
     g.tasks["lead_us"] = [0.0, 0.5]
-    on_path, all_tasks = simulate(g).step_category_us(13, 12)
-    assert on_path[0, [0, 7, 12]].tolist() == [2.0, 2.0, 0.5] and on_path[0].sum() == 4.5
-    assert all_tasks[0, [0, 7, 12]].tolist() == [2.0, 2.0, 0.0]
+    on_path, all_tasks = simulate(g).step_category_us()
+    front_end = CATEGORY["front_end"]
+    assert on_path[0, [0, 7, front_end]].tolist() == [2.0, 2.0, 0.5] and on_path[0].sum() == 4.5
+    assert all_tasks[0, [0, 7, front_end]].tolist() == [2.0, 2.0, 0.0]
 
 
 def test_a_task_that_becomes_head_of_the_queue_keeps_its_place_for_those_behind():

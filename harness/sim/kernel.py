@@ -29,7 +29,7 @@ import numpy as np
 from numba import njit
 
 from harness.base.errors import HarnessError
-from harness.sim.task_graph import TaskGraph
+from harness.sim.task_graph import CATEGORIES, CATEGORY, TaskGraph
 
 STATUS_OK = 0
 STATUS_DEADLOCK = 1
@@ -371,15 +371,15 @@ class SimulationResult:
     def critical_path(self) -> np.ndarray:
         return _critical_path(self.end_us, self.decider)
 
-    def step_category_us(self, n_categories: int, front_end: int) -> tuple[np.ndarray, np.ndarray]:
-        """(on_path, all_tasks), each (steps, categories): time per task category on the critical path
+    def step_category_us(self) -> tuple[np.ndarray, np.ndarray]:
+        """(on_path, all_tasks), each (steps, CATEGORIES): time per task category on the critical path
         of each step the result holds (a step's path spans it: rows sum to latencies; device tasks'
         leads in category `front_end`), and summed over all its tasks (host, device and copy lanes; a
         device task from where its work begins)."""
         step = self.column("step")
         first, last = int(step.min()), int(step.max())
         return _step_category_us(self.start_us, self.work_start_us, self.end_us, self.decider, step, self.column("category"), first, last - first + 1,
-                                 n_categories, front_end)
+                                 len(CATEGORIES), CATEGORY["front_end"])
 
 
 # Codes of the first problem `_check_graph` finds (0: none).

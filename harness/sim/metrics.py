@@ -131,7 +131,7 @@ class StepMeasures:
         # Kernel launches and graph triggers (the launch stage); the per-step H2D issue of the input
         # tokens is a copy call and does not count.
         launches = np.bincount(step[result.column("stage") == LAUNCH_STAGE] - step.min(), minlength=step_start.size)
-        path_us, task_us = result.step_category_us(len(CATEGORIES), CATEGORY["front_end"])
+        path_us, task_us = result.step_category_us()
         return StepMeasures(
             start_us=step_start,
             end_us=step_end,
