@@ -295,6 +295,22 @@ def test_memory_fits_at_exactly_the_capacity_and_not_above():
     )
 
 
+
+def test_a_configuration_tensorrt_llm_ran_on_an_a100_80gb_fits_its_preset():
+    """TensorRT-LLM ran Llama-2-7B in FP16 at batch 52 with 2,048-token prompts on one A100 80GB (its
+    docs/source/performance.md, v0.6.1: 591 tok/s). By hand, the prompts' forward: weights 6,738,415,616 × 2 B
+    = 13.476831232 GB; KV cache 52 × 2,048 tokens × 524,288 B = 55.834574848 GB; workspace twice the largest
+    op's activations, SiLU-and-mul over 106,496 tokens × 11,008 × 3 tensors × 2 B: 14.067695616 GB; 83.38 GB
+    in all. The card holds 81,920 MiB = 85.90 GB; read as 80 GB of 1e9 bytes (its datasheet's GiB) the run
+    was refused."""
+    run = compose_run("hardware=a100", "workload=llama2_7b_prefill", "workload.batch_size=52", "workload.context_len=2048", "workload.steps=2")
+    workload = build_workload(run.workload)
+    assert dataclasses.astuple(workload.memory) == pytest.approx((13.476831232, 55.834574848, 14.067695616, 0.0), rel=1e-12)
+    assert run.hardware.device.hbm_gb == pytest.approx(81_920 * 2**20 / 1e9, abs=0.05)
+    check_memory(workload, run.hardware.device.hbm_gb)
+    with pytest.raises(ConfigError, match=r"^hardware\.device\.hbm_gb=80: .* = 83\.4 GB"):
+        check_memory(workload, 80.0)
+
 @pytest.mark.parametrize("strategy", ["eager", "acl_graph"])
 def test_a_run_fits_hbm_at_its_exact_footprint(strategy):
     """The footprint checked is weights + KV cache + workspace + the captured graphs (the preset's graph_mem_mib each)."""
@@ -323,13 +339,13 @@ def test_warmup_leaves_at_least_one_measured_step(warmup, measured):
         compose_run("workload.steps=4", "workload.warmup_steps=4")
 
 
-# Llama-2-7B decode, one sequence of 1,024 prompt tokens, on atlas_a2's 64 GB (the defaults). By hand:
-# weights 6,738,415,616 parameters × 2 B = 13.476831232 GB; the KV cache 2 (K, V) × 32 layers × 32 heads ×
-# 128 × 2 B = 524,288 B a token; the workspace twice the largest op's activations, one layer's K and V read
-# by attention: 2 × (2 × 32 × 128 × 2 B) = 32,768 B a token, over KV + 1 tokens. Step s attends over
-# 1,024 + s + 1 tokens, so 13.476831232e9 + 524,288 kv + 32,768 (kv + 1) <= 64e9 holds up to kv = 90,696:
-# s <= 89,671, 89,672 steps.
-KV_STEPS_FIT = 89_672
+# Llama-2-7B decode, one sequence of 1,024 prompt tokens, on atlas_a2's 64 GiB (the defaults: 68.72 GB of 1e9
+# bytes). By hand: weights 6,738,415,616 parameters × 2 B = 13.476831232 GB; the KV cache 2 (K, V) × 32 layers
+# × 32 heads × 128 × 2 B = 524,288 B a token; the workspace twice the largest op's activations, one layer's K
+# and V read by attention: 2 × (2 × 32 × 128 × 2 B) = 32,768 B a token, over KV + 1 tokens. Step s attends
+# over 1,024 + s + 1 tokens, so 13.476831232e9 + 524,288 kv + 32,768 (kv + 1) <= 68.72e9 holds up to
+# kv = 99,169: s <= 98,144, 98,145 steps.
+KV_STEPS_FIT = 98_145
 
 
 @pytest.mark.parametrize("steps, fits", [(KV_STEPS_FIT - 1, True), (KV_STEPS_FIT, True), (KV_STEPS_FIT + 1, False)])
@@ -346,7 +362,7 @@ def test_a_decode_run_is_refused_when_its_kv_cache_outgrows_hbm_by_its_last_step
             run_module.check_size(run)
         assert str(refused.value) == (
             f"workload.steps={steps}: the KV cache grows by a token a step, to {1024 + steps:,} tokens a sequence at the last"
-            f" step: 64.0 GB with hardware.device.hbm_gb=64 (about {KV_STEPS_FIT:,} steps fit)"
+            f" step: 68.7 GB with hardware.device.hbm_gb=68.72 (about {KV_STEPS_FIT:,} steps fit)"
         )
 
 

@@ -64,7 +64,7 @@ def test_memory_check_fails_with_the_sizes_and_passes_on_presets():
         "hardware.device.hbm_gb=8: deepseek_v3 does not fit on one rank: weights 46.7 GB + KV cache 1.2 GB + workspace 0.0 GB"
         " + graphs 0.0 GB = 48.0 GB"
     )
-    # bf16 DeepSeek-V3 on the same 16 ranks needs ~88 GB of weights per rank: does not fit 64 GB either.
+    # bf16 DeepSeek-V3 on the same 16 ranks needs ~88 GB of weights per rank: does not fit 68.7 GB either.
     run, wl = workload("workload=deepseek_v3", "workload.quant=bf16")
     with pytest.raises(ConfigError):
         check_memory(wl, run.hardware.device.hbm_gb)

@@ -137,7 +137,7 @@ class DeviceConfig:
     rated_cores: int = 0  # cores the peaks above are for; 0: ai_cores
     matmul_efficiency: float = 1.0  # fraction of the matmul peak a framework's compute-bound GEMMs reach
     hbm_efficiency: float = 1.0  # best fraction of the HBM bandwidth a kernel reaches (streaming)
-    hbm_gb: float = 64.0
+    hbm_gb: float = 68.72  # GB of 1e9 bytes (the Atlas A2's 64 GiB)
     hbm_gbps: float = 1600.0
     matmul_fixed_us: float = 5.0
     vector_fixed_us: float = 2.0
