@@ -322,20 +322,42 @@ def test_a_host_twice_as_fast_halves_every_host_task_and_nothing_else(overrides)
     ],
 )
 def test_routed_experts_read_are_set_by_the_tokens_that_route_not_by_padded_rows(batch, moe_pad, picks, rows):
-    """Qwen3-30B-A3B (128 experts, 8 a token) on TP 4: `picks` uniform picks hit 128 (1 - (127/128)^picks)
-    distinct experts, whose weights are read once (67.71 for 96 picks, 81.10 for 128). Padding the rows of
-    the experts already hit (graph shapes) adds multiplications, not weights; padding the batch adds tokens,
-    which route (vllm-ascend#16049: 12 -> 16 costs +11.4 % a step)."""
-    from harness.model.workload import Shapes, _grouped, _moe
+    """Qwen3-30B-A3B (128 experts, 8 a token) on TP 4 without EP: every rank holds a quarter of each of the
+    128 experts (vLLM's FusedMoE splits them like a dense MLP) and multiplies every token's picks with it.
+    `picks` uniform picks hit 128 (1 - (127/128)^picks) distinct experts, whose quarters are read once
+    (67.71 for 96 picks, 81.10 for 128). Padding the rows of the experts already hit (graph shapes) adds
+    multiplications, not weights; padding the batch adds tokens, which route (vllm-ascend#16049: 12 -> 16
+    costs +11.4 % a step)."""
+    from harness.model.workload import Shapes, _combine, _grouped, _moe
 
-    card = {"n_routed_experts": 128, "num_experts_per_tok": 8, "dtype_bytes": 2}
+    card = {"n_routed_experts": 128, "num_experts_per_tok": 8, "dtype_bytes": 2, "hidden_size": 2048}
     shapes = Shapes(card, np.array([float(batch)]), np.array([float(batch)]), np.array([100.0]), 100, True, 4, 1, 1, False,
                     extra={"moe_pad": moe_pad})
     m = _moe(shapes)
     active = 128 * (1 - (127 / 128) ** picks)
-    assert (m["local"], m["sent"].tolist(), m["received"].tolist()) == (128, [batch / 4], [rows])
+    assert (m["local"], m["shard"], m["sent"].tolist(), m["received"].tolist()) == (128, 4, [batch / 4], [rows])
     assert m["active"].tolist() == [pytest.approx(active, rel=1e-12)]
     assert active == pytest.approx({96: 67.715, 128: 81.096}[picks], abs=1e-3)
     cost = _grouped(shapes, 2048, 768)
-    assert cost.bytes.tolist() == [pytest.approx(active * 2048 * 768 * 2 + rows * (2048 + 768) * 2, rel=1e-12)]
-    assert cost.flops.tolist() == [pytest.approx(2.0 * rows * 2048 * 768, rel=1e-12)]
+    assert cost.bytes.tolist() == [pytest.approx(active * 2048 * 768 * 2 / 4 + rows * (2048 + 768) * 2 / 4, rel=1e-12)]
+    assert cost.flops.tolist() == [pytest.approx(2.0 * rows * 2048 * 768 / 4, rel=1e-12)]
+    assert cost.params == 128 * 2048 * 768 / 4 and cost.full_params == 128 * 2048 * 768
+    # The quarters' partial sums of every token are added across the 4 ranks: one all-reduce of the batch.
+    combine = _combine(shapes)
+    assert (combine.comm, combine.ranks, combine.bytes.tolist()) == (COMM_ALL_REDUCE, 4, [batch * 2048 * 2])
+
+
+def test_experts_spread_over_every_device_are_whole_and_exchanged_all_to_all():
+    """EP over all 4 devices (ep = tp x dp): 32 whole experts a rank; 12 tokens split 3 a TP rank, each
+    sends its 3 x 8 picks (24 rows of 2048 x 2 B) all-to-all, and on average receives as many."""
+    from harness.model.workload import Shapes, _combine, _grouped, _moe
+
+    card = {"n_routed_experts": 128, "num_experts_per_tok": 8, "dtype_bytes": 2, "hidden_size": 2048}
+    shapes = Shapes(card, np.array([12.0]), np.array([12.0]), np.array([100.0]), 100, True, 4, 1, 4, False)
+    m = _moe(shapes)
+    assert (m["local"], m["shard"], m["received"].tolist()) == (32, 1, [24])
+    cost = _grouped(shapes, 2048, 768)
+    assert cost.flops.tolist() == [pytest.approx(2.0 * 24 * 2048 * 768, rel=1e-12)]
+    assert cost.params == 32 * 2048 * 768
+    combine = _combine(shapes)
+    assert (combine.comm, combine.ranks, combine.bytes.tolist()) == (COMM_ALL_TO_ALL, 4, [24 * 2048 * 2])

@@ -242,8 +242,12 @@ def _mla_attention(s: Shapes) -> Cost:
 
 
 def _moe(s: Shapes) -> dict:
-    """Routing numbers of the simulated rank: tokens it sends, tokens its experts receive, experts hit."""
+    """Routing numbers of the simulated rank: tokens it sends, tokens its experts receive, experts hit,
+    and `shard`, the ways each of its experts is split. The experts are spread over the EP ranks; with
+    fewer EP ranks than devices each expert is split over the rest, as tensor parallelism splits a dense
+    MLP (vLLM's FusedMoE without expert parallelism: every rank holds its TP slice of all experts)."""
     experts_local = s.n_routed_experts / s.ep
+    shard = s.devices / s.ep
     tokens_moe = np.ceil(s.tokens / s.tp)  # a DP group's tokens are split among its TP ranks before dispatch
     picks = tokens_moe * s.num_experts_per_tok * s.devices / s.ep
     # Expected distinct local experts hit by `picks` uniform picks: their weights are read once. Every
@@ -254,18 +258,18 @@ def _moe(s: Shapes) -> dict:
     if s.extra.get("moe_pad"):  # shape bucketing: per-expert token counts padded up to a power of two
         # Padding rows inside the experts already hit: more rows to multiply, no more weights to read.
         received = 2.0 ** np.ceil(np.log2(np.maximum(picks, 1.0)))
-    return {"local": experts_local, "sent": tokens_moe, "received": received, "active": active}
+    return {"local": experts_local, "sent": tokens_moe, "received": received, "active": active, "shard": shard}
 
 
 def _grouped(s: Shapes, n_in: float, n_out: float) -> Cost:
     m = _moe(s)
     width = s.weight
     act_width = 1 if s.quant else s.act
-    params = m["local"] * n_in * n_out
+    params = m["local"] * n_in * n_out / m["shard"]
     return Cost(
         OpKind.cube,
-        flops=2.0 * m["received"] * n_in * n_out,
-        bytes=m["active"] * n_in * n_out * width + m["received"] * (n_in + n_out) * act_width,
+        flops=2.0 * m["received"] * n_in * n_out / m["shard"],
+        bytes=m["active"] * n_in * n_out / m["shard"] * width + m["received"] * (n_in + n_out) / m["shard"] * act_width,
         params=params,
         full_params=s.n_routed_experts * n_in * n_out,
         weight_bytes=params * width,
@@ -286,6 +290,11 @@ def _dispatch(s: Shapes) -> Optional[Cost]:
 
 def _combine(s: Shapes) -> Optional[Cost]:
     m = _moe(s)
+    if s.ep == 1 and m["shard"] > 1:
+        # Experts split like a dense MLP: each rank holds partial sums of every token's output, summed
+        # across the split as after a row-parallel layer (vLLM FusedMoE's reduce_results all-reduce).
+        # ep == 1: the split spans every device, so it holds the tokens of all dp groups.
+        return _collective(COMM_ALL_REDUCE, int(m["shard"]), s.tokens * s.dp * s.hidden_size * s.act)
     cost = _collective(COMM_ALL_TO_ALL, s.ep, m["sent"] * s.num_experts_per_tok * s.hidden_size * s.act)
     if cost is not None:
         cost.dynamic = cost.routed = True
@@ -400,7 +409,7 @@ OP_FORMULAS: dict[str, Callable[[Shapes], Optional[Cost]]] = {
     "moe_topk": lambda s: _vector(s, s.tokens * s.n_routed_experts, 4.0, 1.0),
     "moe_dispatch": _dispatch,
     "grouped_gate_up": lambda s: _grouped(s, s.hidden_size, 2 * s.moe_intermediate_size),
-    "moe_act": lambda s: _routed(_vector(s, _moe(s)["received"] * s.moe_intermediate_size, 5.0, 3.0, dynamic=True)),
+    "moe_act": lambda s: _routed(_vector(s, _moe(s)["received"] * s.moe_intermediate_size / _moe(s)["shard"], 5.0, 3.0, dynamic=True)),
     "grouped_down": lambda s: _grouped(s, s.moe_intermediate_size, s.hidden_size),
     "moe_combine": _combine,
     "shared_gate_up": _if(lambda s: _shared(s) > 0, lambda s: _linear(s, s.hidden_size, 2 * _shared(s), s.tp)),
