@@ -256,18 +256,21 @@ def test_sink_builds_graphs_in_program_order_while_the_budget_lasts(streams, gra
 
 
 @pytest.mark.parametrize(
-    "max_batch, sizes, modes",
-    # A batch replays a start-up graph when the size it pads to was captured: 3 pads to 4, 5 to 8.
-    [(3, [1, 2], [R, R, E, E]), (4, [1, 2, 4], [R, R, R, R]), (5, [1, 2, 4], [R, R, R, E])],
+    "max_batch, sizes, padded",
+    # Every size up to the first that holds max_batch is captured (vLLM V0 pads max_num_seqs up to a
+    # capture size, V1 captures up to twice it): 3 and 4 capture the 4-graph, 5 the 8-graph.
+    [(3, [1, 2, 4], [1, 2, 4, 4]), (4, [1, 2, 4], [1, 2, 4, 4]), (5, [1, 2, 4, 8], [1, 2, 4, 8])],
 )
-def test_a_serving_engine_captures_every_size_up_to_its_largest_batch(max_batch, sizes, modes):
+def test_a_serving_engine_captures_every_size_up_to_the_one_holding_its_largest_batch(max_batch, sizes, padded):
     run = compose_run("workload=llama31_8b_decode", "strategy=acl_graph", "strategy.graph.buckets=[1,2,4,8]",
                       "workload.serving.enabled=true", f"workload.serving.max_batch={max_batch}", "workload.steps=4")
     workload, plan = prepare(run, np.array([1, 2, 3, max_batch]), None)
     assert plan.info["graph_captures"] == len(sizes)
     assert plan.info["capture_ms"] == pytest.approx(len(sizes) * run.hardware.graph.capture_ms)
-    assert plan.mode.tolist() == modes
+    assert plan.mode.tolist() == [R, R, R, R]
+    assert workload.batch.tolist() == padded
     assert workload.memory.graphs_gb == pytest.approx(len(sizes) * run.hardware.graph.graph_mem_mib * MIB / 1e9)
+
 
 
 def test_start_up_captures_stop_at_the_stream_budget():

@@ -168,9 +168,12 @@ def prepare(
             keys = np.where(fits, _row_keys(probe.shape_key), -1)
         startup = cfg.serving.enabled and graph.mode == GraphMode.capture
         if startup and not fallback:
-            # A serving engine captures its graphs at start-up, before the first request (vLLM: every
-            # capture size up to max_num_seqs): the request stream only replays them.
-            sizes = [b for b in buckets if b <= cfg.serving.max_batch] or buckets[:1]
+            # A serving engine captures its graphs at start-up, before the first request: every capture
+            # size up to the first that holds max_num_seqs (vLLM V0's max_batchsize_to_capture pads
+            # max_num_seqs up to a capture size; V1 captures up to 2 x max_num_seqs), so that its largest
+            # batch replays too. The request stream only replays them.
+            holding = [b for b in buckets if b >= cfg.serving.max_batch][:1]
+            sizes = [b for b in buckets if b < cfg.serving.max_batch] + holding
             startup_graphs = sizes[:max_graphs]
             mode[np.isin(keys, startup_graphs)] = REPLAY
             info["graph_captures"] = len(startup_graphs)
