@@ -47,6 +47,7 @@ MB_196 = 1.96e6  # bytes per rank: 10 µs over the scale-up link, 78.4 µs betwe
         (COMM_NONE, 8, MB_196, 0.0),
         (COMM_ALL_REDUCE, 1, MB_196, 0.0),
         (COMM_ALL_GATHER, 1, MB_196, 0.0),
+        (COMM_ALL_TO_ALL, 1, MB_196, 0.0),  # not even the hop's latency
     ],
 )
 def test_collective_transfer_times(comm, ranks, nbytes, expected_us):
@@ -361,3 +362,19 @@ def test_experts_spread_over_every_device_are_whole_and_exchanged_all_to_all():
     assert cost.params == 32 * 2048 * 768
     combine = _combine(shapes)
     assert (combine.comm, combine.ranks, combine.bytes.tolist()) == (COMM_ALL_TO_ALL, 4, [24 * 2048 * 2])
+
+
+@pytest.mark.parametrize("tp, kv_heads_a_rank", [(4, 1), (8, 1)])
+def test_a_kv_head_is_replicated_in_the_projection_weights_as_in_the_cache(tp, kv_heads_a_rank):
+    """Qwen3-30B-A3B: 32 query heads, 4 KV heads of 128, hidden 2048. At TP 4 each rank holds one KV
+    head; at TP 8 two ranks share each, both holding it whole (vLLM replicates KV heads when there are
+    fewer than TP ranks), so the fused QKV weights a rank reads are 2048 x (32 / tp + 2 x 1) x 128 x 2 B
+    (TP 8: 3,145,728 B, not the 2,621,440 of half a KV head), like the KV cache's one head a rank."""
+    run = compose_run("workload=qwen3_30b_decode", f"workload.tp={tp}", f"workload.ep={tp}", "workload.steps=2")
+    workload = build_workload(run.workload)
+    qkv = workload.op_names.index("layers.0.qkv_proj")
+    weights = 2048 * (32 / tp + 2 * kv_heads_a_rank) * 128 * 2
+    tokens = run.workload.batch_size
+    activations = tokens * (2048 + (32 / tp + 2 * kv_heads_a_rank) * 128 * tp) / tp * 2
+    assert workload.bytes[0, qkv] == pytest.approx(weights + activations, rel=1e-12)
+    assert workload.flops[0, qkv] == pytest.approx(2.0 * tokens * weights / 2, rel=1e-12)

@@ -70,7 +70,7 @@ def collective_us(comm: np.ndarray, ranks: np.ndarray, nbytes: np.ndarray, link:
     safe_p = np.maximum(p, 1.0)
     all_reduce = 2 * (p - 1) * (hop_us + nbytes / safe_p / bytes_per_us)
     all_gather = (p - 1) * (hop_us + nbytes / bytes_per_us)
-    all_to_all = hop_us + nbytes * (p - 1) / safe_p / bytes_per_us
+    all_to_all = np.where(p > 1, hop_us + nbytes * (p - 1) / safe_p / bytes_per_us, 0.0)  # one rank keeps its own data
     return np.select(
         [comm == COMM_ALL_REDUCE, comm == COMM_ALL_GATHER, comm == COMM_ALL_TO_ALL],
         [all_reduce, all_gather, all_to_all],

@@ -377,11 +377,9 @@ OP_FORMULAS: dict[str, Callable[[Shapes], Optional[Cost]]] = {
     "dynamic_quant": _if(lambda s: s.quant, lambda s: _vector(s, s.tokens * s.hidden_size, 3.0, 1.5)),
     # GQA / MHA attention
     "q_proj": lambda s: _linear(s, s.hidden_size, s.num_attention_heads * s.head_dim, s.tp, bias=bool(s.card.get("attention_bias"))),
-    "k_proj": lambda s: _linear(s, s.hidden_size, s.num_key_value_heads * s.head_dim, s.tp, bias=bool(s.card.get("attention_bias"))),
-    "v_proj": lambda s: _linear(s, s.hidden_size, s.num_key_value_heads * s.head_dim, s.tp, bias=bool(s.card.get("attention_bias"))),
-    "qkv_proj": lambda s: _linear(
-        s, s.hidden_size, (s.num_attention_heads + 2 * s.num_key_value_heads) * s.head_dim, s.tp, bias=bool(s.card.get("attention_bias"))
-    ),
+    "k_proj": lambda s: _kv_linear(s, 0, 1),
+    "v_proj": lambda s: _kv_linear(s, 0, 1),
+    "qkv_proj": lambda s: _kv_linear(s, s.num_attention_heads, 2),
     "o_proj": lambda s: _linear(s, s.num_attention_heads * s.v_head_dim, s.hidden_size, s.tp),
     "rope": lambda s: _vector(s, s.tokens * (s.heads + s.kv_heads) * s.head_dim, 6.0, 2.0),
     "kv_cache_write": lambda s: _vector(s, s.tokens * s.kv_heads * (s.head_dim + s.v_head_dim), 0.0, 2.0),
@@ -416,6 +414,17 @@ OP_FORMULAS: dict[str, Callable[[Shapes], Optional[Cost]]] = {
     "shared_act": _if(lambda s: _shared(s) > 0, lambda s: _vector(s, s.tokens * _shared(s) / s.tp, 5.0, 3.0)),
     "shared_down": _if(lambda s: _shared(s) > 0, lambda s: _linear(s, _shared(s), s.hidden_size, s.tp)),
 }
+
+
+def _kv_linear(s: Shapes, q_heads: int, kv_sets: int) -> Cost:
+    """A projection into `q_heads` query heads and `kv_sets` sets (K, V) of KV heads, split over TP. With
+    fewer KV heads than TP ranks each rank keeps a whole KV head (vLLM replicates them), as the KV cache
+    does: its weights and work are per replicated head; the model's own count stays unreplicated."""
+    bias = bool(s.card.get("attention_bias"))
+    cost = _linear(s, s.hidden_size, (q_heads + kv_sets * s.kv_heads * s.tp) * s.head_dim, s.tp, bias=bias)
+    n_out = (q_heads + kv_sets * s.num_key_value_heads) * s.head_dim
+    cost.full_params = s.hidden_size * n_out + (n_out if bias else 0)
+    return cost
 
 
 def _routed(cost: Cost) -> Cost:
