@@ -333,9 +333,24 @@ def test_a_winner_without_latency_figures_is_still_described():
     """A serving run that finished no request has no TPOT or TTFT: the answer leaves them out instead of failing."""
     from harness.advisor.answer import _latency_text
 
-    assert _latency_text({"tpot_ms_p50": None, "ttft_ms": None}) == ""
-    assert _latency_text({"tpot_ms_p50": 7.0871, "ttft_ms": None}) == " at TPOT p50 7.09 ms"
-    assert _latency_text({"tpot_ms_p50": 7.0871, "ttft_ms": 10.93}) == " at TPOT p50 7.09 ms, TTFT 10.9 ms"
+    assert _latency_text({"tpot_ms_p50": None, "ttft_ms": None, "ttft_without_prefill": False}) == ""
+    assert _latency_text({"tpot_ms_p50": 7.0871, "ttft_ms": None, "ttft_without_prefill": False}) == " at TPOT p50 7.09 ms"
+    assert _latency_text({"tpot_ms_p50": 7.0871, "ttft_ms": 10.93, "ttft_without_prefill": False}) == " at TPOT p50 7.09 ms, TTFT 10.9 ms"
+
+
+def test_a_serving_runs_ttft_is_named_for_what_it_leaves_out():
+    """A serving run's requests arrive prefilled: its TTFT (the wait for the first decode token) has no
+    prefill in it, and a TTFT limit checked against it says so, in the answer and in a rejection."""
+    from harness.advisor.answer import _latency_text
+    from harness.advisor.rung import figures, latency_miss
+
+    summary = {"median_tpot_ms": 7.0871, "p99_tpot_ms": 7.4, "median_ttft_ms": 10.93, "throughput_tok_s": 100.0,
+               "bubble_ratio": 0.1, "bound": "device", "ttft_note": "requests arrive prefilled: ..."}
+    assert _latency_text(figures(summary)) == " at TPOT p50 7.09 ms, TTFT 10.9 ms (without prefill: the requests arrive prefilled)"
+    limit = question(space={"workload.batch_size": [1, 8]}, ttft_ms_max=10.0)
+    assert latency_miss(summary, limit) == "TTFT without prefill 10.9 ms > advise.ttft_ms_max=10"
+    step = {"step_ms_p50": 7.0, "step_ms_p99": 7.5, "ttft_ms": 12.0, "throughput_tok_s": 100.0, "bubble_ratio": 0.1, "bound": "device"}
+    assert latency_miss(step, limit) == "TTFT 12.0 ms > advise.ttft_ms_max=10"
 
 
 def test_the_answer_does_not_depend_on_where_it_is_simulated():

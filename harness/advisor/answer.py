@@ -49,8 +49,9 @@ def margin_text(winner: Candidate, other: Candidate | None, what: str) -> str:
 
 def _latency_text(f: dict) -> str:
     """` at TPOT p50 … ms, TTFT … ms`, each where the run measured it (a serving run with no request done has neither)."""
+    prefill = " (without prefill: the requests arrive prefilled)" if f["ttft_without_prefill"] else ""
     parts = ([f"TPOT p50 {f['tpot_ms_p50']:.2f} ms"] if f["tpot_ms_p50"] is not None else []) + (
-        [f"TTFT {f['ttft_ms']:.1f} ms"] if f["ttft_ms"] is not None else [])
+        [f"TTFT {f['ttft_ms']:.1f} ms{prefill}"] if f["ttft_ms"] is not None else [])
     return " at " + ", ".join(parts) if parts else ""
 
 
