@@ -378,3 +378,20 @@ def test_a_kv_head_is_replicated_in_the_projection_weights_as_in_the_cache(tp, k
     activations = tokens * (2048 + (32 / tp + 2 * kv_heads_a_rank) * 128 * tp) / tp * 2
     assert workload.bytes[0, qkv] == pytest.approx(weights + activations, rel=1e-12)
     assert workload.flops[0, qkv] == pytest.approx(2.0 * tokens * weights / 2, rel=1e-12)
+
+
+def test_mla_prefill_attends_over_expanded_heads_and_decode_over_the_latent():
+    """DeepSeek-V3 on TP 4 (32 of 128 heads a rank). Prefill of 4,096 tokens expands the latent into each
+    head's 192-wide keys and 128-wide values (vLLM's and vllm-ascend's prefill path): 2 x 32 x (192 + 128)
+    x 4,096^2 / 2 causal pairs = 171.8 GFLOP, reading Q, K, V and writing O (32 x (2 x 192 + 2 x 128) x 2 B
+    a token). Decode attends over the 576-wide latent with absorbed weights: 2 x 32 x (576 + 512) FLOPs a
+    cached token, 3.4x a prefill pair's 2 x 32 x 320."""
+    prefill = build_workload(compose_run("workload=deepseek_v3_prefill").workload)
+    j = prefill.op_names.index("layers.0.mla_attention")
+    assert prefill.flops[0, j] == 2 * 32 * (192 + 128) * 4096 * 4096 / 2
+    assert prefill.bytes[0, j] == 4096 * 32 * (2 * 192 + 2 * 128) * 2
+    run = compose_run("workload=deepseek_v3", "workload.steps=2")
+    decode = build_workload(run.workload)
+    j = decode.op_names.index("layers.0.mla_attention")
+    kv_tokens = run.workload.batch_size * (run.workload.context_len + 1)
+    assert decode.flops[0, j] == pytest.approx(2 * 32 * (576 + 512) * kv_tokens, rel=1e-12)
