@@ -291,3 +291,28 @@ def test_a_card_edited_on_disk_is_read_again(tmp_path, monkeypatch):
     stat = card.stat()
     os.utime(card, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000_000))
     assert load_card("llama2_7b")["num_hidden_layers"] == 30
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        # Qwen2.5-7B: 28 attention heads (vLLM: "Total number of attention heads (28) must be divisible by
+        # tensor parallel size (8)").
+        (["workload=qwen25_7b_decode", "workload.tp=8"], "workload.tp=8: card 'qwen25_7b' has 28 attention heads, which do not split over 8 ranks"),
+        (["workload=llama31_8b_decode", "workload.tp=3"], "workload.tp=3: card 'llama31_8b' has 32 attention heads, which do not split over 3 ranks"),
+        # Qwen2.5-1.5B: its 12 heads split over 3 ranks, its 2 KV heads neither split nor replicate evenly.
+        (["workload=qwen25_1_5b_decode", "workload.tp=3"],
+         "workload.tp=3: card 'qwen25_1_5b' has 2 KV heads, which neither split over 3 ranks nor replicate evenly"),
+    ],
+)
+def test_a_tp_degree_the_heads_do_not_split_over_is_refused(overrides, message):
+    with pytest.raises(ConfigError) as refused:
+        build_workload(compose_run(*overrides, "workload.steps=2").workload)
+    assert str(refused.value) == message
+
+
+def test_kv_heads_fewer_than_tp_ranks_replicate_when_tp_is_a_multiple_of_them():
+    """Llama-3.1-8B at TP 16: 32 heads split (2 a rank), 8 KV heads each held by 2 ranks."""
+    build_workload(compose_run("workload=llama31_8b_decode", "workload.tp=16", "workload.steps=2").workload)
+    with pytest.raises(ConfigError, match=r"^workload\.tp=32: card 'qwen25_7b' has 28 attention heads"):
+        build_workload(compose_run("workload=qwen25_7b_decode", "workload.tp=32", "workload.steps=2").workload)

@@ -625,6 +625,7 @@ def build_workload(
         card = load_card(cfg.card, cfg.card_overrides)
         if cfg.kernels.value == "unfused" and not card.get("unfused_layer_ops"):
             raise ConfigError(f"workload.kernels=unfused: card {cfg.card!r} lists no unfused (HF transformers eager) op sequence")
+        check_head_split(card, cfg.card, cfg.tp)
         static_kv = cfg.kv_cache == KvCache.static or (cfg.kv_cache == KvCache.auto and graphs)
         return _from_card(card, cfg, np.asarray(batch, dtype=np.int64), devices_per_node, kv_len, moe_pad, engine_layer_us, module_us, static_kv)
     if cfg.path is not None:
@@ -635,6 +636,16 @@ def build_workload(
              compute_dependent=op.compute_dependent, cpu_eligible=op.cpu_eligible)
         for op in cfg.ops
     ])
+
+
+def check_head_split(card: dict, name: str, tp: int) -> None:
+    """Refuse a TP degree the model's heads do not split over, as vLLM does: attention heads divisible by
+    TP, and KV heads either divisible by TP or replicated a whole number of times (TP a multiple of them)."""
+    heads, kv_heads = card["num_attention_heads"], card["num_key_value_heads"]
+    if heads % tp:
+        raise ConfigError(f"workload.tp={tp}: card {name!r} has {heads} attention heads, which do not split over {tp} ranks")
+    if kv_heads % tp and tp % kv_heads:
+        raise ConfigError(f"workload.tp={tp}: card {name!r} has {kv_heads} KV heads, which neither split over {tp} ranks nor replicate evenly")
 
 
 def _from_card(
