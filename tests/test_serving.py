@@ -145,3 +145,29 @@ def test_planning_each_step_alone_is_planning_the_prefix(overrides, monkeypatch)
     assert alone.batch.tolist() == prefix.batch.tolist() and len(set(alone.batch.tolist())) > 1
     np.testing.assert_array_equal(alone.step_us, prefix.step_us)
     np.testing.assert_array_equal(alone.release_us, prefix.release_us)
+
+
+@pytest.mark.parametrize(
+    "multi_step, batch, produced",
+    [
+        # One step a block: r0 and r1 finish at step 2 (3 tokens each), r2 and r3 join at step 3, ...
+        (1, [2] * 8, [2] * 8),
+        # 4-step blocks (vLLM V0 --num-scheduler-steps 4): r0 and r1 finish at step 2 but keep their rows
+        # to the block's end (step 3 computes them for nothing); r2 and r3 join at step 4, the next block.
+        (4, [2] * 8, [2, 2, 2, 0, 2, 2, 2, 0]),
+    ],
+)
+def test_multi_step_admits_at_a_blocks_first_step_and_keeps_finished_rows_to_its_end(multi_step, batch, produced):
+    run = compose_run("engine=vllm_v0_5", f"engine.multi_step={multi_step}", "workload.serving.enabled=true",
+                      "workload.steps=8", "workload.serving.max_batch=2", "workload.serving.output_len_mean=3",
+                      "workload.serving.len_cv=0", "workload.serving.initial_requests=6")
+    plan = batch_requests(run)
+    assert plan.batch.tolist() == batch and plan.generated.tolist() == produced
+    second_pair = 3 if multi_step == 1 else 4  # the step r2 and r3 join
+    assert plan.admitted_us[2] == plan.admitted_us[3] == pytest.approx(plan.step_us[:second_pair].sum())
+    # r0 and r1 are done when their third token is out (step 2), not when their rows are freed.
+    assert plan.finished_us[0] == pytest.approx(plan.step_us[:3].sum())
+    outcome = simulate_run(run)
+    measured = outcome.steps["measured"].to_numpy()
+    tokens = np.array(produced)[measured].sum()
+    assert outcome.summary["throughput_tok_s"] == pytest.approx(tokens / (outcome.summary["window_ms"] / 1e3))

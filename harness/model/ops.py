@@ -67,6 +67,8 @@ class Workload:
     host_us: Optional[np.ndarray] = None  # float per op: host time of kind=host ops (0 for kernels)
     weight_bytes: Optional[np.ndarray] = None  # float per op: resident weights it reads (not activations)
     real_batch: Optional[np.ndarray] = None  # sequences per step before padding to a bucket
+    # Tokens each step produced where not every real sequence does (a multi-step block's finished rows).
+    generated: Optional[np.ndarray] = None
     # Imported profiles: measured host costs (steps, ops, len(HOST_COSTS)), NaN where the hardware
     # preset prices it; the first op of the ops one host call issued together (-1: its own call);
     # a wait (µs after the step starts) for device work the profile does not hold, NaN for none.
@@ -114,8 +116,9 @@ class Workload:
 
     @property
     def tokens_out(self) -> np.ndarray:
-        """Tokens generated per step (each real sequence samples one; padding slots do not count)."""
-        return self.real_batch
+        """Tokens generated per step (each real sequence samples one; padding slots do not count, nor do
+        rows a multi-step block keeps after their sequence finished)."""
+        return self.real_batch if self.generated is None else self.generated
 
 
 @dataclass

@@ -52,6 +52,7 @@ class ServingBatches:
     finished_us: np.ndarray  # when it produced its last token (NaN: not within the run)
     first_token_us: np.ndarray  # when it produced its first token (NaN: never)
     itl_us: np.ndarray  # every gap between two consecutive tokens of a request (inter-token latency)
+    generated: np.ndarray  # tokens each step produced: its batch less the sequences done earlier in a multi-step block
 
 
 def draw_requests(serving: ServingConfig, seed: int, count: int) -> Requests:
@@ -100,6 +101,7 @@ def batch_requests(run: RunConfig, progress=None) -> ServingBatches:
     step_by_step = steps_plan_alone(run.strategy)
     graphs_before = False
     tokens = np.zeros(steps)
+    produced = np.zeros(steps, dtype=np.int64)
     block = run.engine.multi_step if run.engine is not None and run.engine.active else 1
     for s in range(steps):
         if not running and not waiting and next_arrival < requests.arrival_us.size:
@@ -107,7 +109,9 @@ def batch_requests(run: RunConfig, progress=None) -> ServingBatches:
         while next_arrival < requests.arrival_us.size and requests.arrival_us[next_arrival] <= now:
             waiting.append(next_arrival)
             next_arrival += 1
-        while waiting and len(running) < serving.max_batch:
+        # Multi-step scheduling (vLLM V0 --num-scheduler-steps) schedules once a block: requests join a
+        # batch only at its first step (an empty server starts a block when a request arrives).
+        while waiting and len(running) < serving.max_batch and (s % block == 0 or not running):
             r = waiting.popleft()
             admitted[r] = now
             running.append(r)
@@ -130,16 +134,21 @@ def batch_requests(run: RunConfig, progress=None) -> ServingBatches:
         now += step_us[s]
         if progress is not None:
             progress.update(f"serving step {s + 1}/{steps}, batch {batch[s]}")
-        generated[ids] += 1
-        seen = ~np.isnan(last_token[ids])
-        gaps.append(now - last_token[ids[seen]])
-        first_token[ids[~seen]] = now
-        last_token[ids] = now
-        done = generated[ids] >= requests.output_len[ids]
-        finished[ids[done]] = now
-        running = [int(r) for r in ids[~done]]
+        # A sequence that finished earlier in this block still fills its row (the block runs to its end,
+        # its tokens thrown away) but produces nothing.
+        live = ids[generated[ids] < requests.output_len[ids]]
+        produced[s] = live.size
+        generated[live] += 1
+        seen = ~np.isnan(last_token[live])
+        gaps.append(now - last_token[live[seen]])
+        first_token[live[~seen]] = now
+        last_token[live] = now
+        done_now = generated[live] >= requests.output_len[live]
+        finished[live[done_now]] = now
+        block_ends = (s + 1) % block == 0
+        running = [int(r) for r in (ids[generated[ids] < requests.output_len[ids]] if block_ends else ids)]
     itl = np.concatenate(gaps) if gaps else np.zeros(0)
-    return ServingBatches(batch, kv_len, release, step_us, requests, admitted, finished, first_token, itl)
+    return ServingBatches(batch, kv_len, release, step_us, requests, admitted, finished, first_token, itl, produced)
 
 
 def serving_summary(plan: ServingBatches) -> dict:

@@ -250,6 +250,8 @@ def _prepare_run(run: RunConfig) -> PreparedRun:
         serving = batch_requests(run, progress) if run.workload.serving.enabled else None
         batch = serving.batch if serving else np.full(run.workload.steps, run.workload.batch_size, dtype=np.int64)
         workload, plan = prepare(run, batch, serving.kv_len if serving else None)
+        if serving:
+            workload.generated = serving.generated
         if is_op_list(run):
             _say_if_slow(check_size(run, workload), workload.steps)
         check_memory(workload, run.hardware.device.hbm_gb)
