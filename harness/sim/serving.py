@@ -52,7 +52,8 @@ class ServingBatches:
     finished_us: np.ndarray  # when it produced its last token (NaN: not within the run)
     first_token_us: np.ndarray  # when it produced its first token (NaN: never)
     itl_us: np.ndarray  # every gap between two consecutive tokens of a request (inter-token latency)
-    generated: np.ndarray  # tokens each step produced: its batch less the sequences done earlier in a multi-step block
+    # tokens each step produced: its batch less the sequences done earlier in a multi-step block (None: its batch)
+    generated: np.ndarray | None = None
 
 
 def draw_requests(serving: ServingConfig, seed: int, count: int) -> Requests:
