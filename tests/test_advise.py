@@ -116,6 +116,18 @@ def test_the_graph_budget_pitfall_is_caught_on_ascend():
     assert advice.ranked == [short] and short.graphs == 4
 
 
+
+def test_a_serving_candidate_is_charged_for_the_graphs_its_run_captures():
+    """A serving run captures at start-up every size up to the first that holds max_batch (the run's own
+    rule): of vLLM's 51 sizes, max_batch 20 captures 1, 2, 4, 8, 16 and 24, so the advice counts 6 graphs,
+    their memory and capture time, not 51."""
+    from harness.advisor.candidates import graph_sizes
+
+    run = make_run(H100 + ["strategy=cuda_graph", f"strategy.graph.buckets={VLLM_SIZES}".replace(" ", ""),
+                           "workload.serving.enabled=true", "workload.serving.max_batch=20"])
+    assert graph_sizes(run) == [1, 2, 4, 8, 16, 24]
+    assert len(graph_sizes(make_run(H100 + ["strategy=cuda_graph", f"strategy.graph.buckets={VLLM_SIZES}".replace(" ", "")]))) == 51
+
 def test_a_batch_above_the_largest_capture_size_is_caught():
     """vLLM PR 12920: a max batch off the capture list leaves the largest batch without a graph; decode runs
     eagerly, several times slower."""

@@ -24,7 +24,7 @@ from harness.config.compose import compose_config, compose_run, to_run_config
 from harness.config.paths import CONF_DIR, launch_folder_conf
 from harness.config.schema import GraphMode, RunConfig
 from harness.model.workload import build_workload, run_build_options
-from harness.sim.policies import MIB, graph_budget, layer_count
+from harness.sim.policies import MIB, graph_budget, layer_count, startup_sizes
 from harness.sim.simulate import last_step
 
 
@@ -173,10 +173,13 @@ def with_steps(run: RunConfig, steps: int) -> RunConfig:
 
 
 def graph_sizes(run: RunConfig) -> list[int]:
-    """The capture sizes a candidate captures (none when its strategy replays no graphs in its phase)."""
+    """The capture sizes a candidate captures (none when its strategy replays no graphs in its phase): a
+    serving run's start-up captures stop at the first size that holds its max_batch, as the run's do."""
     graph = run.strategy.graph
     if graph.mode != GraphMode.capture or run.workload.phase not in graph.phases:
         return []
+    if run.workload.serving.enabled:
+        return startup_sizes(list(graph.buckets), run.workload.serving.max_batch)
     return sorted(set(graph.buckets))
 
 

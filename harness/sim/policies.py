@@ -100,6 +100,13 @@ def bucket_batch(batch: np.ndarray, buckets: list[int]) -> tuple[np.ndarray, np.
     return np.where(fits, np.array(buckets)[np.minimum(slot, len(buckets) - 1)], batch), fits
 
 
+def startup_sizes(buckets: list[int], max_batch: int) -> list[int]:
+    """The capture sizes a serving engine captures at start-up: every size up to the first that holds
+    max_batch (vLLM V0 pads max_num_seqs up to a capture size; V1 captures up to twice it)."""
+    ordered = sorted(set(buckets))
+    return [b for b in ordered if b < max_batch] + [b for b in ordered if b >= max_batch][:1]
+
+
 def graph_budget(costs: GraphCostConfig, layers: int, workload: WorkloadConfig) -> int:
     """How many graphs (capture sizes) the platform's stream resources hold, as vllm-ascend counts them
     (vllm_ascend/utils.py update_aclgraph_sizes, v0.10.2rc1 to v0.20.2rc1, HCCL's default FFTS+ mode on
@@ -172,8 +179,7 @@ def prepare(
             # size up to the first that holds max_num_seqs (vLLM V0's max_batchsize_to_capture pads
             # max_num_seqs up to a capture size; V1 captures up to 2 x max_num_seqs), so that its largest
             # batch replays too. The request stream only replays them.
-            holding = [b for b in buckets if b >= cfg.serving.max_batch][:1]
-            sizes = [b for b in buckets if b < cfg.serving.max_batch] + holding
+            sizes = startup_sizes(buckets, cfg.serving.max_batch)
             startup_graphs = sizes[:max_graphs]
             mode[np.isin(keys, startup_graphs)] = REPLAY
             info["graph_captures"] = len(startup_graphs)
