@@ -262,18 +262,21 @@ def _moe(s: Shapes) -> dict:
     if s.extra.get("moe_pad"):  # shape bucketing: per-expert token counts padded up to a power of two
         # Padding rows inside the experts already hit: more rows to multiply, no more weights to read.
         received = 2.0 ** np.ceil(np.log2(np.maximum(picks, 1.0)))
-    return {"local": experts_local, "sent": tokens_moe, "received": received, "active": active, "shard": shard}
+    # rows: what the rank's expert slices multiply, counted in whole experts' rows (received / shard)
+    return {"local": experts_local, "sent": tokens_moe, "received": received, "active": active, "shard": shard,
+            "rows": received / shard}
 
 
 def _grouped(s: Shapes, n_in: float, n_out: float) -> Cost:
     m = _moe(s)
     width = s.weight
     act_width = 1 if s.quant else s.act
-    params = m["local"] * n_in * n_out / m["shard"]
+    matrix = n_in * n_out / m["shard"]  # this rank's slice of one expert
+    params = m["local"] * matrix
     return Cost(
         OpKind.cube,
-        flops=2.0 * m["received"] * n_in * n_out / m["shard"],
-        bytes=m["active"] * n_in * n_out / m["shard"] * width + m["received"] * (n_in + n_out) / m["shard"] * act_width,
+        flops=2.0 * m["received"] * matrix,
+        bytes=m["active"] * matrix * width + m["rows"] * (n_in + n_out) * act_width,
         params=params,
         full_params=s.n_routed_experts * n_in * n_out,
         weight_bytes=params * width,
@@ -411,7 +414,7 @@ OP_FORMULAS: dict[str, Callable[[Shapes], Optional[Cost]]] = {
     "moe_topk": lambda s: _vector(s, s.tokens * s.n_routed_experts, 4.0, 1.0),
     "moe_dispatch": _dispatch,
     "grouped_gate_up": lambda s: _grouped(s, s.hidden_size, 2 * s.moe_intermediate_size),
-    "moe_act": lambda s: _routed(_vector(s, _moe(s)["received"] * s.moe_intermediate_size / _moe(s)["shard"], 5.0, 3.0, dynamic=True)),
+    "moe_act": lambda s: _routed(_vector(s, _moe(s)["rows"] * s.moe_intermediate_size, 5.0, 3.0, dynamic=True)),
     "grouped_down": lambda s: _grouped(s, s.moe_intermediate_size, s.hidden_size),
     "moe_combine": _combine,
     "shared_gate_up": _if(lambda s: _shared(s) > 0, lambda s: _linear(s, s.hidden_size, 2 * _shared(s), s.tp)),

@@ -175,10 +175,8 @@ def prepare(
             keys = np.where(fits, _row_keys(probe.shape_key), -1)
         startup = cfg.serving.enabled and graph.mode == GraphMode.capture
         if startup and not fallback:
-            # A serving engine captures its graphs at start-up, before the first request: every capture
-            # size up to the first that holds max_num_seqs (vLLM V0's max_batchsize_to_capture pads
-            # max_num_seqs up to a capture size; V1 captures up to 2 x max_num_seqs), so that its largest
-            # batch replays too. The request stream only replays them.
+            # A serving engine captures its graphs at start-up, before the first request (startup_sizes):
+            # the request stream only replays them.
             sizes = startup_sizes(buckets, cfg.serving.max_batch)
             startup_graphs = sizes[:max_graphs]
             mode[np.isin(keys, startup_graphs)] = REPLAY

@@ -144,8 +144,7 @@ def batch_requests(run: RunConfig, progress=None) -> ServingBatches:
         gaps.append(now - last_token[live[seen]])
         first_token[live[~seen]] = now
         last_token[live] = now
-        done_now = generated[live] >= requests.output_len[live]
-        finished[live[done_now]] = now
+        finished[live[generated[live] >= requests.output_len[live]]] = now
         block_ends = (s + 1) % block == 0
         running = [int(r) for r in (ids[generated[ids] < requests.output_len[ids]] if block_ends else ids)]
     itl = np.concatenate(gaps) if gaps else np.zeros(0)
