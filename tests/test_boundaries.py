@@ -314,6 +314,23 @@ def test_a_configuration_tensorrt_llm_ran_on_an_a100_80gb_fits_its_preset():
     with pytest.raises(ConfigError, match=r"^hardware\.device\.hbm_gb=80: .* = 83\.4 GB"):
         check_memory(workload, 80.0)
 
+
+def test_llama2_70b_at_tp4_holds_a_quarter_of_the_weights_and_two_kv_heads_a_rank():
+    """TensorRT-LLM ran Llama-2-70B in FP16 at TP 4, batch 120, 2,048-token prompts on A100 80GBs (its
+    docs/source/performance.md, v0.6.1: 79 tok/s a GPU). By hand, per rank: a layer's q, k, v, o (8192 x
+    8192, 8192 x 1024 twice, 8192 x 8192) and MLP (3 x 8192 x 28672) weights, 855,638,016, split 4 ways,
+    plus its two norms (16,384) unsplit: 213,925,888 x 80 layers; the embedding and the LM head (32,000 x
+    8,192 each) split 4 ways, the final norm (8,192) not: 17,245,151,232 params x 2 B = 34.490302464 GB.
+    KV cache: 8 KV heads over 4 ranks = 2 a rank, K and V of 128 values each in 80 layers: 81,920 B a token,
+    x 120 x 2,048 tokens = 20.1326592 GB. Workspace: twice the largest activation, the residual add over
+    245,760 tokens x 8,192 x 3 tensors x 2 B = 24.15919104 GB. 78.78 GB in all: it fits 80 GB."""
+    run = compose_run("hardware=a100", "workload=llama2_70b_prefill", "workload.batch_size=120", "workload.context_len=2048", "workload.steps=2")
+    workload = build_workload(run.workload)
+    assert dataclasses.astuple(workload.memory) == pytest.approx((34.490302464, 20.1326592, 24.15919104, 0.0), rel=1e-12)
+    check_memory(workload, 80.0)
+    with pytest.raises(ConfigError, match=r"^hardware\.device\.hbm_gb=78\.7: .* = 78\.8 GB"):
+        check_memory(workload, 78.7)
+
 @pytest.mark.parametrize("strategy", ["eager", "acl_graph"])
 def test_a_run_fits_hbm_at_its_exact_footprint(strategy):
     """The footprint checked is weights + KV cache + workspace + the captured graphs (the preset's graph_mem_mib each)."""

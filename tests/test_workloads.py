@@ -15,7 +15,7 @@ from harness.model.ops import FLAG_DYNAMIC, FLAG_VALUE_DEPENDENT, KIND_CODE
 from harness.model.workload import build_workload, parameter_count_b
 
 # Published totals (billions): model cards / release notes of each model.
-PUBLISHED_B = {"deepseek_v3": 671.0, "qwen3_30b_a3b": 30.5, "qwen25_7b": 7.61, "llama2_7b": 6.74, "llama31_8b": 8.03}
+PUBLISHED_B = {"deepseek_v3": 671.0, "qwen3_30b_a3b": 30.5, "qwen25_7b": 7.61, "llama2_7b": 6.74, "llama31_8b": 8.03, "llama2_70b": 68.98, "gptj_6b": 6.05, "falcon_180b": 180.0}
 
 
 @pytest.mark.parametrize("card,published", PUBLISHED_B.items())

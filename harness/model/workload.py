@@ -408,6 +408,9 @@ OP_FORMULAS: dict[str, Callable[[Shapes], Optional[Cost]]] = {
     "up_proj": lambda s: _linear(s, s.hidden_size, _mlp_width(s), s.tp),
     "gate_up_proj": lambda s: _linear(s, s.hidden_size, 2 * _mlp_width(s), s.tp),
     "act_mul": lambda s: _vector(s, s.tokens * _mlp_width(s) / s.tp, 5.0, 3.0),
+    # an ungated MLP's activation (GPT-J, Falcon): reads the up projection, writes its input to the down one;
+    # flops per element are tanh-GELU's few (memory-bound either way)
+    "gelu": lambda s: _vector(s, s.tokens * _mlp_width(s) / s.tp, 8.0, 2.0),
     "down_proj": lambda s: _linear(s, _mlp_width(s), s.hidden_size, s.tp),
     # MoE (routed experts split over EP ranks; shared experts split over TP)
     "moe_gate": lambda s: _linear(s, s.hidden_size, s.n_routed_experts, quantised=False),
