@@ -74,6 +74,48 @@ def test_memory_check_fails_with_the_sizes_and_passes_on_presets():
         assert wl.memory.weights_gb > 1
 
 
+def test_an_fp8_kv_cache_holds_and_streams_one_byte_a_value():
+    """Llama-2-7B decode at batch 8 from 1,024 cached tokens, 2 steps: a token's K and V are 32 layers x 32
+    heads x 128 x 2 values, 262,144 of them. In float16 the cache holds 8 x 1,026 tokens x 524,288 B =
+    4.303355904 GB; in FP8 half that. Decode attention reads the cache (at step 0, 8 x 1,025 tokens, the cached
+    ones and the new one, x 8,192 values a layer) plus the queries and outputs (8 x 32 x 256 float16 values); the write of the new
+    tokens reads 8 x 8,192 float16 values and writes them at one byte each in FP8."""
+    base = ("workload=llama2_7b_decode", "workload.batch_size=8", "workload.context_len=1024", "workload.steps=2")
+    (_, half), (_, fp8) = workload(*base), workload(*base, "workload.kv_cache_dtype=fp8")
+    assert half.memory.kv_cache_gb == pytest.approx(8 * 1026 * 524_288 / 1e9, rel=1e-12)
+    assert fp8.memory.kv_cache_gb == pytest.approx(8 * 1026 * 262_144 / 1e9, rel=1e-12)
+    attention = half.op_names.index("layers.0.attention")
+    write = half.op_names.index("layers.0.kv_cache_write")
+    queries = 8 * 32 * 256 * 2
+    assert half.bytes[0, attention] == 8 * 1025 * 8192 * 2 + queries
+    assert fp8.bytes[0, attention] == 8 * 1025 * 8192 * 1 + queries
+    assert (half.bytes[0, write], fp8.bytes[0, write]) == (8 * 8192 * 4, 8 * 8192 * 3)
+    assert fp8.flops.tolist() == half.flops.tolist()  # the same arithmetic, fewer bytes
+
+
+@pytest.mark.parametrize("card, tp, kv_heads_read", [("llama2_70b", 4, 16), ("llama2_7b", 1, 32)])
+def test_gqa_decode_reads_a_kv_head_once_per_query_head_when_asked(card, tp, kv_heads_read):
+    """Llama-2-70B at TP 4 holds 16 query heads and 2 KV heads a rank: its decode attention at batch 4 from
+    512 cached tokens (513 at step 0) reads 4 x 513 tokens x 2 heads x 256 values x 2 B of K and V, or 16
+    heads' worth once per query head; queries and outputs add 4 x 16 x 256 x 2 B. Llama-2-7B has a KV
+    head a query head (MHA): both read the same."""
+    base = ("workload=llama2_7b_decode", f"workload.card={card}", f"workload.tp={tp}", "workload.batch_size=4",
+            "workload.context_len=512", "workload.steps=2")
+    (_, shared), (_, each) = workload(*base), workload(*base, "workload.decode_kv_reads=per_query_head")
+    attention = shared.op_names.index("layers.0.attention")
+    heads = 64 // tp if card == "llama2_70b" else 32
+    kv_heads = 8 // tp if card == "llama2_70b" else 32
+    queries = 4 * heads * 256 * 2
+    assert shared.bytes[0, attention] == 4 * 513 * kv_heads * 256 * 2 + queries
+    assert each.bytes[0, attention] == 4 * 513 * kv_heads_read * 256 * 2 + queries
+    assert each.memory.kv_cache_gb == shared.memory.kv_cache_gb  # what is held does not change, only what is read
+
+
+def test_an_fp8_kv_cache_is_refused_for_hf_transformers_kernels():
+    with pytest.raises(ConfigError, match=r"^workload\.kv_cache_dtype=fp8: fp8 needs kernels=fused"):
+        compose_run("workload.kernels=unfused", "workload.kv_cache_dtype=fp8")
+
+
 def test_kv_cache_grows_with_batch_and_context():
     _, small = workload("workload=llama31_8b_decode")
     _, large = workload("workload=llama31_8b_decode", "workload.batch_size=4", "workload.context_len=4096")

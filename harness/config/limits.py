@@ -3,6 +3,7 @@ config dataclass is made (schema.py calls check_limits), before anything runs.""
 from __future__ import annotations
 
 import dataclasses
+import enum
 import functools
 import math
 import typing
@@ -18,7 +19,8 @@ MAX_STREAMS = 16  # device streams: 0 compute, 1 communication, 2.. further comp
 def check_field(obj: Any, condition: bool, field_name: str, requirement: str) -> None:
     if not condition:
         value = getattr(obj, field_name)
-        raise ConfigError(f"{obj._key}.{field_name}={value!r}: {requirement}")
+        shown = value.value if isinstance(value, enum.Enum) else repr(value)  # as the user typed it: phase=prefill
+        raise ConfigError(f"{obj._key}.{field_name}={shown}: {requirement}")
 
 
 # ---------------------------------------------------------------- limits

@@ -46,6 +46,27 @@ class KvCache(enum.Enum):
     static = "static"
 
 
+class KvCacheDtype(enum.Enum):
+    """What a model card's KV cache holds: `auto` the model's own dtype, `fp8` one byte a value (vLLM's
+    --kv-cache-dtype fp8, TensorRT-LLM's FP8 KV cache): half the cache's memory and the bytes decode
+    attention reads, and a cast where the new tokens are written."""
+
+    auto = "auto"
+    fp8 = "fp8"
+
+
+class DecodeKvReads(enum.Enum):
+    """How often decode attention moves a KV head from memory when several query heads share it (GQA):
+    `shared`, once for its group of query heads (FlashAttention's and FlashInfer's GQA decode, TensorRT-LLM's
+    XQA), or `per_query_head`, once for each query head: a kernel with one thread block per query head
+    (TensorRT-LLM's masked MHA, "a single CUDA thread-block per head" in its gpt_attention doc, which runs
+    where XQA does not: XQA needs a paged KV cache), whose blocks reach the cache through L2 with no reuse
+    assumed. MHA models read the same either way."""
+
+    shared = "shared"
+    per_query_head = "per_query_head"
+
+
 class Quant(enum.Enum):
     """Weight/activation precision of the linear layers: bf16, or int8 weights and activations (W8A8)."""
 
@@ -268,6 +289,8 @@ class WorkloadConfig:
     quant: Quant = Quant.bf16
     kernels: Kernels = Kernels.fused  # fused (serving engine) or unfused (HF transformers eager) op sequences
     kv_cache: KvCache = KvCache.auto  # kernels=unfused: the KV update (dynamic: torch.cat, static: in place; auto: static under graphs)
+    kv_cache_dtype: KvCacheDtype = KvCacheDtype.auto  # auto: the model's dtype; fp8: one byte a cached value (fused kernels only)
+    decode_kv_reads: DecodeKvReads = DecodeKvReads.shared  # GQA decode attention: a KV head read once for its query heads, or once per query head
     tp: int = 1  # tensor-parallel degree (attention heads, MLP columns)
     dp: int = 1  # data-parallel attention groups; devices = tp × dp
     ep: int = 0  # expert-parallel degree for MoE layers; 0: all devices
@@ -287,6 +310,8 @@ class WorkloadConfig:
             check_field(self, self.phase == Phase.decode, "phase", "serving batches need phase=decode")
             check_field(self, self.card is not None, "card", "serving batches need a model card (sizes follow the batch)")
         check_limits(self)
+        if self.kv_cache_dtype == KvCacheDtype.fp8:
+            check_field(self, self.kernels == Kernels.fused, "kv_cache_dtype", "fp8 needs kernels=fused (HF transformers' caches hold the model's dtype)")
         check_field(self, self.warmup_steps < self.steps, "warmup_steps", f"must be < workload.steps={self.steps}")
         check_field(self, self.ep <= self.devices, "ep", f"must be <= the devices (tp × dp = {self.devices})")
         if self.card is None and self.path is None:

@@ -29,7 +29,7 @@ from omegaconf import OmegaConf
 from harness.config.limits import LIMITS, check_number
 from harness.config.messages import did_you_mean
 from harness.config.paths import WORKLOADS_DIR
-from harness.config.schema import GraphMode, KvCache, OpKind, Phase, Quant, RunConfig, WorkloadConfig
+from harness.config.schema import DecodeKvReads, GraphMode, KvCache, KvCacheDtype, OpKind, Phase, Quant, RunConfig, WorkloadConfig
 from harness.base.errors import ConfigError
 from harness.model.ops import (
     BYTES_PER_GB,
@@ -86,6 +86,8 @@ class Shapes:
     ep: int
     quant: bool
     devices_per_node: int = 8
+    kv_fp8: bool = False  # workload.kv_cache_dtype=fp8
+    kv_read_per_query_head: bool = False  # workload.decode_kv_reads=per_query_head
     extra: dict = field(default_factory=dict)
 
     def __getattr__(self, name: str):  # card numbers by name: s.hidden_size, s.vocab_size, ...
@@ -98,6 +100,11 @@ class Shapes:
     def act(self) -> int:
         """Bytes per activation element (int8 into quantised matmuls is counted at the matmul)."""
         return self.card["dtype_bytes"]
+
+    @property
+    def kv_width(self) -> int:
+        """Bytes per cached K or V value."""
+        return 1 if self.kv_fp8 else self.card["dtype_bytes"]
 
     @property
     def weight(self) -> int:
@@ -211,17 +218,18 @@ def _attention(s: Shapes) -> Cost:
     d, dv = s.head_dim, s.v_head_dim
     if s.decode:
         kv_tokens = s.batch * s.kv
+        kv_heads_read = max(s.heads, s.kv_heads) if s.kv_read_per_query_head else s.kv_heads
         return Cost(
             OpKind.cube,
             flops=2.0 * s.heads * (d + dv) * kv_tokens,
-            bytes=kv_tokens * s.kv_heads * (d + dv) * s.act + s.tokens * s.heads * (d + dv) * s.act,
+            bytes=kv_tokens * kv_heads_read * (d + dv) * s.kv_width + s.tokens * s.heads * (d + dv) * s.act,
             dynamic=True,
         )
     causal = s.batch * s.context * s.context / 2.0
     return Cost(
         OpKind.cube,
         flops=2.0 * s.heads * (d + dv) * causal,
-        bytes=s.tokens * (s.heads * (d + dv) + s.kv_heads * (d + dv)) * s.act,
+        bytes=s.tokens * (s.heads * (d + dv) * s.act + s.kv_heads * (d + dv) * s.kv_width),
     )
 
 
@@ -237,7 +245,7 @@ def _mla_attention(s: Shapes) -> Cost:
         return Cost(
             OpKind.cube,
             flops=per_token_flops * kv_tokens,
-            bytes=kv_tokens * latent * s.act + s.tokens * s.heads * (latent + s.kv_lora_rank) * s.act,
+            bytes=kv_tokens * latent * s.kv_width + s.tokens * s.heads * (latent + s.kv_lora_rank) * s.act,
             dynamic=True,
         )
     causal = s.batch * s.context * s.context / 2.0
@@ -389,7 +397,8 @@ OP_FORMULAS: dict[str, Callable[[Shapes], Optional[Cost]]] = {
     "qkv_proj": lambda s: _kv_linear(s, s.num_attention_heads, 2),
     "o_proj": lambda s: _linear(s, s.num_attention_heads * s.v_head_dim, s.hidden_size, s.tp),
     "rope": lambda s: _vector(s, s.tokens * (s.heads + s.kv_heads) * s.head_dim, 6.0, 2.0),
-    "kv_cache_write": lambda s: _vector(s, s.tokens * s.kv_heads * (s.head_dim + s.v_head_dim), 0.0, 2.0),
+    # the new tokens' K and V read as activations, written in the cache's dtype
+    "kv_cache_write": lambda s: Cost(OpKind.vector, bytes=s.tokens * s.kv_heads * (s.head_dim + s.v_head_dim) * (s.act + s.kv_width)),
     "attention": _attention,
     # MLA (DeepSeek-V3), absorbed form as vllm-ascend issues it in decode
     "qkv_a_proj": lambda s: _linear(s, s.hidden_size, s.q_lora_rank + s.kv_lora_rank + s.qk_rope_head_dim),
@@ -567,7 +576,7 @@ def _op_sequence_groups(card: dict, kernels: str = "fused") -> list[tuple[list, 
 
 def _shapes(
     card: dict, phase: Phase, context_len: int, batch: np.ndarray, tp: int, dp: int, ep: int, quant: bool, devices_per_node: int,
-    kv: Optional[np.ndarray] = None, moe_pad: bool = False,
+    kv: Optional[np.ndarray] = None, moe_pad: bool = False, kv_fp8: bool = False, kv_read_per_query_head: bool = False,
 ) -> Shapes:
     decode = phase == Phase.decode
     if kv is None:
@@ -586,6 +595,8 @@ def _shapes(
         ep=(ep or tp * dp) if is_moe else 1,
         quant=quant,
         devices_per_node=devices_per_node,
+        kv_fp8=kv_fp8,
+        kv_read_per_query_head=kv_read_per_query_head,
         extra={"moe_pad": moe_pad},
     )
 
@@ -658,7 +669,10 @@ def _from_card(
     card: dict, cfg: WorkloadConfig, batch: np.ndarray, devices_per_node: int, kv_len: Optional[np.ndarray], moe_pad: bool,
     engine_layer_us: float = 0.0, module_us: float = 0.0, static_kv: bool = False,
 ) -> Workload:
-    s = _shapes(card, cfg.phase, cfg.context_len, batch, cfg.tp, cfg.dp, cfg.ep, cfg.quant == Quant.w8a8, devices_per_node, kv_len, moe_pad)
+    s = _shapes(
+        card, cfg.phase, cfg.context_len, batch, cfg.tp, cfg.dp, cfg.ep, cfg.quant == Quant.w8a8, devices_per_node, kv_len, moe_pad,
+        kv_fp8=cfg.kv_cache_dtype == KvCacheDtype.fp8, kv_read_per_query_head=cfg.decode_kv_reads == DecodeKvReads.per_query_head,
+    )
     s.extra["engine_layer_us"] = engine_layer_us
     s.extra["module_us"] = module_us
     unfused = cfg.kernels.value == "unfused"
@@ -761,9 +775,9 @@ def _from_card(
 def _kv_bytes_per_token(card: dict, s: Shapes) -> float:
     """KV-cache bytes one token occupies on the simulated rank, over all layers."""
     if card.get("kv_lora_rank"):
-        per_layer = (card["kv_lora_rank"] + card["qk_rope_head_dim"]) * s.act  # MLA latent, replicated over TP
+        per_layer = (card["kv_lora_rank"] + card["qk_rope_head_dim"]) * s.kv_width  # MLA latent, replicated over TP
     else:
-        per_layer = s.kv_heads * (s.head_dim + s.v_head_dim) * s.act
+        per_layer = s.kv_heads * (s.head_dim + s.v_head_dim) * s.kv_width
     return per_layer * card["num_hidden_layers"]
 
 
