@@ -146,7 +146,7 @@ def test_advice_on_a_fitted_machine_is_for_that_machine(synthetic, tmp_path, cap
     [
         (["--fit", "9box"], "--fit '9box': a preset name is a letter, then up to 63 letters, digits or _"),
         (["--fit", "h100"], "--fit h100: a shipped hardware preset has that name; choose another"),
-        (["--fit", "box", "--base", "h900"], "--base h900: no such hardware preset; choose from a100, atlas_a2, b200, h100, h200, mi300x"),
+        (["--fit", "box", "--base", "h900"], "--base h900: no such hardware preset; choose from a100, atlas_a2, b200, h100, h200, l40s, mi300x"),
         (["--base", "h100"], "--base h100: only with --fit NAME"),
         (["--fit", "taken"], "--fit taken: conf/hardware/taken.yaml exists; remove it or choose another name"),
         (["--unprofiled-step-ms", "5"], "--unprofiled-step-ms 5: only with --fit NAME"),
