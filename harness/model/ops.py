@@ -66,6 +66,7 @@ class Workload:
     real_kv_len: Optional[np.ndarray] = None  # KV length per step before padding to a block
     host_us: Optional[np.ndarray] = None  # float per op: host time of kind=host ops (0 for kernels)
     weight_bytes: Optional[np.ndarray] = None  # float per op: resident weights it reads (not activations)
+    cache_bytes: Optional[np.ndarray] = None  # float (steps, ops): resident KV cache it reads (not activations)
     real_batch: Optional[np.ndarray] = None  # sequences per step before padding to a bucket
     # Tokens each step produced where not every real sequence does (a multi-step block's finished rows).
     generated: Optional[np.ndarray] = None
@@ -91,14 +92,17 @@ class Workload:
             self.host_us = np.zeros(len(self.op_names))
         if self.weight_bytes is None:
             self.weight_bytes = np.zeros(len(self.op_names))
+        if self.cache_bytes is None:
+            self.cache_bytes = np.zeros_like(self.bytes)
         if self.group is None:
             self.group = np.full(len(self.op_names), -1, dtype=np.int64)
 
     def activation_bytes(self) -> np.ndarray:
-        """(steps, ops) bytes an op allocates: its outputs, taken as half its non-weight traffic.
+        """(steps, ops) bytes an op allocates: its outputs, taken as half its traffic beyond the weights and
+        the KV cache it reads.
         Computed once (a chunked run asks for every chunk); treat as read-only."""
         if self._activation_bytes is None:
-            self._activation_bytes = np.ascontiguousarray(np.maximum(self.bytes - self.weight_bytes[None, :], 0.0) / 2.0)
+            self._activation_bytes = np.ascontiguousarray(np.maximum(self.bytes - self.cache_bytes - self.weight_bytes[None, :], 0.0) / 2.0)
         return self._activation_bytes
 
     @property
@@ -229,6 +233,7 @@ def from_op_arrays(
         device_us=np.ascontiguousarray(per_step["device_us"], dtype=np.float64),
         shape_key=np.ascontiguousarray(shape_key, dtype=np.int64),
         host_us=host_us,
+        cache_bytes=np.ascontiguousarray(per_step["cache_bytes"], dtype=np.float64) if "cache_bytes" in per_step else None,
         batch=batch,
         kv_len=default_kv_len(cfg.phase, cfg.context_len, steps),
         tokens=batch if decode else batch * cfg.context_len,

@@ -8,6 +8,7 @@ Columns (one row per op, in issue order; header names as below):
 | `kind` | yes | `cube`, `vector`, `comm`, `copy` (memcpy/memset on a stream), `host` (front-end work with no kernel) or `sync` (the host waits for the ops in `after`) |
 | `host_us` | no | host time of a `host` op; of a `sync` op, its own time after the wait |
 | `weight_bytes` | no | resident weights the op reads (the rest of `bytes` is activations) |
+| `cache_bytes` | no | resident KV cache the op reads in this step (decode attention): not activations either |
 | `device_us` | no | device time in µs; overrides the cost model when given |
 | `flops`, `bytes` | no | work and bytes moved (cost model, AI-core block rule) |
 | `shape_key` | no | integer that changes when the op's shapes change |
@@ -78,7 +79,7 @@ FLAG_COLUMNS = {
     "int8": FLAG_INT8,
 }
 COST_COLUMNS = tuple(f"{stage}_us" for stage in HOST_COSTS[:-1])  # measured host stages
-NUMBER_COLUMNS = ("device_us", "host_us", "weight_bytes", "flops", "bytes", "not_before_us", *COST_COLUMNS)
+NUMBER_COLUMNS = ("device_us", "host_us", "weight_bytes", "cache_bytes", "flops", "bytes", "not_before_us", *COST_COLUMNS)
 NO_DEPENDENCY = "-"
 MAX_STEPS = 1_000_000
 MAX_ROWS = 5_000_000  # rows of one file; the run's memory is then checked like a preset's (ops/step × steps)
@@ -87,7 +88,7 @@ US_LIMIT = LIMITS["workload.ops[].device_us"]
 # The same ranges as the config's keys: a trace is input like any other.
 COLUMN_LIMITS = {
     "device_us": US_LIMIT, "host_us": LIMITS["workload.ops[].host_us"], **{c: US_LIMIT for c in COST_COLUMNS},
-    "flops": LIMITS["workload.ops[].flops"], "bytes": LIMITS["workload.ops[].bytes"], "weight_bytes": LIMITS["workload.ops[].bytes"],
+    "flops": LIMITS["workload.ops[].flops"], "bytes": LIMITS["workload.ops[].bytes"], "weight_bytes": LIMITS["workload.ops[].bytes"], "cache_bytes": LIMITS["workload.ops[].bytes"],
     "not_before_us": Limit(0, 1e9, "µs"),
     "stream": Limit(0, MAX_STREAMS - 1, "(0 compute, 1 communication)"),
     "ranks": LIMITS["workload.tp"], "step": Limit(0, MAX_STEPS - 1), "group": Limit(0, MAX_ROWS - 1),
@@ -126,6 +127,7 @@ def write_ops_csv(workload: Workload, path: Path, device_us: np.ndarray | None =
             "device_us": (device_us if device_us is not None else workload.device_us).ravel(),
             "host_us": np.tile(workload.host_us, steps),
             "weight_bytes": np.tile(workload.weight_bytes, steps),
+            "cache_bytes": workload.cache_bytes.ravel(),
             "flops": workload.flops.ravel(),
             "bytes": workload.bytes.ravel(),
             "shape_key": workload.shape_key.ravel(),
@@ -261,7 +263,7 @@ def read_ops_csv(path: str | Path, cfg: WorkloadConfig) -> Workload:
         values = np.where(np.isnan(values), default, values)[order]
         return np.tile(values, (steps, 1)) if step is None else values.reshape(steps, n)
 
-    per_step = {"flops": grid("flops", 0.0), "bytes": grid("bytes", 0.0), "device_us": grid("device_us", np.nan)}
+    per_step = {"flops": grid("flops", 0.0), "bytes": grid("bytes", 0.0), "device_us": grid("device_us", np.nan), "cache_bytes": grid("cache_bytes", 0.0)}
     if shape_key is not None:
         ordered = shape_key[order]
         per_step["shape_key"] = np.tile(ordered, (steps, 1)) if step is None else ordered.reshape(steps, n)

@@ -62,6 +62,7 @@ class Cost:
     params: float = 0.0  # parameters resident on this rank
     full_params: float = 0.0  # parameters of this op in the unsplit model (for the parameter count)
     weight_bytes: float = 0.0
+    cache_bytes: object = 0.0  # resident KV cache it reads (per step): like weights, not activations
     dynamic: bool = False
     value_dependent: bool = False
     comm: int = COMM_NONE
@@ -219,17 +220,19 @@ def _attention(s: Shapes) -> Cost:
     if s.decode:
         kv_tokens = s.batch * s.kv
         kv_heads_read = max(s.heads, s.kv_heads) if s.kv_read_per_query_head else s.kv_heads
+        cache_read = kv_tokens * kv_heads_read * (d + dv) * s.kv_width
         return Cost(
             OpKind.cube,
             flops=2.0 * s.heads * (d + dv) * kv_tokens,
-            bytes=kv_tokens * kv_heads_read * (d + dv) * s.kv_width + s.tokens * s.heads * (d + dv) * s.act,
+            bytes=cache_read + s.tokens * s.heads * (d + dv) * s.act,
+            cache_bytes=cache_read,
             dynamic=True,
         )
     causal = s.batch * s.context * s.context / 2.0
     return Cost(
         OpKind.cube,
         flops=2.0 * s.heads * (d + dv) * causal,
-        bytes=s.tokens * (s.heads * (d + dv) * s.act + s.kv_heads * (d + dv) * s.kv_width),
+        bytes=s.tokens * (s.heads * (d + dv) + s.kv_heads * (d + dv)) * s.act,  # K and V from the fresh QKV, not the cache
     )
 
 
@@ -246,11 +249,20 @@ def _mla_attention(s: Shapes) -> Cost:
             OpKind.cube,
             flops=per_token_flops * kv_tokens,
             bytes=kv_tokens * latent * s.kv_width + s.tokens * s.heads * (latent + s.kv_lora_rank) * s.act,
+            cache_bytes=kv_tokens * latent * s.kv_width,
             dynamic=True,
         )
     causal = s.batch * s.context * s.context / 2.0
     qk, v = s.qk_nope_head_dim + s.qk_rope_head_dim, s.v_head_dim
     return Cost(OpKind.cube, flops=2.0 * s.heads * (qk + v) * causal, bytes=s.tokens * s.heads * (2 * qk + 2 * v) * s.act)
+
+
+def _mla_cache_write(s: Shapes) -> Cost:
+    """MLA's latent: normed, RoPE on its rotary part, written to the cache: reads the latent and writes it
+    twice as activations (norm, rope), once more in the cache's dtype (kv_cache_dtype)."""
+    cost = _vector(s, s.tokens * (s.kv_lora_rank + s.qk_rope_head_dim), 10.0, 2.0, params=s.kv_lora_rank)
+    cost.bytes = cost.bytes + s.tokens * (s.kv_lora_rank + s.qk_rope_head_dim) * s.kv_width
+    return cost
 
 
 def _moe(s: Shapes) -> dict:
@@ -406,9 +418,7 @@ OP_FORMULAS: dict[str, Callable[[Shapes], Optional[Cost]]] = {
     "q_b_proj": lambda s: _linear(s, s.q_lora_rank, s.num_attention_heads * (s.qk_nope_head_dim + s.qk_rope_head_dim), s.tp),
     "q_absorb_bmm": lambda s: _linear(s, s.qk_nope_head_dim * s.num_attention_heads, s.kv_lora_rank, s.tp, quantised=False),
     "mla_rope": lambda s: _vector(s, s.tokens * (s.heads + 1) * s.qk_rope_head_dim, 6.0, 2.0),
-    "kv_norm_rope_cache": lambda s: _vector(
-        s, s.tokens * (s.kv_lora_rank + s.qk_rope_head_dim), 10.0, 3.0, params=s.kv_lora_rank
-    ),
+    "kv_norm_rope_cache": _mla_cache_write,
     "mla_attention": _mla_attention,
     "v_absorb_bmm": lambda s: _linear(s, s.kv_lora_rank * s.num_attention_heads, s.v_head_dim, s.tp, quantised=False),
     "tp_all_reduce": lambda s: _collective(COMM_ALL_REDUCE, s.tp, s.tokens * s.hidden_size * s.act),
@@ -728,6 +738,7 @@ def _from_card(
     ]
     flops_t = np.stack([f for f, _ in per_template], axis=1) if costs else np.zeros((steps, 0))
     bytes_t = np.stack([b for _, b in per_template], axis=1) if costs else np.zeros((steps, 0))
+    cache_t = np.stack([np.broadcast_to(np.asarray(c.cache_bytes if c is not None else 0.0, dtype=np.float64), (steps,)) for c in costs], axis=1) if costs else np.zeros((steps, 0))
     used = [c if c is not None else Cost(OpKind.vector) for c in costs]
     kind_t = np.array([KIND_CODE[c.kind] for c in used], dtype=np.int8)
     dynamic_t = np.array([c.dynamic for c in used], dtype=bool)
@@ -746,7 +757,7 @@ def _from_card(
     memory = MemoryPlan(
         weights_gb=weights / BYTES_PER_GB,
         kv_cache_gb=kv_per_token * float((s.batch * s.kv).max()) / BYTES_PER_GB,
-        workspace_gb=2.0 * float((bytes_t - np.array([c.weight_bytes for c in used])[None, :]).max(initial=0.0)) / BYTES_PER_GB,
+        workspace_gb=2.0 * float((bytes_t - cache_t - np.array([c.weight_bytes for c in used])[None, :]).max(initial=0.0)) / BYTES_PER_GB,
     )
     return Workload(
         name=cfg.name,
@@ -764,6 +775,7 @@ def _from_card(
         shape_key=shape_key_t[:, template_ids],
         host_us=np.array([used[t].host_us for t in templates], dtype=np.float64),
         weight_bytes=np.array([used[t].weight_bytes for t in templates], dtype=np.float64),
+        cache_bytes=cache_t[:, template_ids],
         batch=batch,
         kv_len=s.kv.copy(),
         tokens=s.tokens.astype(np.int64),
