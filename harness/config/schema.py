@@ -59,9 +59,9 @@ class DecodeKvReads(enum.Enum):
     """How often decode attention moves a KV head from memory when several query heads share it (GQA):
     `shared`, once for its group of query heads (FlashAttention's and FlashInfer's GQA decode, TensorRT-LLM's
     XQA), or `per_query_head`, once for each query head: a kernel with one thread block per query head
-    (TensorRT-LLM's masked MHA, "a single CUDA thread-block per head" in its gpt_attention doc, which runs
-    where XQA does not: XQA needs a paged KV cache), whose blocks reach the cache through L2 with no reuse
-    assumed. MHA models read the same either way."""
+    (TensorRT-LLM's masked MHA, "a single CUDA thread-block per head" in its gpt_attention doc), with no
+    reuse of a KV head in L2 by its query heads' blocks: a what-if and an upper bound, used by no shipped
+    experiment (docs/validation.md, "TensorRT-LLM's GQA decode"). MHA models read the same either way."""
 
     shared = "shared"
     per_query_head = "per_query_head"
@@ -312,6 +312,9 @@ class WorkloadConfig:
         check_limits(self)
         if self.kv_cache_dtype == KvCacheDtype.fp8:
             check_field(self, self.kernels == Kernels.fused, "kv_cache_dtype", "fp8 needs kernels=fused (HF transformers' caches hold the model's dtype)")
+            check_field(self, self.card is not None, "kv_cache_dtype", "fp8 prices a model card's KV cache; an op list or CSV carries its own bytes")
+        if self.decode_kv_reads == DecodeKvReads.per_query_head:
+            check_field(self, self.card is not None, "decode_kv_reads", "per_query_head prices a model card's attention; an op list or CSV carries its own bytes")
         check_field(self, self.warmup_steps < self.steps, "warmup_steps", f"must be < workload.steps={self.steps}")
         check_field(self, self.ep <= self.devices, "ep", f"must be <= the devices (tp × dp = {self.devices})")
         if self.card is None and self.path is None:
