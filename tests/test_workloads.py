@@ -115,9 +115,14 @@ def test_gqa_decode_reads_a_kv_head_once_per_query_head_when_asked(card, tp, kv_
     assert each.activation_bytes()[0, attention] == shared.activation_bytes()[0, attention] == queries / 2
 
 
-def test_an_fp8_kv_cache_is_refused_for_hf_transformers_kernels():
+def test_an_fp8_kv_cache_is_refused_for_hf_transformers_kernels_and_op_lists():
     with pytest.raises(ConfigError, match=r"^workload\.kv_cache_dtype=fp8: fp8 needs kernels=fused"):
         compose_run("workload.kernels=unfused", "workload.kv_cache_dtype=fp8")
+    op_list = ("workload.card=null", "+workload.ops=[{name: a, kind: vector, flops: 1.0, bytes: 1.0}]")
+    with pytest.raises(ConfigError, match=r"^workload\.kv_cache_dtype=fp8: fp8 prices a model card's KV cache"):
+        compose_run(*op_list, "workload.kv_cache_dtype=fp8")
+    with pytest.raises(ConfigError, match=r"^workload\.decode_kv_reads=per_query_head: per_query_head prices a model card's attention"):
+        compose_run(*op_list, "workload.decode_kv_reads=per_query_head")
 
 
 def test_kv_cache_grows_with_batch_and_context():

@@ -28,7 +28,7 @@ def identity(run: RunConfig, overrides: tuple[str, ...] = ()) -> dict:
     w = run.workload
     return {  # the keys of result.WHAT_RAN_KEYS
         "batch_size": w.batch_size, "context_len": w.context_len, "phase": w.phase.value, "quant": w.quant.value,
-        "kernels": w.kernels.value, "tp": w.tp, "dp": w.dp, "ep": w.ep, "steps": w.steps, "warmup_steps": w.warmup_steps,
+        "kernels": w.kernels.value, "kv_cache_dtype": w.kv_cache_dtype.value, "decode_kv_reads": w.decode_kv_reads.value, "tp": w.tp, "dp": w.dp, "ep": w.ep, "steps": w.steps, "warmup_steps": w.warmup_steps,
         "serving": w.serving.enabled, "seed": run.seed, "overrides": " ".join(overrides),
     }
 
