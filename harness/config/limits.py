@@ -139,7 +139,7 @@ LIMITS: dict[str, Limit] = {
     "tracking.timeout_s": Limit(0.1, 3600, "s"),
     # Model card fields (workloads/*.yaml and workload.card_overrides.*); all integers but layer_overhead_us.
     **{f"card.{name}": Limit(1, 1 << 20) for name in (
-        "hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim", "v_head_dim", "vocab_size")},
+        "hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim", "v_head_dim", "rotary_dim", "vocab_size")},
     **{f"card.{name}": Limit(1, 1 << 24) for name in ("intermediate_size", "moe_intermediate_size")},
     **{f"card.{name}": Limit(0, 1 << 20) for name in ("q_lora_rank", "kv_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim")},
     "card.num_hidden_layers": Limit(1, 10_000, "layers"),

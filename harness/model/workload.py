@@ -408,7 +408,8 @@ OP_FORMULAS: dict[str, Callable[[Shapes], Optional[Cost]]] = {
     "v_proj": lambda s: _kv_linear(s, 0, 1),
     "qkv_proj": lambda s: _kv_linear(s, s.num_attention_heads, 2),
     "o_proj": lambda s: _linear(s, s.num_attention_heads * s.v_head_dim, s.hidden_size, s.tp),
-    "rope": lambda s: _vector(s, s.tokens * (s.heads + s.kv_heads) * s.head_dim, 6.0, 2.0),
+    # rotary on the first rotary_dim values of each head (GPT-J: 64 of 256), the whole head by default
+    "rope": lambda s: _vector(s, s.tokens * (s.heads + s.kv_heads) * (s.card.get("rotary_dim") or s.head_dim), 6.0, 2.0),
     # the new tokens' K and V read as activations, written in the cache's dtype
     "kv_cache_write": lambda s: Cost(OpKind.vector, bytes=s.tokens * s.kv_heads * (s.head_dim + s.v_head_dim) * (s.act + s.kv_width)),
     "attention": _attention,
