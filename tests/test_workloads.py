@@ -76,6 +76,21 @@ def test_memory_check_fails_with_the_sizes_and_passes_on_presets():
         assert wl.memory.weights_gb > 1
 
 
+def test_the_vocab_parallel_head_gathers_its_logits_across_tp():
+    """Llama-2-70B decode at TP 4, batch 8: each rank's LM head computes 8 x 32,000 / 4 logits, gathered
+    before sampling (vLLM's LogitsProcessor._gather_logits): an all-gather over 4 ranks to which each
+    contributes 8 x 8,000 x 2 B = 128,000 B, once a step after the head. At TP 1 there is nothing to gather."""
+    from harness.model.ops import COMM_ALL_GATHER
+
+    _, split = workload("workload=llama2_70b_decode", "workload.batch_size=8", "workload.steps=2")
+    gathers = [j for j, name in enumerate(split.op_names) if name == "logits_gather"]
+    assert len(gathers) == 1 and split.op_names[gathers[0] - 1] == "lm_head"
+    assert (split.comm[gathers[0]], split.comm_ranks[gathers[0]]) == (COMM_ALL_GATHER, 4)
+    assert split.bytes[:, gathers[0]].tolist() == [128_000.0, 128_000.0]
+    _, single = workload("workload=llama2_7b_decode", "workload.steps=2")
+    assert "logits_gather" not in single.op_names
+
+
 def test_an_fp8_kv_cache_holds_and_streams_one_byte_a_value():
     """Llama-2-7B decode at batch 8 from 1,024 cached tokens, 2 steps: a token's K and V are 32 layers x 32
     heads x 128 x 2 values, 262,144 of them. In float16 the cache holds 8 x 1,026 tokens x 524,288 B =
@@ -139,7 +154,7 @@ def test_tensor_parallelism_splits_weights_and_adds_all_reduces():
     _, single = workload("workload=qwen25_7b_decode")
     _, split = workload("workload=qwen25_7b_decode", "workload.tp=2")
     assert split.memory.weights_gb == pytest.approx(single.memory.weights_gb / 2, rel=0.01)
-    assert split.n_ops == single.n_ops + 2 * 28  # an all-reduce after attention and after the MLP
+    assert split.n_ops == single.n_ops + 2 * 28 + 1  # an all-reduce after attention and after the MLP; the logits' gather
     reduces = [i for i, name in enumerate(split.op_names) if name.endswith("tp_all_reduce")]
     assert np.all(split.stream[reduces] == 1)
 
@@ -213,7 +228,7 @@ def test_llama2_issues_an_all_reduce_per_attention_and_mlp_under_tensor_parallel
     tp8 = build_workload(compose_run("workload=llama2_7b_decode", "workload.steps=2", "workload.tp=8").workload)
     comm = KIND_CODE[OpKind.comm]
     assert np.count_nonzero(tp1.kind == comm) == 0
-    assert np.count_nonzero(tp8.kind == comm) == 2 * 32 and tp8.n_ops == tp1.n_ops + 64
+    assert np.count_nonzero(tp8.kind == comm) == 2 * 32 + 1 and tp8.n_ops == tp1.n_ops + 65  # and the logits' gather
 
 
 def test_card_overrides_take_list_values():

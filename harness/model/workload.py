@@ -33,6 +33,7 @@ from harness.config.schema import DecodeKvReads, GraphMode, KvCache, KvCacheDtyp
 from harness.base.errors import ConfigError
 from harness.model.ops import (
     BYTES_PER_GB,
+    COMM_ALL_GATHER,
     COMM_ALL_REDUCE,
     COMM_ALL_TO_ALL,
     COMM_NONE,
@@ -393,6 +394,10 @@ OP_FORMULAS: dict[str, Callable[[Shapes], Optional[Cost]]] = {
     "lm_head": lambda s: _linear(
         s, s.hidden_size, s.vocab_size, split=s.tp, tokens=s.batch, quantised=False
     ) if not s.card.get("tie_word_embeddings") else _tied_head(s),
+    # The vocab-parallel head's logits gathered across the TP group before sampling (vLLM's
+    # LogitsProcessor._gather_logits: a gather, or an all-gather where a platform needs every rank to
+    # hold them; priced as an all-gather of each rank's slice). Nothing at TP 1.
+    "logits_gather": lambda s: _collective(COMM_ALL_GATHER, s.tp, s.batch * s.vocab_size / s.tp * s.act),
     "sampling": lambda s: _vector(s, s.batch * s.vocab_size, 1.0, 1.0),
     # norms and residuals
     "input_norm": _norm("hidden_size"),
