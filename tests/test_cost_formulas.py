@@ -375,7 +375,7 @@ def test_a_kv_head_is_replicated_in_the_projection_weights_as_in_the_cache(tp, k
     qkv = workload.op_names.index("layers.0.qkv_proj")
     weights = 2048 * (32 / tp + 2 * kv_heads_a_rank) * 128 * 2
     tokens = run.workload.batch_size
-    activations = tokens * (2048 + (32 / tp + 2 * kv_heads_a_rank) * 128 * tp) / tp * 2
+    activations = tokens * (2048 + (32 / tp + 2 * kv_heads_a_rank) * 128) * 2  # column-parallel: the whole input, its slice of the output
     assert workload.bytes[0, qkv] == pytest.approx(weights + activations, rel=1e-12)
     assert workload.flops[0, qkv] == pytest.approx(2.0 * tokens * weights / 2, rel=1e-12)
 

@@ -76,6 +76,21 @@ def test_memory_check_fails_with_the_sizes_and_passes_on_presets():
         assert wl.memory.weights_gb > 1
 
 
+def test_a_split_linear_reads_and_writes_what_its_rank_holds():
+    """Llama-2-7B prefill of 16 tokens at TP 2. gate_proj is column-parallel: it reads all 16 x 4,096 input
+    values and writes its 16 x 5,504 slice of the output; down_proj is row-parallel: it reads its 16 x 5,504
+    slice and writes a whole 16 x 4,096 partial sum (the all-reduce adds them). Each holds 4,096 x 11,008 / 2
+    float16 weights."""
+    _, w = workload("workload=llama2_7b_prefill", "workload.tp=2", "workload.context_len=16", "workload.steps=1")
+    weights = 4096 * 11008 / 2 * 2
+    gate, down = w.op_names.index("layers.0.gate_proj"), w.op_names.index("layers.0.down_proj")
+    assert w.bytes[0, gate] == weights + 16 * (4096 + 5504) * 2
+    assert w.bytes[0, down] == weights + 16 * (5504 + 4096) * 2
+    assert w.weight_bytes[gate] == w.weight_bytes[down] == weights
+    _, single = workload("workload=llama2_7b_prefill", "workload.context_len=16", "workload.steps=1")
+    assert single.bytes[0, gate] == 2 * weights + 16 * (4096 + 11008) * 2  # unsplit: everything
+
+
 def test_the_vocab_parallel_head_gathers_its_logits_across_tp():
     """Llama-2-70B decode at TP 4, batch 8: each rank's LM head computes 8 x 32,000 / 4 logits, gathered
     before sampling (vLLM's LogitsProcessor._gather_logits): an all-gather over 4 ranks to which each

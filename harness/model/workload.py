@@ -137,17 +137,24 @@ class Shapes:
 # ---------------------------------------------------------------- op formulas
 
 
-def _linear(s: Shapes, n_in: float, n_out: float, split: float = 1, tokens=None, quantised: bool = True, bias: bool = False) -> Cost:
-    """A (possibly sharded) linear layer: weights n_in × n_out split `split` ways."""
+def _linear(
+    s: Shapes, n_in: float, n_out: float, split: float = 1, tokens=None, quantised: bool = True, bias: bool = False, parallel: str = "column",
+) -> Cost:
+    """A (possibly sharded) linear layer: weights n_in × n_out split `split` ways. What a rank reads and
+    writes besides the weights follows the split: column-parallel (Megatron's ColumnParallelLinear: q/k/v,
+    gate/up, the vocab-parallel head) reads the whole input and writes its slice of the output;
+    row-parallel (o_proj, down_proj) reads its slice of the input and writes a whole partial output, summed
+    by the all-reduce after it; `heads` (a per-head batched matmul) reads and writes its heads' slices."""
     t = s.tokens if tokens is None else tokens
     full = n_in * n_out + (n_out if bias else 0)
     params = full / split
     width = s.weight if quantised else s.act
     act_width = 1 if (quantised and s.quant) else s.act
+    in_split, out_split = {"column": (1, split), "row": (split, 1), "heads": (split, split)}[parallel]
     return Cost(
         OpKind.cube,
         flops=2.0 * t * (n_in * n_out / split),
-        bytes=params * width + t * (n_in + n_out) / split * act_width,
+        bytes=params * width + t * (n_in / in_split + n_out / out_split) * act_width,
         params=params,
         full_params=full,
         weight_bytes=params * width,
@@ -412,7 +419,7 @@ OP_FORMULAS: dict[str, Callable[[Shapes], Optional[Cost]]] = {
     "k_proj": lambda s: _kv_linear(s, 0, 1),
     "v_proj": lambda s: _kv_linear(s, 0, 1),
     "qkv_proj": lambda s: _kv_linear(s, s.num_attention_heads, 2),
-    "o_proj": lambda s: _linear(s, s.num_attention_heads * s.v_head_dim, s.hidden_size, s.tp),
+    "o_proj": lambda s: _linear(s, s.num_attention_heads * s.v_head_dim, s.hidden_size, s.tp, parallel="row"),
     # rotary on the first rotary_dim values of each head (GPT-J: 64 of 256), the whole head by default
     "rope": lambda s: _vector(s, s.tokens * (s.heads + s.kv_heads) * (s.card.get("rotary_dim") or s.head_dim), 6.0, 2.0),
     # the new tokens' K and V read as activations, written in the cache's dtype
@@ -422,11 +429,11 @@ OP_FORMULAS: dict[str, Callable[[Shapes], Optional[Cost]]] = {
     "qkv_a_proj": lambda s: _linear(s, s.hidden_size, s.q_lora_rank + s.kv_lora_rank + s.qk_rope_head_dim),
     "q_a_norm": lambda s: _vector(s, s.tokens * s.q_lora_rank, 4.0, 2.0, params=s.q_lora_rank),
     "q_b_proj": lambda s: _linear(s, s.q_lora_rank, s.num_attention_heads * (s.qk_nope_head_dim + s.qk_rope_head_dim), s.tp),
-    "q_absorb_bmm": lambda s: _linear(s, s.qk_nope_head_dim * s.num_attention_heads, s.kv_lora_rank, s.tp, quantised=False),
+    "q_absorb_bmm": lambda s: _linear(s, s.qk_nope_head_dim * s.num_attention_heads, s.kv_lora_rank, s.tp, quantised=False, parallel="heads"),
     "mla_rope": lambda s: _vector(s, s.tokens * (s.heads + 1) * s.qk_rope_head_dim, 6.0, 2.0),
     "kv_norm_rope_cache": _mla_cache_write,
     "mla_attention": _mla_attention,
-    "v_absorb_bmm": lambda s: _linear(s, s.kv_lora_rank * s.num_attention_heads, s.v_head_dim, s.tp, quantised=False),
+    "v_absorb_bmm": lambda s: _linear(s, s.kv_lora_rank * s.num_attention_heads, s.v_head_dim, s.tp, quantised=False, parallel="heads"),
     "tp_all_reduce": lambda s: _collective(COMM_ALL_REDUCE, s.tp, s.tokens * s.hidden_size * s.act),
     # dense MLP
     "gate_proj": lambda s: _linear(s, s.hidden_size, _mlp_width(s), s.tp),
@@ -436,7 +443,7 @@ OP_FORMULAS: dict[str, Callable[[Shapes], Optional[Cost]]] = {
     # an ungated MLP's activation (GPT-J, Falcon): reads the up projection, writes its input to the down one;
     # flops per element are tanh-GELU's few (memory-bound either way)
     "gelu": lambda s: _vector(s, s.tokens * _mlp_width(s) / s.tp, 8.0, 2.0),
-    "down_proj": lambda s: _linear(s, _mlp_width(s), s.hidden_size, s.tp),
+    "down_proj": lambda s: _linear(s, _mlp_width(s), s.hidden_size, s.tp, parallel="row"),
     # MoE (routed experts split over EP ranks; shared experts split over TP)
     "moe_gate": lambda s: _linear(s, s.hidden_size, s.n_routed_experts, quantised=False),
     "moe_topk": lambda s: _vector(s, s.tokens * s.n_routed_experts, 4.0, 1.0),
@@ -447,7 +454,7 @@ OP_FORMULAS: dict[str, Callable[[Shapes], Optional[Cost]]] = {
     "moe_combine": _combine,
     "shared_gate_up": _if(lambda s: _shared(s) > 0, lambda s: _linear(s, s.hidden_size, 2 * _shared(s), s.tp)),
     "shared_act": _if(lambda s: _shared(s) > 0, lambda s: _vector(s, s.tokens * _shared(s) / s.tp, 5.0, 3.0)),
-    "shared_down": _if(lambda s: _shared(s) > 0, lambda s: _linear(s, _shared(s), s.hidden_size, s.tp)),
+    "shared_down": _if(lambda s: _shared(s) > 0, lambda s: _linear(s, _shared(s), s.hidden_size, s.tp, parallel="row")),
 }
 
 
