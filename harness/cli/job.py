@@ -6,6 +6,7 @@ the Hydra side. With `resume=true` a finished run of the same configuration is r
 from __future__ import annotations
 
 import contextlib
+import enum
 import logging
 from pathlib import Path
 
@@ -16,7 +17,7 @@ from harness.config.schema import RunConfig
 from harness.results.outputs import STEPS_FILE, read_steps, write_outputs
 from harness.results.resume import config_hash, find_finished, reuse
 from harness.results.drawer import BackgroundDrawer
-from harness.sim.outcome import RunResult
+from harness.sim.outcome import WHAT_RAN_WORKLOAD_KEYS, RunResult
 from harness.sim.simulate import simulate_run
 from harness.tracking import early as early_tracking
 
@@ -26,9 +27,9 @@ log = logging.getLogger(__name__)
 def identity(run: RunConfig, overrides: tuple[str, ...] = ()) -> dict:
     """What ran, for summary.json: the deployment's sizes and the overrides on top of the presets."""
     w = run.workload
-    return {  # the keys of result.WHAT_RAN_KEYS
-        "batch_size": w.batch_size, "context_len": w.context_len, "phase": w.phase.value, "quant": w.quant.value,
-        "kernels": w.kernels.value, "kv_cache_dtype": w.kv_cache_dtype.value, "decode_kv_reads": w.decode_kv_reads.value, "tp": w.tp, "dp": w.dp, "ep": w.ep, "steps": w.steps, "warmup_steps": w.warmup_steps,
+    sizes = {key: getattr(w, key) for key in WHAT_RAN_WORKLOAD_KEYS}
+    return {  # the keys of WHAT_RAN_KEYS but config_hash (added beside them)
+        **{key: value.value if isinstance(value, enum.Enum) else value for key, value in sizes.items()},
         "serving": w.serving.enabled, "seed": run.seed, "overrides": " ".join(overrides),
     }
 

@@ -106,7 +106,7 @@ class Shapes:
     @property
     def kv_width(self) -> int:
         """Bytes per cached K or V value."""
-        return 1 if self.kv_fp8 else self.card["dtype_bytes"]
+        return 1 if self.kv_fp8 else self.act
 
     @property
     def weight(self) -> int:
@@ -441,7 +441,7 @@ OP_FORMULAS: dict[str, Callable[[Shapes], Optional[Cost]]] = {
     "gate_up_proj": lambda s: _linear(s, s.hidden_size, 2 * _mlp_width(s), s.tp),
     "act_mul": lambda s: _vector(s, s.tokens * _mlp_width(s) / s.tp, 5.0, 3.0),
     # an ungated MLP's activation (GPT-J, Falcon): reads the up projection, writes its input to the down one;
-    # flops per element are tanh-GELU's few (memory-bound either way)
+    # 8 flops an element for tanh-GELU is assumed (the op is memory-bound whatever the count)
     "gelu": lambda s: _vector(s, s.tokens * _mlp_width(s) / s.tp, 8.0, 2.0),
     "down_proj": lambda s: _linear(s, _mlp_width(s), s.hidden_size, s.tp, parallel="row"),
     # MoE (routed experts split over EP ranks; shared experts split over TP)
@@ -744,14 +744,12 @@ def _from_card(
                 layer += 1
     n = len(names)
     template_ids = np.array(templates, dtype=np.int64)
-    per_template = [
-        (np.broadcast_to(np.asarray(c.flops, dtype=np.float64), (steps,)), np.broadcast_to(np.asarray(c.bytes, dtype=np.float64), (steps,)))
-        if c is not None else (np.zeros(steps), np.zeros(steps))
-        for c in costs
-    ]
-    flops_t = np.stack([f for f, _ in per_template], axis=1) if costs else np.zeros((steps, 0))
-    bytes_t = np.stack([b for _, b in per_template], axis=1) if costs else np.zeros((steps, 0))
-    cache_t = np.stack([np.broadcast_to(np.asarray(c.cache_bytes if c is not None else 0.0, dtype=np.float64), (steps,)) for c in costs], axis=1) if costs else np.zeros((steps, 0))
+    def per_step(values: list) -> np.ndarray:  # (steps, templates) from each template's scalar or per-step value
+        return np.stack([np.broadcast_to(np.asarray(v, dtype=np.float64), (steps,)) for v in values], axis=1) if values else np.zeros((steps, 0))
+
+    flops_t = per_step([c.flops if c is not None else 0.0 for c in costs])
+    bytes_t = per_step([c.bytes if c is not None else 0.0 for c in costs])
+    cache_t = per_step([c.cache_bytes if c is not None else 0.0 for c in costs])
     used = [c if c is not None else Cost(OpKind.vector) for c in costs]
     kind_t = np.array([KIND_CODE[c.kind] for c in used], dtype=np.int8)
     dynamic_t = np.array([c.dynamic for c in used], dtype=bool)

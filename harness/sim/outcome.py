@@ -28,16 +28,14 @@ WALL_CLOCK_KEYS = frozenset({"sim_wall_s", "compile_s"})
 
 # Summary keys that say what ran (the config's sizes, seed and overrides) rather than what was measured:
 # MLflow has them as params, not metrics.
-WHAT_RAN_KEYS = (
+# The workload's own keys among them (summary key = workload.<key>, enums as their value).
+WHAT_RAN_WORKLOAD_KEYS = (
     "batch_size", "context_len", "phase", "quant", "kernels", "kv_cache_dtype", "decode_kv_reads", "tp", "dp", "ep", "steps", "warmup_steps",
-    "serving", "seed", "overrides", "config_hash",
 )
+WHAT_RAN_KEYS = (*WHAT_RAN_WORKLOAD_KEYS, "serving", "seed", "overrides", "config_hash")
 # The param (flattened config key) each of them is in MLflow; `overrides` is a tag there, `config_hash` not kept.
 WHAT_RAN_PARAMS = {
-    **{
-        key: f"workload.{key}"
-        for key in ("batch_size", "context_len", "phase", "quant", "kernels", "kv_cache_dtype", "decode_kv_reads", "tp", "dp", "ep", "steps", "warmup_steps")
-    },
+    **{key: f"workload.{key}" for key in WHAT_RAN_WORKLOAD_KEYS},
     "serving": "workload.serving.enabled",
     "seed": "seed",
 }
