@@ -102,19 +102,26 @@ def test_the_memory_limit_is_checked_before_simulating():
 
 
 def test_the_graph_budget_pitfall_is_caught_on_ascend():
-    """40-odd layers × 51 capture sizes do not fit Atlas A2's streams (vllm-ascend #1168): rejected, saying
-    how many graphs were needed and allowed; a short size list is taken."""
-    advice = advise_runs(A2, question(space={"strategy": ["acl_graph"], "strategy.graph.buckets": [VLLM_SIZES, [8, 16, 32, 64]]}))
+    """48 layers × 51 capture sizes do not fit Atlas A2's 1,800 streams (49 a graph: 36 graphs). vllm-ascend
+    (update_aclgraph_sizes) keeps 36 of them spread evenly, positions rint(i × 50 / 35): 1, 2, 8, 16, 32, …,
+    dropping 4 and 24. The candidate runs what the run runs, is charged for 36 graphs, and says so; at batch
+    24 it pads to 32, so a list holding 24 wins."""
+    space = {"strategy": ["acl_graph"], "workload.batch_size": [24], "strategy.graph.buckets": [VLLM_SIZES, [8, 16, 24, 32]]}
+    advice = advise_runs(A2, question(space=space))
     full, short = advice.candidates
     run = make_run(A2 + ["strategy=acl_graph"])
     layers = layer_count(one_step(run))
-    assert layers == 48  # Qwen3-30B-A3B's card
-    assert full.rejected == (
-        f"51 graphs needed, {run.hardware.graph.max_graphs // (layers + 1)} allowed: each takes {layers} layers + 1 = {layers + 1} streams,"
-        f" {run.hardware.graph.max_graphs:,} streams in all (hardware.graph.max_graphs)"
-    )
-    assert advice.ranked == [short] and short.graphs == 4
-
+    assert layers == 48 and run.hardware.graph.max_graphs == 1800  # Qwen3-30B-A3B's card; the atlas_a2 preset
+    assert not full.rejected and full.graphs == 36
+    assert full.note == ("36 of 51 capture sizes kept (1, 2, 8, 16, 32, 40, …, 512), trimmed evenly as vllm-ascend does: 1,800 streams"
+                         " (hardware.graph.max_graphs) hold 36 graphs of 48 layers + 1 = 49 streams")
+    alone = simulate_run(with_steps(make_run(A2 + ["strategy=acl_graph", "workload.batch_size=24",
+                                                   f"strategy.graph.buckets={VLLM_SIZES}".replace(" ", "")]), full.steps)).summary
+    assert without_wall_clock(full.summary) == without_wall_clock(alone)  # the advice's figures are the run's
+    assert alone["graph_buckets"] == 36 and alone["graph_note"] == full.note
+    # 24 pads to 32 in the trimmed list (a third more rows); with 24 kept only the experts' token counts pad
+    assert full.summary["padding_waste"] > 0.05 > 0.001 > short.summary["padding_waste"]
+    assert advice.ranked[0] is short and short.graphs == 4 and not short.note
 
 
 def test_a_serving_candidate_is_charged_for_the_graphs_its_run_captures():

@@ -229,6 +229,10 @@ def test_graph_count_follows_the_stream_budget(streams, padded, modes):
     assert plan.mode.tolist() == modes
     graphs = modes.count(B)
     assert plan.info["graph_captures"] == graphs and plan.info["graph_buckets"] == (3 if streams == 131 else 4)
+    # The run says what trimming did (and says nothing when every size is kept).
+    trimmed = ("3 of 4 capture sizes kept (1, 4, 8), trimmed evenly as vllm-ascend does: 131 streams (hardware.graph.max_graphs)"
+               " hold 3 graphs of 32 layers + 1 = 33 streams")
+    assert plan.info.get("graph_note", "") == (trimmed if streams == 131 else "")
     assert workload.memory.graphs_gb == pytest.approx(graphs * A2_GRAPH_MIB * MIB / 1e9)
 
 

@@ -29,7 +29,7 @@ def row(candidate: Candidate, rank: int | None) -> dict:
     return {
         "rank": rank, "candidate": candidate.label, **f, "graphs": candidate.graphs, "graph_mem_gb": round(candidate.graph_mem_gb, 3),
         "capture_s": round(candidate.capture_s, 3), "memory_gb": round(candidate.memory_gb, 2), "steps": candidate.steps,
-        "rejected": candidate.rejected,
+        "rejected": candidate.rejected, "note": candidate.note,
     }
 
 
@@ -79,7 +79,8 @@ def why(advice: Advice) -> str:
     baseline = margin_text(winner, advice.baseline, "the baseline")
     parts += [f"{m[0].upper()}{m[1:]}." for m in (runner_up, baseline) if m]
     if winner.graphs:
-        parts.append(f"It captures {winner.graphs} graphs ({winner.graph_mem_gb:.2f} GB, {winner.capture_s:.1f} s at start-up).")
+        parts.append(f"It captures {winner.graphs} graphs ({winner.graph_mem_gb:.2f} GB, {winner.capture_s:.1f} s at start-up)"
+                     + (f": {winner.note}." if winner.note else "."))
     parts += _against_other_strategies(advice, winner) + _against_other_sizes(advice, winner)
     return unfinished + " ".join(parts)
 
@@ -172,7 +173,7 @@ def preset_path(name: str) -> Path:
 
 def shown_table(frame: pd.DataFrame, rows: int) -> pd.DataFrame:
     """The ranked rows, as a reader wants them: ranks as integers, columns that hold nothing left out."""
-    shown = frame[frame["rank"].notna()].head(rows).drop(columns=["rejected"])
+    shown = frame[frame["rank"].notna()].head(rows).drop(columns=["rejected", "note"])
     shown = shown.astype({"rank": int}).dropna(axis="columns", how="all")
     return shown
 
@@ -184,6 +185,11 @@ def write_answer(advice: Advice, base: list[str], command: str, out: Path, name:
     frame.to_csv(out / "candidates.csv", index=False)
     shown = shown_table(frame, 20)
     lines = [f"# Advice: {command}", "", why(advice), "", shown.to_markdown(index=False, floatfmt=".3f")]
+    trimmed = frame[frame["note"] != ""]
+    if len(trimmed):
+        lines += ["", f"## Capture sizes trimmed to the stream budget ({len(trimmed)})", "",
+                  "Each runs, and is charged for, the sizes kept, as the run itself would.", "",
+                  trimmed[["candidate", "note"]].to_markdown(index=False)]
     rejected = frame[frame["rejected"] != ""]
     if len(rejected):
         lines += ["", f"## Rejected ({len(rejected)})", "", rejected[["candidate", "rejected"]].to_markdown(index=False)]

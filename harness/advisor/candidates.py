@@ -24,7 +24,7 @@ from harness.config.compose import compose_config, compose_run, to_run_config
 from harness.config.paths import CONF_DIR, launch_folder_conf
 from harness.config.schema import GraphMode, RunConfig
 from harness.model.workload import build_workload, run_build_options
-from harness.sim.policies import MIB, graph_budget, layer_count, startup_sizes
+from harness.sim.policies import MIB, graph_budget, kept_sizes, layer_count, trim_buckets, trim_note
 from harness.sim.simulate import last_step
 
 
@@ -33,6 +33,7 @@ class Candidate:
     overrides: list[str]  # the space's values, as `key=value`
     run: RunConfig | None = None
     rejected: str = ""  # why it was not simulated (or did not meet a limit once simulated)
+    note: str = ""  # what the run does differently from what the candidate asks (capture sizes trimmed to the budget)
     graphs: int = 0  # capture sizes it captures
     graph_mem_gb: float = 0.0
     capture_s: float = 0.0
@@ -172,15 +173,15 @@ def with_steps(run: RunConfig, steps: int) -> RunConfig:
     return dataclasses.replace(run, workload=dataclasses.replace(run.workload, steps=steps, warmup_steps=0))
 
 
-def graph_sizes(run: RunConfig) -> list[int]:
-    """The capture sizes a candidate captures (none when its strategy replays no graphs in its phase): a
-    serving run's start-up captures stop at the first size that holds its max_batch, as the run's do."""
+def graph_sizes(run: RunConfig, max_graphs: int | None = None) -> list[int]:
+    """The capture sizes a candidate captures (none when its strategy replays no graphs in its phase),
+    as its run keeps them (`kept_sizes`): at most `max_graphs` (the platform's budget; None: not yet
+    known), and for a serving run those its start-up captures."""
     graph = run.strategy.graph
     if graph.mode != GraphMode.capture or run.workload.phase not in graph.phases:
         return []
-    if run.workload.serving.enabled:
-        return startup_sizes(list(graph.buckets), run.workload.serving.max_batch)
-    return sorted(set(graph.buckets))
+    serving = run.workload.serving
+    return kept_sizes(list(graph.buckets), max_graphs or len(graph.buckets), serving.max_batch if serving.enabled else None)
 
 
 def largest_batch(run: RunConfig) -> int:
@@ -195,7 +196,6 @@ def check_limits_before(candidate: Candidate, advise: AdviseConfig) -> None:
     graphs)."""
     run = candidate.run
     assert run is not None
-    sizes = graph_sizes(run)
     costs = run.hardware.graph
     batch = largest_batch(run)
     serving = run.workload.serving
@@ -208,6 +208,13 @@ def check_limits_before(candidate: Candidate, advise: AdviseConfig) -> None:
     except HarnessError as exc:
         candidate.rejected = str(exc)
         return
+    # The sizes the run keeps: a list longer than the stream budget is trimmed as vllm-ascend trims it, and
+    # the candidate runs (and is charged for) what is kept; the note says so.
+    layers = layer_count(workload)
+    budget = graph_budget(costs, layers, run.workload)
+    sizes = graph_sizes(run, budget)
+    candidate.note = trim_note(list(run.strategy.graph.buckets), trim_buckets(list(run.strategy.graph.buckets), budget),
+                               costs, layers, run.workload) if sizes else ""
     candidate.graphs = len(sizes)
     candidate.graph_mem_gb = len(sizes) * costs.graph_mem_mib * MIB / 1e9
     candidate.capture_s = len(sizes) * costs.capture_ms / 1e3
@@ -215,18 +222,9 @@ def check_limits_before(candidate: Candidate, advise: AdviseConfig) -> None:
     memory.graphs_gb = candidate.graph_mem_gb
     candidate.memory_gb = memory.total_gb
     hbm_gb = min(run.hardware.device.hbm_gb, advise.hbm_gb_max or float("inf"))
-    if sizes:
-        layers = layer_count(workload)
-        budget = graph_budget(costs, layers, run.workload)
-        if len(sizes) > budget:
-            candidate.rejected = (
-                f"{len(sizes)} graphs needed, {budget} allowed: each takes {layers} layers + 1 = {layers + 1} streams,"
-                f" {costs.max_graphs:,} streams in all (hardware.graph.max_graphs)"
-            )
-            return
-        if batch > sizes[-1]:
-            candidate.rejected = f"batch {batch} above the largest capture size {sizes[-1]}: its decode steps would run eagerly"
-            return
+    if sizes and batch > sizes[-1]:
+        candidate.rejected = f"batch {batch} above the largest capture size {sizes[-1]}: its decode steps would run eagerly"
+        return
     if advise.capture_s_max is not None and candidate.capture_s > advise.capture_s_max:
         candidate.rejected = f"capturing {len(sizes)} graphs takes {candidate.capture_s:.1f} s > advise.capture_s_max={advise.capture_s_max:g}"
         return

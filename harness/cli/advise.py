@@ -79,6 +79,10 @@ def main(argv: list[str] | None = None) -> int:
         f" {', '.join(f'{steps}: {n} met the limits' for steps, n in advice.rungs)})"
         + (f"; {advice.out_of_time} not simulated: advise.budget_s={advise.budget_s:g} ran out" if advice.out_of_time else "")
     )
+    trimmed = int((frame["note"] != "").sum())
+    if trimmed:
+        print(f"  trimmed      {trimmed} candidate{'s ask' if trimmed > 1 else ' asks'} for more capture sizes than the stream budget holds:"
+              " each runs the sizes kept, as vllm-ascend trims them (advice.md says which)")
     print(f"  results      {out.absolute() / 'advice.md'} (every candidate: candidates.csv)")
     if written is not None:
         print(f"  winner       {written} — run it: {run_command_of(advise.name)}")

@@ -118,6 +118,29 @@ def graph_budget(costs: GraphCostConfig, layers: int, workload: WorkloadConfig) 
     return max(1, streams // (layers + 1) // (1 + groups * costs.comm_group_streams))
 
 
+def kept_sizes(buckets: list[int], max_graphs: int, serving_max_batch: int | None = None) -> list[int]:
+    """The capture sizes a run keeps: the list trimmed evenly to the budget (as vllm-ascend's
+    update_aclgraph_sizes samples it, the first and last kept), and for a serving engine those of them it
+    captures at start-up (`startup_sizes`)."""
+    kept = trim_buckets(buckets, max_graphs)
+    return kept if serving_max_batch is None else startup_sizes(kept, serving_max_batch)
+
+
+def trim_note(asked: list[int], kept: list[int], costs: GraphCostConfig, layers: int, workload: WorkloadConfig) -> str:
+    """What trimming to the budget did to the size list and why ('' when it kept every size): the streams
+    a graph takes, those the platform has, and what communication groups take where it counts them."""
+    asked = sorted(set(asked))
+    if len(kept) >= len(asked):
+        return ""
+    shown = ", ".join(str(b) for b in kept) if len(kept) <= 12 else ", ".join(str(b) for b in kept[:6]) + ", …, " + str(kept[-1])
+    groups = int(workload.tp > 1) + int(workload.dp > 1)
+    comm = (f", with {groups} communication group{'s' if groups > 1 else ''} taking {costs.comm_group_reserved_streams} streams"
+            f" each and multiplying a graph's by 1 + {groups} × {costs.comm_group_streams}"
+            if groups and (costs.comm_group_streams or costs.comm_group_reserved_streams) else "")
+    return (f"{len(kept)} of {len(asked)} capture sizes kept ({shown}), trimmed evenly as vllm-ascend does: {costs.max_graphs:,} streams"
+            f" (hardware.graph.max_graphs) hold {len(kept)} graphs of {layers} layers + 1 = {layers + 1} streams{comm}")
+
+
 def layer_count(workload: Workload) -> int:
     layers = {name.split(".")[1] for name in workload.op_names if name.startswith("layers.")}
     return max(1, len(layers))
@@ -158,8 +181,11 @@ def prepare(
         names = [real.op_names[j] for j in np.flatnonzero(real.flags & FLAG_COMPUTE_DEPENDENT)[:3]]
         fallback = f"compute-dependent ops cannot be in a graph ({', '.join(names)})"
     elif graph_on:
-        buckets = trim_buckets(list(graph.buckets), max_graphs)
+        buckets = kept_sizes(list(graph.buckets), max_graphs)
         info["graph_buckets"] = len(buckets)
+        trimmed = trim_note(list(graph.buckets), buckets, hardware.graph, layer_count(real), cfg)
+        if trimmed:
+            info["graph_note"] = trimmed
         padded, fits = bucket_batch(real.batch, buckets)
         if graph.mode == GraphMode.capture:
             keys = np.where(fits, padded, -1)
@@ -177,12 +203,12 @@ def prepare(
         if startup and not fallback:
             # A serving engine captures its graphs at start-up, before the first request (startup_sizes):
             # the request stream only replays them.
-            sizes = startup_sizes(buckets, cfg.serving.max_batch)
-            startup_graphs = sizes[:max_graphs]
+            startup_graphs = kept_sizes(list(graph.buckets), max_graphs, cfg.serving.max_batch)
             mode[np.isin(keys, startup_graphs)] = REPLAY
             info["graph_captures"] = len(startup_graphs)
             info["capture_ms"] = len(startup_graphs) * hardware.graph.capture_ms / hardware.host.speed  # as a simulated capture (host work)
-            info["graph_note"] = f"{len(startup_graphs)} graphs captured at start-up, before the first request (not in the request times)"
+            startup_note = f"{len(startup_graphs)} graphs captured at start-up, before the first request (not in the request times)"
+            info["graph_note"] = f"{startup_note}; {trimmed}" if trimmed else startup_note
         elif not fallback:
             # In program order: a new shape set builds a graph while the budget lasts, else runs eagerly.
             seen: set[int] = set()
