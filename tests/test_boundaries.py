@@ -286,6 +286,20 @@ def test_start_up_captures_stop_at_the_stream_budget():
     assert plan.info["graph_captures"] == 3 and plan.mode.tolist() == [R, R]
 
 
+def test_a_serving_engine_limits_its_sizes_by_its_largest_batch_before_the_budget_trims_them():
+    """vLLM limits its capture sizes by max_num_seqs, then vllm-ascend trims what is left to the streams
+    (update_aclgraph_sizes). Qwen3-30B-A3B on Atlas A2: 1,800 // 49 = 36 graphs; at max_batch 16 the
+    engine asks for 1, 2, 4, 8, 16, all kept, and a batch of 4 runs its own graph. Trimming the 51 sizes
+    first would keep 1, 2, 8, 16, … (4 dropped, batch 4 padded to 8)."""
+    run = compose_run("hardware=atlas_a2", "workload=qwen3_30b_decode", "strategy=acl_graph", "workload.serving.enabled=true",
+                      "workload.serving.max_batch=16", "workload.steps=2")
+    assert len(run.strategy.graph.buckets) == 51
+    workload, plan = prepare(run, np.array([4, 16]), None)
+    assert plan.info["graph_buckets"] == plan.info["graph_captures"] == 5 and "graph_note" in plan.info
+    assert "capture sizes kept" not in plan.info["graph_note"]  # nothing trimmed
+    assert workload.batch.tolist() == [4, 16] and plan.mode.tolist() == [R, R]
+
+
 # ---------------------------------------------------------------- HBM at exactly its capacity
 
 

@@ -24,7 +24,7 @@ from harness.config.compose import compose_config, compose_run, to_run_config
 from harness.config.paths import CONF_DIR, launch_folder_conf
 from harness.config.schema import GraphMode, RunConfig
 from harness.model.workload import build_workload, run_build_options
-from harness.sim.policies import MIB, graph_budget, kept_sizes, layer_count, trim_buckets, trim_note
+from harness.sim.policies import MIB, graph_budget, kept_sizes, layer_count, trim_note
 from harness.sim.simulate import last_step
 
 
@@ -213,8 +213,7 @@ def check_limits_before(candidate: Candidate, advise: AdviseConfig) -> None:
     layers = layer_count(workload)
     budget = graph_budget(costs, layers, run.workload)
     sizes = graph_sizes(run, budget)
-    candidate.note = trim_note(list(run.strategy.graph.buckets), trim_buckets(list(run.strategy.graph.buckets), budget),
-                               costs, layers, run.workload) if sizes else ""
+    candidate.note = trim_note(graph_sizes(run), sizes, costs, layers, run.workload) if sizes else ""
     candidate.graphs = len(sizes)
     candidate.graph_mem_gb = len(sizes) * costs.graph_mem_mib * MIB / 1e9
     candidate.capture_s = len(sizes) * costs.capture_ms / 1e3

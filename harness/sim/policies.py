@@ -118,12 +118,17 @@ def graph_budget(costs: GraphCostConfig, layers: int, workload: WorkloadConfig) 
     return max(1, streams // (layers + 1) // (1 + groups * costs.comm_group_streams))
 
 
+def asked_sizes(buckets: list[int], serving_max_batch: int | None = None) -> list[int]:
+    """The capture sizes a run asks for before the budget: the list, or for a serving engine those it
+    captures at start-up (`startup_sizes`: the engine limits its list by its largest batch first, as vLLM
+    does before vllm-ascend trims it)."""
+    return sorted(set(buckets)) if serving_max_batch is None else startup_sizes(buckets, serving_max_batch)
+
+
 def kept_sizes(buckets: list[int], max_graphs: int, serving_max_batch: int | None = None) -> list[int]:
-    """The capture sizes a run keeps: the list trimmed evenly to the budget (as vllm-ascend's
-    update_aclgraph_sizes samples it, the first and last kept), and for a serving engine those of them it
-    captures at start-up (`startup_sizes`)."""
-    kept = trim_buckets(buckets, max_graphs)
-    return kept if serving_max_batch is None else startup_sizes(kept, serving_max_batch)
+    """The capture sizes a run keeps: those it asks for, trimmed evenly to the budget as vllm-ascend's
+    update_aclgraph_sizes samples them (the first and last kept)."""
+    return trim_buckets(asked_sizes(buckets, serving_max_batch), max_graphs)
 
 
 def trim_note(asked: list[int], kept: list[int], costs: GraphCostConfig, layers: int, workload: WorkloadConfig) -> str:
@@ -181,9 +186,11 @@ def prepare(
         names = [real.op_names[j] for j in np.flatnonzero(real.flags & FLAG_COMPUTE_DEPENDENT)[:3]]
         fallback = f"compute-dependent ops cannot be in a graph ({', '.join(names)})"
     elif graph_on:
-        buckets = kept_sizes(list(graph.buckets), max_graphs)
+        startup = cfg.serving.enabled and graph.mode == GraphMode.capture
+        startup_batch = cfg.serving.max_batch if startup else None
+        buckets = kept_sizes(list(graph.buckets), max_graphs, startup_batch)
         info["graph_buckets"] = len(buckets)
-        trimmed = trim_note(list(graph.buckets), buckets, hardware.graph, layer_count(real), cfg)
+        trimmed = trim_note(asked_sizes(list(graph.buckets), startup_batch), buckets, hardware.graph, layer_count(real), cfg)
         if trimmed:
             info["graph_note"] = trimmed
         padded, fits = bucket_batch(real.batch, buckets)
@@ -199,15 +206,13 @@ def prepare(
                 )
             probe = padded_workload(padded, kv_padded, moe_pad=buckets_on)
             keys = np.where(fits, _row_keys(probe.shape_key), -1)
-        startup = cfg.serving.enabled and graph.mode == GraphMode.capture
         if startup and not fallback:
             # A serving engine captures its graphs at start-up, before the first request (startup_sizes):
             # the request stream only replays them.
-            startup_graphs = kept_sizes(list(graph.buckets), max_graphs, cfg.serving.max_batch)
-            mode[np.isin(keys, startup_graphs)] = REPLAY
-            info["graph_captures"] = len(startup_graphs)
-            info["capture_ms"] = len(startup_graphs) * hardware.graph.capture_ms / hardware.host.speed  # as a simulated capture (host work)
-            startup_note = f"{len(startup_graphs)} graphs captured at start-up, before the first request (not in the request times)"
+            mode[np.isin(keys, buckets)] = REPLAY
+            info["graph_captures"] = len(buckets)
+            info["capture_ms"] = len(buckets) * hardware.graph.capture_ms / hardware.host.speed  # as a simulated capture (host work)
+            startup_note = f"{len(buckets)} graphs captured at start-up, before the first request (not in the request times)"
             info["graph_note"] = f"{startup_note}; {trimmed}" if trimmed else startup_note
         elif not fallback:
             # In program order: a new shape set builds a graph while the budget lasts, else runs eagerly.
