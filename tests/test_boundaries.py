@@ -316,6 +316,17 @@ def test_memory_fits_at_exactly_the_capacity_and_not_above():
     )
 
 
+@pytest.mark.parametrize("batch, padded_to", [(8, 8), (9, 16)])
+def test_padding_rows_of_a_graph_hold_no_kv_cache(batch, padded_to):
+    """Llama-3.1-8B keeps 32 layers × 8 KV heads × 128 × 2 (K, V) × 2 B = 131,072 B a token. A batch of 9
+    replays the 16-graph, but its 7 padding rows get a dummy slot and no cache: 9 × 1,025 × 131,072 B =
+    1.2091392 GB at 1,025 tokens (16 rows would be 2.1495808 GB); at 8 the graph holds the batch exactly."""
+    run = compose_run("hardware=h100", "workload=llama31_8b_decode", "strategy=cuda_graph", "strategy.graph.buckets=[1,2,4,8,16]",
+                      f"workload.batch_size={batch}", "workload.steps=1")
+    workload, plan = prepare(run, np.array([batch]), np.array([1025.0]))
+    assert workload.batch.tolist() == [padded_to] and workload.real_batch.tolist() == [batch]
+    assert workload.memory.kv_cache_gb == pytest.approx(batch * 1025 * 131_072 / 1e9, rel=1e-12)
+
 
 def test_a_configuration_tensorrt_llm_ran_on_an_a100_80gb_fits_its_preset():
     """TensorRT-LLM ran Llama-2-7B in FP16 at batch 52 with 2,048-token prompts on one A100 80GB (its

@@ -27,6 +27,7 @@ ops before lowering (the serving loop calls it again for each prefix of steps, w
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -249,7 +250,10 @@ def prepare(
     workload = probe if graph_on and not fallback and graph.mode != GraphMode.capture and moe_pad == buckets_on else (
         padded_workload(padded, kv_padded, moe_pad))
     workload.real_batch = real.batch
-    workload.memory.graphs_gb = info.get("graph_captures", 0) * hardware.graph.graph_mem_mib * MIB / 1e9
+    # Padding rows hold no KV cache (vLLM gives a graph's padding rows a dummy slot, no blocks): the cache
+    # is the real sequences' at their real lengths; padding adds only compute and workspace.
+    workload.memory = dataclasses.replace(workload.memory, kv_cache_gb=real.memory.kv_cache_gb,
+                                          graphs_gb=info.get("graph_captures", 0) * hardware.graph.graph_mem_mib * MIB / 1e9)
     workload.real_kv_len = real.kv_len
     if graph_on or buckets_on:
         info["padding_waste"] = _padding_waste(workload, real, run)
