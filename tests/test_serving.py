@@ -171,3 +171,18 @@ def test_multi_step_admits_at_a_blocks_first_step_and_keeps_finished_rows_to_its
     measured = outcome.steps["measured"].to_numpy()
     tokens = np.array(produced)[measured].sum()
     assert outcome.summary["throughput_tok_s"] == pytest.approx(tokens / (outcome.summary["window_ms"] / 1e3))
+
+
+def test_the_terminal_prints_vllms_tpot_as_tpot():
+    """The serving line's TPOT is vLLM's (first to last token over the tokens after the first), the median
+    the summary holds, and no other figure is printed under that name."""
+    from pathlib import Path
+
+    from harness.results.outputs import format_summary
+
+    outcome = simulate_run(compose_run(*SERVING))
+    summary = {**outcome.summary, "sim_wall_s": 0.0}
+    line = next(x for x in format_summary(summary, {"workload": "w", "hardware": "h", "strategy": "s"}, Path(".")).splitlines()
+                if x.lstrip().startswith("serving"))
+    assert summary["requests_completed"] > 0 and "tpot_ms_mean" not in summary
+    assert line.endswith(f", latency p50 {summary['request_latency_ms_p50']:.0f} ms, TPOT p50 {summary['median_tpot_ms']:.1f} ms")

@@ -209,8 +209,10 @@ def format_summary(summary: dict, names: dict, run_dir: Path) -> str:
         lines.append(f"  tiling cache hit rate {summary['tiling_cache_hit_rate']:.1%}")
     if "requests_completed" in summary:
         serving = f"  serving      {summary['requests_completed']} requests done, batch mean {summary['batch_mean']:.1f}"
-        if "tpot_ms_mean" in summary:
-            serving += f", latency p50 {summary['request_latency_ms_p50']:.0f} ms, TPOT {summary['tpot_ms_mean']:.1f} ms"
+        if "request_latency_ms_p50" in summary:
+            serving += f", latency p50 {summary['request_latency_ms_p50']:.0f} ms"
+        if "median_tpot_ms" in summary:
+            serving += f", TPOT p50 {summary['median_tpot_ms']:.1f} ms"
         lines.append(serving)
         if "serving_note" in summary:
             lines.append(f"  note         {summary['serving_note']}")
