@@ -64,16 +64,16 @@ def test_a_group_of_one_node_stays_on_the_scale_up_link():
 
 
 def test_tensor_parallel_all_reduce_of_a_card():
-    """Llama-2-7B prefill at TP 8 on the Atlas A2: after attention and after the MLP each rank all-reduces
-    its 1024 tokens × 4096 hidden × 2 bytes = 8,388,608 bytes over HCCS: 10 µs fixed + 14 hops of
-    (0.5 µs + 1,048,576 B / 196,000 B/µs) = 91.898 µs."""
+    """Llama-2-7B prefill at TP 8 on the Atlas A2: after the embedding, and after attention and after the
+    MLP of each of the 32 layers, each rank all-reduces its 1024 tokens × 4096 hidden × 2 bytes = 8,388,608
+    bytes over HCCS: 10 µs fixed + 14 hops of (0.5 µs + 1,048,576 B / 196,000 B/µs) = 91.898 µs."""
     run = compose_run("workload=llama2_7b_prefill", "workload.tp=8", "workload.context_len=1024", "workload.steps=1")
     workload = build_workload(run.workload)
     durations, cores = device_times(workload, run.hardware)
     reduces = [j for j, name in enumerate(workload.op_names) if name.endswith("tp_all_reduce")]
-    assert len(reduces) == 64 and workload.bytes[0, reduces[0]] == 1024 * 4096 * 2
-    assert durations[0, reduces].tolist() == [pytest.approx(10 + 14 * (0.5 + 1_048_576 / 196_000))] * 64
-    assert cores[0, reduces].tolist() == [0] * 64  # collectives hold no AI core
+    assert len(reduces) == 65 and reduces[0] == 1 and workload.bytes[0, reduces].tolist() == [1024 * 4096 * 2] * 65
+    assert durations[0, reduces].tolist() == [pytest.approx(10 + 14 * (0.5 + 1_048_576 / 196_000))] * 65
+    assert cores[0, reduces].tolist() == [0] * 65  # collectives hold no AI core
 
 
 # ---------------------------------------------------------------- the block-split rule (seed 002)
@@ -334,7 +334,8 @@ def test_routed_experts_read_are_set_by_the_tokens_that_route_not_by_padded_rows
                     extra={"moe_pad": moe_pad})
     m = _moe(shapes)
     active = 128 * (1 - (127 / 128) ** picks)
-    assert (m["local"], m["shard"], m["sent"].tolist(), m["received"].tolist()) == (128, 4, [batch / 4], [rows])
+    # nothing is sent (no dispatch without EP): every rank takes every token
+    assert (m["local"], m["shard"], m["sent"].tolist(), m["received"].tolist()) == (128, 4, [batch], [rows])
     assert m["active"].tolist() == [pytest.approx(active, rel=1e-12)]
     assert active == pytest.approx({96: 67.715, 128: 81.096}[picks], abs=1e-3)
     cost = _grouped(shapes, 2048, 768)
@@ -381,15 +382,37 @@ def test_a_kv_head_is_replicated_in_the_projection_weights_as_in_the_cache(tp, k
 def test_mla_prefill_attends_over_expanded_heads_and_decode_over_the_latent():
     """DeepSeek-V3 on TP 4 (32 of 128 heads a rank). Prefill of 4,096 tokens expands the latent into each
     head's 192-wide keys and 128-wide values (vLLM's and vllm-ascend's prefill path): 2 x 32 x (192 + 128)
-    x 4,096^2 / 2 causal pairs = 171.8 GFLOP, reading Q, K, V and writing O (32 x (2 x 192 + 2 x 128) x 2 B
+    x 4,096 x 4,097 / 2 causal pairs = 171.8 GFLOP, reading Q, K, V and writing O (32 x (2 x 192 + 2 x 128) x 2 B
     a token). Decode attends over the 576-wide latent with absorbed weights: 2 x 32 x (576 + 512) FLOPs a
     cached token, 3.4x a prefill pair's 2 x 32 x 320."""
     prefill = build_workload(compose_run("workload=deepseek_v3_prefill").workload)
     j = prefill.op_names.index("layers.0.mla_attention")
-    assert prefill.flops[0, j] == 2 * 32 * (192 + 128) * 4096 * 4096 / 2
+    assert prefill.flops[0, j] == 2 * 32 * (192 + 128) * 4096 * 4097 / 2
     assert prefill.bytes[0, j] == 4096 * 32 * (2 * 192 + 2 * 128) * 2
     run = compose_run("workload=deepseek_v3", "workload.steps=2")
     decode = build_workload(run.workload)
     j = decode.op_names.index("layers.0.mla_attention")
     kv_tokens = run.workload.batch_size * (run.workload.context_len + 1)
     assert decode.flops[0, j] == pytest.approx(2 * 32 * (576 + 512) * kv_tokens, rel=1e-12)
+
+
+@pytest.mark.parametrize("devices_per_node, link", [(8, "scale-up"), (6, "inter-node"), (4, "scale-up"), (2, "inter-node")])
+def test_a_tp_group_that_would_straddle_two_nodes_takes_the_inter_node_link(devices_per_node, link):
+    """Groups are consecutive ranks: TP groups of 4 stay inside 8- or 4-device nodes, but with 6 devices a
+    node ranks 4-7 span two, and a group of 4 cannot fit a 2-device node. An all-reduce of 8,192 B over 4
+    ranks: 6 hops of (0.5 µs + 2,048 B / 196,000 B/µs) on HCCS, of (1.5 µs + 2,048 B / 25,000 B/µs) on RoCE
+    (atlas_a2), before the fixed cost."""
+    hardware = compose_run("hardware=atlas_a2", f"hardware.link.devices_per_node={devices_per_node}", "workload.steps=1").hardware
+    us = collective_us(np.array([COMM_ALL_REDUCE]), np.array([4]), np.array([8192.0]), hardware.link)
+    hop_us, bytes_per_us = (0.5, 196_000) if link == "scale-up" else (1.5, 25_000)
+    assert us.tolist() == [pytest.approx(6 * (hop_us + 2048 / bytes_per_us))]
+
+
+def test_causal_prefill_attention_counts_each_token_with_itself():
+    """A one-token prompt still attends to itself: L (L + 1) / 2 = 1 pair a sequence. Llama-2-7B (32 heads
+    of 128): 2 x 32 x (128 + 128) x 1 = 16,384 FLOPs a layer (L^2 / 2 had counted half a pair); at 16
+    tokens, 136 pairs."""
+    for context_len, pairs in ((1, 1), (16, 136)):
+        workload = build_workload(compose_run("workload=llama2_7b_prefill", f"workload.context_len={context_len}", "workload.steps=1").workload)
+        j = workload.op_names.index("layers.0.attention")
+        assert workload.flops[0, j] == 2 * 32 * (128 + 128) * pairs

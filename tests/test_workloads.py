@@ -88,7 +88,7 @@ def test_a_split_linear_reads_and_writes_what_its_rank_holds():
     assert w.bytes[0, down] == weights + 16 * (5504 + 4096) * 2
     assert w.weight_bytes[gate] == w.weight_bytes[down] == weights
     _, single = workload("workload=llama2_7b_prefill", "workload.context_len=16", "workload.steps=1")
-    assert single.bytes[0, gate] == 2 * weights + 16 * (4096 + 11008) * 2  # unsplit: everything
+    assert single.bytes[0, single.op_names.index("layers.0.gate_proj")] == 2 * weights + 16 * (4096 + 11008) * 2  # unsplit: everything
 
 
 def test_the_vocab_parallel_head_gathers_its_logits_across_tp():
@@ -169,7 +169,8 @@ def test_tensor_parallelism_splits_weights_and_adds_all_reduces():
     _, single = workload("workload=qwen25_7b_decode")
     _, split = workload("workload=qwen25_7b_decode", "workload.tp=2")
     assert split.memory.weights_gb == pytest.approx(single.memory.weights_gb / 2, rel=0.01)
-    assert split.n_ops == single.n_ops + 2 * 28 + 1  # an all-reduce after attention and after the MLP; the logits' gather
+    # an all-reduce after attention and after the MLP; the embedding's all-reduce; the logits' gather
+    assert split.n_ops == single.n_ops + 2 * 28 + 2
     reduces = [i for i, name in enumerate(split.op_names) if name.endswith("tp_all_reduce")]
     assert np.all(split.stream[reduces] == 1)
 
@@ -243,7 +244,8 @@ def test_llama2_issues_an_all_reduce_per_attention_and_mlp_under_tensor_parallel
     tp8 = build_workload(compose_run("workload=llama2_7b_decode", "workload.steps=2", "workload.tp=8").workload)
     comm = KIND_CODE[OpKind.comm]
     assert np.count_nonzero(tp1.kind == comm) == 0
-    assert np.count_nonzero(tp8.kind == comm) == 2 * 32 + 1 and tp8.n_ops == tp1.n_ops + 65  # and the logits' gather
+    # and the embedding's all-reduce and the logits' gather
+    assert np.count_nonzero(tp8.kind == comm) == 2 * 32 + 2 and tp8.n_ops == tp1.n_ops + 66
 
 
 def test_card_overrides_take_list_values():
@@ -397,3 +399,56 @@ def test_kv_heads_fewer_than_tp_ranks_replicate_when_tp_is_a_multiple_of_them():
     build_workload(compose_run("workload=llama31_8b_decode", "workload.tp=16", "workload.steps=2").workload)
     with pytest.raises(ConfigError, match=r"^workload\.tp=32: card 'qwen25_7b' has 28 attention heads"):
         build_workload(compose_run("workload=qwen25_7b_decode", "workload.tp=32", "workload.steps=2").workload)
+
+
+def test_mla_absorb_bmms_read_and_write_every_head_of_their_rank():
+    """DeepSeek-V3 decode, batch 8, TP 4 (32 of 128 heads a rank). q_absorb multiplies each head's
+    128-wide nope query by its 128 x 512 slice of W_UK: bf16 weights 32 x 128 x 512 x 2 B = 4,194,304 B,
+    reads 8 x 32 x 128 x 2 B = 65,536 B and writes 8 x 32 x 512 x 2 B = 262,144 B (the latent query
+    mla_attention reads), 4,521,984 B in all; v_absorb the same transposed (512 in, 128 out a head);
+    2 x 8 x 32 x 128 x 512 = 33,554,432 FLOPs each. (The output had been one head's: 17,047,552 B at TP 1.)"""
+    _, w = workload("workload=deepseek_v3", "workload.batch_size=8", "workload.steps=1")
+    for name in ("layers.3.q_absorb_bmm", "layers.3.v_absorb_bmm"):
+        j = w.op_names.index(name)
+        assert (w.bytes[0, j], w.flops[0, j], w.weight_bytes[j]) == (4_521_984.0, 33_554_432.0, 4_194_304.0)
+
+
+@pytest.mark.parametrize("batch, flops", [(1, 12_582_912.0), (4, 50_331_648.0), (5, 62_914_560.0)])
+def test_experts_without_expert_parallelism_multiply_every_token_once(batch, flops):
+    """Qwen3-30B-A3B at TP 4 with ep=1: every rank holds a quarter of each expert's 2,048 x 1,536 gate_up
+    and multiplies every token's 8 picks by it: 2 x batch x 8 x 2,048 x 384 x 2 FLOPs (a batch of 1 had
+    been counted as 4 tokens: the split of tokens among TP ranks before a dispatch, which ep=1 has not)."""
+    _, w = workload("workload=qwen3_30b_decode", "workload.ep=1", f"workload.batch_size={batch}", "workload.steps=1")
+    j = w.op_names.index("layers.0.grouped_gate_up")
+    assert w.flops[0, j] == flops == 2 * batch * 8 * 2048 * 1536 / 4
+
+
+@pytest.mark.parametrize("ep", [2, 3])
+def test_an_expert_parallel_degree_between_one_and_every_device_is_refused(ep):
+    with pytest.raises(ConfigError) as refused:
+        compose_run("workload=qwen3_30b_decode", f"workload.ep={ep}")
+    assert str(refused.value) == (
+        f"workload.ep={ep}: must be 0 or 4 (experts spread over every device, tp × dp, as vLLM's expert parallelism) or 1"
+        " (none: every device holds its slice of every expert)")
+
+
+def test_the_vocab_parallel_embedding_sums_its_rows_across_tp():
+    """Llama-2-7B prefill of 16 tokens at TP 2: each rank looks up the ids in its half of the vocabulary
+    and the halves are summed (vLLM's VocabParallelEmbedding): an all-reduce of 16 x 4,096 x 2 B = 131,072 B
+    right after the lookup. At TP 1 there is nothing to sum."""
+    from harness.model.ops import COMM_ALL_REDUCE
+
+    _, split = workload("workload=llama2_7b_prefill", "workload.tp=2", "workload.context_len=16", "workload.steps=1")
+    assert split.op_names[:2] == ["embedding", "tp_all_reduce"]
+    assert (split.comm[1], split.comm_ranks[1], split.bytes[0, 1]) == (COMM_ALL_REDUCE, 2, 131_072.0)
+    _, single = workload("workload=llama2_7b_prefill", "workload.context_len=16", "workload.steps=1")
+    assert single.op_names[1] != "tp_all_reduce"
+
+
+def test_a_w8a8_linear_reads_int8_and_writes_the_model_dtype():
+    """Llama-3.1-8B W8A8 decode, batch 1: qkv_proj holds 4,096 x 6,144 int8 weights (25,165,824 B), reads
+    the 4,096 int8 activations the quant op wrote and writes 6,144 dequantised bf16 values (12,288 B):
+    25,182,208 B."""
+    _, w = workload("hardware=atlas_a2", "workload=llama31_8b_decode", "workload.quant=w8a8", "workload.batch_size=1", "workload.steps=1")
+    j = w.op_names.index("layers.0.qkv_proj")
+    assert w.bytes[0, j] == 4096 * 6144 + 4096 + 6144 * 2 == 25_182_208

@@ -316,7 +316,9 @@ class WorkloadConfig:
         if self.decode_kv_reads == DecodeKvReads.per_query_head:
             check_field(self, self.card is not None, "decode_kv_reads", "per_query_head prices a model card's attention; an op list or CSV carries its own bytes")
         check_field(self, self.warmup_steps < self.steps, "warmup_steps", f"must be < workload.steps={self.steps}")
-        check_field(self, self.ep <= self.devices, "ep", f"must be <= the devices (tp × dp = {self.devices})")
+        check_field(self, self.ep in (0, 1, self.devices), "ep",
+                    f"must be 0 or {self.devices} (experts spread over every device, tp × dp, as vLLM's expert parallelism) or 1"
+                    " (none: every device holds its slice of every expert)")
         if self.card is None and self.path is None:
             check_field(self, len(self.ops) > 0, "ops", "empty op list: set workload.card, workload.path or workload.ops")
         elif self.card is None:

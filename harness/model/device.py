@@ -64,7 +64,9 @@ def fixed_cost_us(kind: np.ndarray, device: DeviceConfig) -> np.ndarray:
 def collective_us(comm: np.ndarray, ranks: np.ndarray, nbytes: np.ndarray, link: LinkConfig) -> np.ndarray:
     """Transfer time of collectives (without the fixed kernel cost), broadcasting over steps."""
     p = ranks.astype(np.float64)
-    in_node = ranks <= link.devices_per_node
+    # Groups are consecutive ranks: every group of p stays inside a node only where p divides the node's
+    # devices (6 a node, TP 4: ranks 4-7 span two nodes, and the slowest group sets the pace).
+    in_node = (ranks <= link.devices_per_node) & (link.devices_per_node % np.maximum(ranks, 1) == 0)
     bytes_per_us = np.where(in_node, link.scaleup_gbps, link.internode_gbps) * 1e9 / US_PER_S
     hop_us = np.where(in_node, link.scaleup_latency_us, link.internode_latency_us)
     safe_p = np.maximum(p, 1.0)

@@ -139,22 +139,25 @@ class Shapes:
 
 def _linear(
     s: Shapes, n_in: float, n_out: float, split: float = 1, tokens=None, quantised: bool = True, bias: bool = False, parallel: str = "column",
+    heads: float = 1,
 ) -> Cost:
-    """A (possibly sharded) linear layer: weights n_in × n_out split `split` ways. What a rank reads and
-    writes besides the weights follows the split: column-parallel (Megatron's ColumnParallelLinear: q/k/v,
-    gate/up, the vocab-parallel head) reads the whole input and writes its slice of the output;
-    row-parallel (o_proj, down_proj) reads its slice of the input and writes a whole partial output, summed
-    by the all-reduce after it; `heads` (a per-head batched matmul) reads and writes its heads' slices."""
+    """A (possibly sharded) linear layer: weights n_in × n_out (× `heads` for a per-head batched matmul)
+    split `split` ways. What a rank reads and writes besides the weights follows the split:
+    column-parallel (Megatron's ColumnParallelLinear: q/k/v, gate/up, the vocab-parallel head) reads the
+    whole input and writes its slice of the output; row-parallel (o_proj, down_proj) reads its slice of
+    the input and writes a whole partial output, summed by the all-reduce after it; `heads` (a per-head
+    batched matmul, n_in × n_out a head) reads and writes its heads' slices. A quantised (W8A8) matmul
+    reads int8 activations and writes them dequantised, at the model's dtype."""
     t = s.tokens if tokens is None else tokens
-    full = n_in * n_out + (n_out if bias else 0)
+    full = heads * n_in * n_out + (n_out if bias else 0)
     params = full / split
     width = s.weight if quantised else s.act
-    act_width = 1 if (quantised and s.quant) else s.act
+    in_width = 1 if (quantised and s.quant) else s.act
     in_split, out_split = {"column": (1, split), "row": (split, 1), "heads": (split, split)}[parallel]
     return Cost(
         OpKind.cube,
-        flops=2.0 * t * (n_in * n_out / split),
-        bytes=params * width + t * (n_in / in_split + n_out / out_split) * act_width,
+        flops=2.0 * t * (heads * n_in * n_out / split),
+        bytes=params * width + t * heads * (n_in / in_split * in_width + n_out / out_split * s.act),
         params=params,
         full_params=full,
         weight_bytes=params * width,
@@ -236,12 +239,18 @@ def _attention(s: Shapes) -> Cost:
             cache_bytes=cache_read,
             dynamic=True,
         )
-    causal = s.batch * s.context * s.context / 2.0
+    causal = _causal_pairs(s)
     return Cost(
         OpKind.cube,
         flops=2.0 * s.heads * (d + dv) * causal,
         bytes=s.tokens * (s.heads * (d + dv) + s.kv_heads * (d + dv)) * s.act,  # K and V from the fresh QKV, not the cache
     )
+
+
+def _causal_pairs(s: Shapes):
+    """Query-key pairs of causal prefill attention: each of a prompt's L tokens attends to itself and the
+    tokens before it, L (L + 1) / 2 a sequence."""
+    return s.batch * s.context * (s.context + 1) / 2.0
 
 
 def _mla_attention(s: Shapes) -> Cost:
@@ -260,7 +269,7 @@ def _mla_attention(s: Shapes) -> Cost:
             cache_bytes=kv_tokens * latent * s.kv_width,
             dynamic=True,
         )
-    causal = s.batch * s.context * s.context / 2.0
+    causal = _causal_pairs(s)
     qk, v = s.qk_nope_head_dim + s.qk_rope_head_dim, s.v_head_dim
     return Cost(OpKind.cube, flops=2.0 * s.heads * (qk + v) * causal, bytes=s.tokens * s.heads * (2 * qk + 2 * v) * s.act)
 
@@ -280,8 +289,13 @@ def _moe(s: Shapes) -> dict:
     MLP (vLLM's FusedMoE without expert parallelism: every rank holds its TP slice of all experts)."""
     experts_local = s.n_routed_experts / s.ep
     shard = s.devices / s.ep
-    tokens_moe = np.ceil(s.tokens / s.tp)  # a DP group's tokens are split among its TP ranks before dispatch
-    picks = tokens_moe * s.num_experts_per_tok * s.devices / s.ep
+    if s.ep == 1:
+        # No dispatch: every rank multiplies every token of every DP group by its slice of the experts.
+        tokens_moe = s.tokens * s.dp
+        picks = tokens_moe * s.num_experts_per_tok
+    else:
+        tokens_moe = np.ceil(s.tokens / s.tp)  # a DP group's tokens are split among its TP ranks before dispatch
+        picks = tokens_moe * s.num_experts_per_tok * s.devices / s.ep
     # Expected distinct local experts hit by `picks` uniform picks: their weights are read once. Every
     # token routes, a batch padded up to a graph's size included (its padding tokens are real inputs to
     # the gate): vllm-ascend#16049 measures a batch of 12 padded to 16 at +11.4 % a step on Qwen3-30B-A3B.
@@ -298,13 +312,13 @@ def _moe(s: Shapes) -> dict:
 def _grouped(s: Shapes, n_in: float, n_out: float) -> Cost:
     m = _moe(s)
     width = s.weight
-    act_width = 1 if s.quant else s.act
+    in_width = 1 if s.quant else s.act  # int8 in, dequantised out (as `_linear`)
     matrix = n_in * n_out / m["shard"]  # this rank's slice of one expert
     params = m["local"] * matrix
     return Cost(
         OpKind.cube,
         flops=2.0 * m["received"] * matrix,
-        bytes=m["active"] * matrix * width + m["rows"] * (n_in + n_out) * act_width,
+        bytes=m["active"] * matrix * width + m["rows"] * (n_in * in_width + n_out * s.act),
         params=params,
         full_params=s.n_routed_experts * n_in * n_out,
         weight_bytes=params * width,
@@ -429,11 +443,11 @@ OP_FORMULAS: dict[str, Callable[[Shapes], Optional[Cost]]] = {
     "qkv_a_proj": lambda s: _linear(s, s.hidden_size, s.q_lora_rank + s.kv_lora_rank + s.qk_rope_head_dim),
     "q_a_norm": lambda s: _vector(s, s.tokens * s.q_lora_rank, 4.0, 2.0, params=s.q_lora_rank),
     "q_b_proj": lambda s: _linear(s, s.q_lora_rank, s.num_attention_heads * (s.qk_nope_head_dim + s.qk_rope_head_dim), s.tp),
-    "q_absorb_bmm": lambda s: _linear(s, s.qk_nope_head_dim * s.num_attention_heads, s.kv_lora_rank, s.tp, quantised=False, parallel="heads"),
+    "q_absorb_bmm": lambda s: _linear(s, s.qk_nope_head_dim, s.kv_lora_rank, s.tp, quantised=False, parallel="heads", heads=s.num_attention_heads),
     "mla_rope": lambda s: _vector(s, s.tokens * (s.heads + 1) * s.qk_rope_head_dim, 6.0, 2.0),
     "kv_norm_rope_cache": _mla_cache_write,
     "mla_attention": _mla_attention,
-    "v_absorb_bmm": lambda s: _linear(s, s.kv_lora_rank * s.num_attention_heads, s.v_head_dim, s.tp, quantised=False, parallel="heads"),
+    "v_absorb_bmm": lambda s: _linear(s, s.kv_lora_rank, s.v_head_dim, s.tp, quantised=False, parallel="heads", heads=s.num_attention_heads),
     "tp_all_reduce": lambda s: _collective(COMM_ALL_REDUCE, s.tp, s.tokens * s.hidden_size * s.act),
     # dense MLP
     "gate_proj": lambda s: _linear(s, s.hidden_size, _mlp_width(s), s.tp),
