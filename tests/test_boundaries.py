@@ -328,6 +328,17 @@ def test_padding_rows_of_a_graph_hold_no_kv_cache(batch, padded_to):
     assert workload.memory.kv_cache_gb == pytest.approx(batch * 1025 * 131_072 / 1e9, rel=1e-12)
 
 
+def test_a_padded_prefill_counts_only_its_real_prompts_tokens():
+    """Three 128-token prompts replayed from a sunk graph built for 4 (ge_sink pads prefill too): each step
+    runs 4 rows but produces 3 × 128 = 384 prompt tokens, and throughput counts those (it had counted 512:
+    4/3 too high). Steps 1-3 are measured (step 0 builds the graph)."""
+    outcome = simulate_run(compose_run("workload=llama2_7b_prefill", "strategy=ge_sink", "workload.batch_size=3", "workload.context_len=128",
+                                       "workload.steps=4", "+workload.card_overrides.num_hidden_layers=1"))
+    steps = outcome.steps
+    assert steps["padded_batch"].tolist() == [4] * 4 and steps["tokens"].tolist() == [384] * 4
+    assert outcome.summary["throughput_tok_s"] == pytest.approx(3 * 384 / (outcome.summary["window_ms"] / 1e3), rel=1e-12)
+
+
 def test_a_configuration_tensorrt_llm_ran_on_an_a100_80gb_fits_its_preset():
     """TensorRT-LLM ran Llama-2-7B in FP16 at batch 52 with 2,048-token prompts on one A100 80GB (its
     docs/source/performance.md, v0.6.1: 591 tok/s). By hand, the prompts' forward: weights 6,738,415,616 × 2 B

@@ -124,6 +124,11 @@ class Workload:
         rows a multi-step block keeps after their sequence finished)."""
         return self.real_batch if self.generated is None else self.generated
 
+    @property
+    def prompt_tokens(self) -> np.ndarray:
+        """Prompt tokens of the real sequences per step (a prefill's; padding rows' tokens do not count)."""
+        return self.tokens * self.real_batch // np.maximum(self.batch, 1)
+
 
 @dataclass
 class MemoryPlan:

@@ -199,7 +199,7 @@ def summarize(measures: StepMeasures, workload: Workload, plan: StepPlan | None 
     path_us = float(per_category.sum())
     breakdown = per_category / path_us if path_us > 0 else per_category
 
-    tokens_per_step = workload.tokens_out if workload.phase == Phase.decode else workload.tokens
+    tokens_per_step = workload.tokens_out if workload.phase == Phase.decode else workload.prompt_tokens
     launches_per_step = measures.launches
     latency_ms = latency_us / US_PER_MS
     summary: dict = {
