@@ -69,7 +69,7 @@ def test_mlflow_run_is_logged_to_the_given_store(tmp_path):
         metrics = dict(con.execute("select key, value from latest_metrics where run_uuid=?", (run_id,)).fetchall())
         params = dict(con.execute("select key, value from params where run_uuid=?", (run_id,)).fetchall())
         tags = dict(con.execute("select key, value from tags where run_uuid=?", (run_id,)).fetchall())
-        step_points = con.execute("select count(*) from metrics where run_uuid=? and key='step_ms'", (run_id,)).fetchone()[0]
+        step_points = con.execute("select count(*) from metrics where run_uuid=? and key='series/step_ms'", (run_id,)).fetchone()[0]
     assert metrics["headline/throughput_tok_s"] == pytest.approx(summary["throughput_tok_s"])
     assert metrics["headline/bubble_ratio"] == pytest.approx(summary["bubble_ratio"])
     # Params: the presets and what ran; the defaults of the presets are in the resolved config (below).
@@ -102,12 +102,13 @@ def test_mlflow_run_names_its_values_and_keeps_build_steps_apart(tmp_path):
     with sqlite3.connect(db) as con:
         (run_id, name) = con.execute("select run_uuid, name from runs").fetchone()
         series = {key: sorted(con.execute("select step, value from metrics where run_uuid=? and key=?", (run_id, key)).fetchall())
-                  for key in ("step_ms", "warmup_step_ms")}
+                  for key in ("series/step_ms", "series/warmup_step_ms")}
     assert name == "llama2_7b_decode·acl_graph·atlas_a2·steps=4·batch_size=8"
     steps = pd.read_parquet(tmp_path / "run" / "steps.parquet")
-    # Step 0 captures the graph (seconds): logged apart, so step_ms is the replayed steps alone.
-    assert [s for s, _ in series["warmup_step_ms"]] == [0] and [s for s, _ in series["step_ms"]] == [1, 2, 3]
-    assert series["warmup_step_ms"][0][1] == pytest.approx(steps.latency_ms[0]) and series["warmup_step_ms"][0][1] > 10 * series["step_ms"][0][1]
+    # Step 0 captures the graph (seconds): logged apart, so series/step_ms is the replayed steps alone.
+    warmup, measured = series["series/warmup_step_ms"], series["series/step_ms"]
+    assert [s for s, _ in warmup] == [0] and [s for s, _ in measured] == [1, 2, 3]
+    assert warmup[0][1] == pytest.approx(steps.latency_ms[0]) and warmup[0][1] > 10 * measured[0][1]
     import mlflow
 
     mlflow.set_tracking_uri(f"sqlite:///{db}")

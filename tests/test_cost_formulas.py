@@ -186,7 +186,7 @@ def test_request_latencies_of_a_hand_made_plan():
         "mean_itl_ms": 40 / 3, "median_itl_ms": 10.0, "p99_itl_ms": 10 + 0.98 * 10,
     }
     assert {k: v for k, v in summary.items() if not k.endswith("note")} == pytest.approx(expected)
-    assert "2 completed request(s), fewer than 20" in summary["serving_note"]
+    assert "2 completed request(s) (TTFT on 2 first tokens), fewer than 20" in summary["serving_note"]
 
 
 def finished_plan(requests: int, output_len: int = 2) -> ServingBatches:

@@ -10,8 +10,11 @@ import pandas as pd
 import pytest
 import yaml
 
+from omegaconf import OmegaConf
+
 from conftest import read_local_artifact
-from harness.config.schema import ArtifactPolicy, TrackingConfig
+from harness.config.compose import compose_config
+from harness.config.schema import ArtifactPolicy, TrackingConfig, flatten
 from harness.base.errors import HarnessError, TrackingError
 from harness.tracking.store import (
     FAILED_ENV,
@@ -168,9 +171,9 @@ def test_a_run_is_logged_with_every_number_its_params_and_its_step_series(tmp_pa
     run = client.get_run(run_id)
     # Numbers (integers too), not booleans, not text, not NaN (MLflow keeps no NaN), by group.
     assert run.data.metrics == {"headline/throughput_tok_s": 12.5, "other/tasks_simulated": float(2**40), "other/graph_captures": 2.0,
-                                "other/padding_waste": 0.25, "step_ms": 2.5, "warmup_step_ms": 3000.0}
-    assert [(m.step, m.value) for m in client.get_metric_history(run_id, "step_ms")] == [(1, 2.0), (2, 2.5)]
-    assert [(m.step, m.value) for m in client.get_metric_history(run_id, "warmup_step_ms")] == [(0, 3000.0)]
+                                "other/padding_waste": 0.25, "series/step_ms": 2.5, "series/warmup_step_ms": 3000.0}
+    assert [(m.step, m.value) for m in client.get_metric_history(run_id, "series/step_ms")] == [(1, 2.0), (2, 2.5)]
+    assert [(m.step, m.value) for m in client.get_metric_history(run_id, "series/warmup_step_ms")] == [(0, 3000.0)]
     # Params: what was chosen (presets, what ran, the command line's keys), not where runs go nor the defaults.
     assert run.data.params == {**NAMES, "workload.batch_size": "8", "workload.steps": "3", "seed": "0",
                                "exact": "z" * MAX_PARAM_VAL_LENGTH, "long": "y" * (MAX_PARAM_VAL_LENGTH - 3) + "..."}
@@ -250,7 +253,7 @@ def test_the_headline_metrics_sort_before_every_other_metric():
     figures users compare must come first, whatever the other summary keys are."""
     keys = ["bubble_ratio", "breakdown_compute", "capture_ms", "device_busy", "throughput_tok_s", "time_share_sync", "ttft_ms",
             "median_tpot_ms", "a_future_key", "step_ms_p50", "zeta"]
-    metrics = sorted([metric_name(k) for k in keys] + ["step_ms", "warmup_step_ms"])
+    metrics = sorted([metric_name(k) for k in keys] + ["series/step_ms", "series/warmup_step_ms"])
     headline = [m for m in metrics if summary_key(m) in HEADLINE_METRICS]
     assert metrics[: len(headline)] == headline and len(headline) == 5
 
@@ -264,9 +267,25 @@ def test_params_are_what_was_chosen():
                       "strategy.graph.mode": "full", "workload.card_overrides.layers": 2, "workload.card_overrides.hidden": 64}
 
 
+def test_experiments_that_differ_in_what_their_presets_set_get_different_params():
+    """Three saturated vLLM 0.5 experiments differ only in engine keys their presets set (the second and
+    third build on the first): each run's params name its experiment and hold those keys, and a serving
+    run's request stream (which sets its batches, not workload.batch_size)."""
+    chosen = {}
+    for name in ("h100_vllm05_saturated", "h100_vllm05_saturated_async_output", "h100_vllm05_saturated_multistep8"):
+        params = flatten(OmegaConf.to_container(compose_config([f"+experiment={name}"]), resolve=True, enum_to_str=True))
+        chosen[name] = chosen_params(params, NAMES, f"+experiment={name} tracking.enabled=false")
+        assert chosen[name]["experiment"] == name
+        assert chosen[name]["workload.serving.max_batch"] == params["workload.serving.max_batch"]
+        assert {"engine.async_output", "engine.multi_step"} & set(chosen[name]) or name == "h100_vllm05_saturated"
+    assert chosen["h100_vllm05_saturated_multistep8"]["engine.multi_step"] == 8
+    assert len({tuple(sorted(c.items())) for c in chosen.values()}) == 3
+
+
 def test_the_report_reads_an_older_stores_plain_metric_names_and_the_grouped_ones_alike(tmp_path):
     """Runs logged before the metrics were grouped (throughput_tok_s) and after (headline/throughput_tok_s)
-    come back from the store under the summary's names, in one table."""
+    come back from the store under the summary's names, in one table; their step series (step_ms before,
+    series/step_ms after), whose last value MLflow keeps, are no column of it."""
     import mlflow
 
     from harness.tracking.read import load_mlflow
@@ -279,8 +298,10 @@ def test_the_report_reads_an_older_stores_plain_metric_names_and_the_grouped_one
         for key, value in (("throughput_tok_s", 10.0 if strategy == "eager" else 15.0), ("breakdown_launch", 0.5), ("device_busy", 0.25)):
             client.log_metric(run, names(key), value)
         client.log_param(run, "workload.batch_size", "8")
+        client.log_metric(run, "series/step_ms" if strategy == "async" else "step_ms", 69.6)  # a step series' last value
         client.set_terminated(run)
     table = load_mlflow(store).set_index("strategy")
+    assert not {"step_ms", "series/step_ms"} & set(table.columns)
     assert table.loc["eager", "throughput_tok_s"] == 10.0 and table.loc["async", "throughput_tok_s"] == 15.0
     assert (table["breakdown_launch"] == 0.5).all() and (table["device_busy"] == 0.25).all() and (table["batch_size"] == 8).all()
     assert not any("/" in column for column in table.columns)

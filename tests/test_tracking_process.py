@@ -110,7 +110,7 @@ def test_a_tracked_command_is_logged_by_the_process_as_its_own_would(tmp_path):
     assert run.data.metrics["headline/throughput_tok_s"] == summary["throughput_tok_s"]
     assert run.data.params["workload.steps"] == "3" and run.data.tags["run_dir"] == str(tmp_path / "run")
     measured = pd.read_parquet(tmp_path / "run" / "steps.parquet")["measured"]
-    assert [m.step for m in client.get_metric_history(run.info.run_id, "step_ms")] == list(np.flatnonzero(measured))
+    assert [m.step for m in client.get_metric_history(run.info.run_id, "series/step_ms")] == list(np.flatnonzero(measured))
 
 
 def test_the_logging_process_takes_sigterm_by_its_own_handler(logging_process):

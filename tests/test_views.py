@@ -77,7 +77,7 @@ def test_every_number_of_every_run_is_the_same_in_every_view(views):
             for name, table in (("results.csv", results), ("report from folders", report_dirs), ("report from MLflow", report_store)):
                 assert row_of(table, run_dir)[key] == value, f"{where} in {name}"
         # MLflow's metrics are the summary's numbers and nothing else (the step series aside).
-        assert set(metrics) - {"step_ms", "warmup_step_ms"} == {metric_name(k) for k in summary.keys() - set(WHAT_RAN_KEYS)}, path.parent.name
+        assert set(metrics) - {"series/step_ms", "series/warmup_step_ms"} == {metric_name(k) for k in summary.keys() - set(WHAT_RAN_KEYS)}, path.parent.name
     assert MUST_HOLD <= seen
 
 

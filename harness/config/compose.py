@@ -16,7 +16,7 @@ from harness.base.errors import ConfigError
 from harness.base.stopping import held, raise_if_stopped
 from harness.config.messages import one_line
 from harness.config.paths import CONF_DIR, launch_folder_conf
-from harness.config.schema import RunConfig
+from harness.config.schema import RunConfig, flatten
 
 
 _PROCESS_ID = f"{os.getpid()}{time.time_ns() // 1000 % 1000:03d}"  # unique among processes started together
@@ -91,3 +91,27 @@ def to_run_config(cfg: DictConfig) -> RunConfig:
         raise ConfigError(one_line(exc)) from exc
     assert isinstance(run, RunConfig)
     return run
+
+
+def experiment_keys(name: str) -> set[str]:
+    """The config keys an experiment preset sets (those of the presets it builds on included; its group
+    choices, `override /workload: …`, are named by the run anyway), so that what it changed is recorded
+    beside what the command line changed: three experiments that differ only in their engine keys had
+    logged the same params. The launch folder's conf/ first, as Hydra's search path finds it."""
+    folders = [f for f in (launch_folder_conf(), CONF_DIR) if f is not None]
+    keys: set[str] = set()
+    pending, seen = [name], set()
+    while pending:
+        current = pending.pop()
+        if current in seen:
+            continue
+        seen.add(current)
+        path = next((f / "experiment" / f"{current}.yaml" for f in folders if (f / "experiment" / f"{current}.yaml").is_file()), None)
+        if path is None:
+            continue
+        content = OmegaConf.to_container(OmegaConf.load(path)) or {}
+        for entry in content.pop("defaults", None) or []:
+            if isinstance(entry, str) and entry != "_self_":
+                pending.append(entry)  # another experiment this one builds on
+        keys.update(flatten(content))
+    return keys

@@ -14,7 +14,7 @@ import pandas as pd
 from omegaconf import OmegaConf
 
 from harness.base.files import atomic_write
-from harness.results.outputs import run_notes
+from harness.results.outputs import WHERE_THINGS_GO, run_notes
 
 KEYS = ["hardware", "workload", "strategy"]
 SHOWN = ["throughput_tok_s", "speedup_vs_eager", "step_ms_mean", "bubble_ratio", "bubble_front_end", "bound"]
@@ -60,8 +60,13 @@ def comparison(runs: pd.DataFrame) -> pd.DataFrame:
 
 
 def to_markdown(table: pd.DataFrame) -> str:
-    """The comparison as Markdown: fixed decimals (not 1.21e+03), the notes column as text."""
-    return table.fillna({"notes": ""}).to_markdown(index=False, floatfmt=".3f")
+    """The comparison as Markdown: fixed decimals (not 1.21e+03), the notes column as text, and under it why
+    a speed-up is empty (no eager run with the same values)."""
+    markdown = table.fillna({"notes": ""}).to_markdown(index=False, floatfmt=".3f")
+    lacking = missing_eager(table)
+    if lacking:
+        markdown += "\n\nNo speed-up (nan) where no eager run has the same values: " + "; ".join(lacking) + "."
+    return markdown
 
 
 def missing_eager(table: pd.DataFrame) -> list[str]:
@@ -87,8 +92,10 @@ def _numeric_key(swept: str) -> tuple:
 
 def swept_values(overrides: pd.Series) -> pd.Series:
     """Per run, its overrides that not every run shares, leaving out the config groups already shown
-    (a sweep over `+workload.card_overrides.x=1,2` shows `…x=1` and `…x=2`)."""
-    per_run = [set(str(o).split()) if isinstance(o, str) else set() for o in overrides]
+    (a sweep over `+workload.card_overrides.x=1,2` shows `…x=1` and `…x=2`) and where files and runs
+    went (a run tracked and one not are the same run)."""
+    per_run = [{o for o in str(o_all).split() if not o.lstrip("+~").startswith(WHERE_THINGS_GO)} if isinstance(o_all, str) else set()
+               for o_all in overrides]
     common = set.intersection(*per_run) if per_run else set()
     shown = tuple(f"{k}=" for k in KEYS)
     return pd.Series(
@@ -112,6 +119,21 @@ def unplotted(table: pd.DataFrame) -> list[str]:
     ]
 
 
+def _bar_labels(keys: list) -> tuple[str, list[str]]:
+    """(what every bar group shares, for the title; each group's own values, one a line, for its tick):
+    the whole (workload, hardware, swept) tuples ran into each other under the bars. Swept keys are
+    shortened to their last part (`batch_size=8`)."""
+    keys = [key if isinstance(key, tuple) else (key,) for key in keys]
+
+    def short(value: object) -> str:
+        return " ".join(item.rsplit(".", 1)[-1] for item in str(value).split())
+
+    varying = [i for i in range(len(keys[0])) if len({key[i] for key in keys}) > 1] if keys else []
+    shared = " ".join(short(v) for i, v in enumerate(keys[0]) if i not in varying and str(v)) if keys else ""
+    labels = ["\n".join(short(key[i]) for i in varying if str(key[i])) or shared for key in keys]
+    return shared, labels
+
+
 def plot(table: pd.DataFrame, out: Path) -> list[Path]:
     """Bar charts of a comparison (PLOTS) in `out`, those with something to show (`unplotted` says why not)."""
     import matplotlib
@@ -125,7 +147,10 @@ def plot(table: pd.DataFrame, out: Path) -> list[Path]:
             continue
         index = ["workload", "hardware"] + (["swept"] if "swept" in table else [])  # one bar per swept value
         pivot = table.pivot_table(index=index, columns="strategy", values=metric, aggfunc="mean", sort=False)
-        ax = pivot.plot.bar(figsize=(max(6, 1.6 * len(pivot)), 4), rot=0)
+        ax = pivot.plot.bar(figsize=(max(6, 1.6 * len(pivot)), 4.5), rot=0)
+        shared, labels = _bar_labels(list(pivot.index))
+        ax.set_xticklabels(labels, fontsize=8)
+        ax.set_title(shared, fontsize=9)
         ax.set_ylabel(label)
         ax.set_xlabel("")
         if metric == "speedup_vs_eager":

@@ -24,6 +24,8 @@ TRACE_FILE = "trace.json"
 TIMELINE_FILE = "timeline.png"
 # trace.json's cap: ~100 bytes an event, so ~50 MB (Perfetto's UI loads that; gigabytes it does not).
 MAX_TRACE_EVENTS = 500_000
+# Override keys that only say where files and runs go, never what ran: no view compares runs by them.
+WHERE_THINGS_GO = ("tracking.", "output.", "hydra", "resume")
 
 log = logging.getLogger(__name__)
 
@@ -164,7 +166,7 @@ def run_notes(summary: Any) -> str:
         notes.append(f"{int(captures)} capture{'s' if captures != 1 else ''}")
         if _present(get("padding_waste")) and get("padding_waste") >= 0.005:
             notes.append(f"padding waste {get('padding_waste'):.2f}")
-    for key in ("graph_note", "serving_note", "throughput_note"):
+    for key in ("graph_note", "serving_note", "ttft_note", "steps_note", "throughput_note"):
         if _present(get(key)) and get(key):
             notes.append(str(get(key)))
     if _present(get("tiling_cache_hit_rate")):
@@ -178,18 +180,33 @@ def _front_end_part(summary: dict) -> str:
     return f" (front-end gaps {front_end:.1%})" if front_end >= 0.0005 else ""
 
 
+def values_set_on_top(overrides: str) -> str:
+    """The values a command line set beyond the presets, by their keys' last part (`batch_size=8
+    steps=4`; `experiment=…` too): two jobs of a sweep otherwise print the same header."""
+    parts = []
+    for override in overrides.split():
+        key, _, value = override.lstrip("+~").partition("=")
+        if key and not key.startswith(WHERE_THINGS_GO) and key not in ("hardware", "workload", "strategy", "engine"):
+            parts.append(f"{key.rsplit('.', 1)[-1]}={value}")
+    return " ".join(parts)
+
+
 def format_summary(summary: dict, names: dict, run_dir: Path) -> str:
     """A few lines for the terminal: what ran, the headline numbers, where the files are."""
     breakdown = sorted(
         ((k.removeprefix("breakdown_"), v) for k, v in summary.items() if k.startswith("breakdown_") and v > 0.005),
         key=lambda kv: -kv[1],
     )
+    on_top = values_set_on_top(str(summary.get("overrides", "")))
     lines = [
         f"hostbound: {names['workload']} on {names['hardware']} with {names['strategy']}"
-        + (f", engine {names['engine']}" if names.get("engine", "none") != "none" else ""),
+        + (f", engine {names['engine']}" if names.get("engine", "none") != "none" else "")
+        + (f" ({on_top})" if on_top else ""),
         f"  throughput   {summary['throughput_tok_s']:.1f} tok/s" + (f" ({summary['throughput_note']})" if "throughput_note" in summary else ""),
         f"  step         mean {summary['step_ms_mean']:.3f} ms, p50 {summary['step_ms_p50']:.3f} ms, p99 {summary['step_ms_p99']:.3f} ms",
     ]
+    if "steps_note" in summary:
+        lines.append(f"  note         {summary['steps_note']}")
     if "ttft_ms" in summary:
         lines.append(f"  TTFT         {summary['ttft_ms']:.3f} ms")
     lines += [

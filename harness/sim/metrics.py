@@ -24,6 +24,10 @@ from harness.sim.lowering import HOST_STAGES
 from harness.sim.policies import BUILD, MODE_NAMES, StepPlan
 from harness.model.ops import Workload
 
+# Fewer samples than this and a p99 is little more than their maximum: the summary says so (steps here,
+# finished requests in a serving run).
+MIN_SAMPLES_FOR_P99 = 20
+
 US_PER_MS = 1e3
 HOST_CATEGORIES = ("framework", "infer_shape", "tiling", "alloc", "launch", "sync", "graph", "cpu", "engine")
 
@@ -224,6 +228,9 @@ def summarize(measures: StepMeasures, workload: Workload, plan: StepPlan | None 
             "steps_measured": int(measured.sum()),
         }
     )
+    if measured.sum() < MIN_SAMPLES_FOR_P99:
+        summary["steps_note"] = (f"step p99 over {int(measured.sum())} measured step(s), fewer than {MIN_SAMPLES_FOR_P99}:"
+                                 " about their maximum (raise workload.steps for a tail)")
     if plan is not None and np.any(mode == BUILD):
         summary["capture_ms"] = float(latency_ms[mode == BUILD].sum())
     summary["peak_activation_gb"] = measures.peak_activation_bytes / 1e9

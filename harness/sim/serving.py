@@ -23,10 +23,11 @@ from harness.config.schema import GraphMode, RunConfig, ServingConfig, StrategyC
 from harness.sim.kernel import simulate
 from harness.model.device import US_PER_S
 from harness.sim.lowering import Lowering, engine_costs, lower
+from harness.sim.metrics import MIN_SAMPLES_FOR_P99
 from harness.sim.policies import EAGER, prepare
 
 SERVING_STREAM = 1  # generator stream of the request draws: (seed, 1); host jitter uses (seed, 0, step)
-MIN_REQUESTS_FOR_PERCENTILES = 20  # fewer completed requests: the summary says its latency figures are thin
+MIN_REQUESTS_FOR_PERCENTILES = MIN_SAMPLES_FOR_P99  # fewer completed requests: the summary says its latency figures are thin
 
 log = logging.getLogger(__name__)
 
@@ -188,7 +189,8 @@ def serving_summary(plan: ServingBatches) -> dict:
     out["ttft_note"] = "requests arrive prefilled: TTFT is the wait for the first decode token, without prefill"
     if done.sum() < MIN_REQUESTS_FOR_PERCENTILES:
         out["serving_note"] = (
-            f"latency figures rest on {int(done.sum())} completed request(s), fewer than {MIN_REQUESTS_FOR_PERCENTILES}:"
+            f"latency figures rest on {int(done.sum())} completed request(s) (TTFT on {int(started.sum())} first tokens),"
+            f" fewer than {MIN_REQUESTS_FOR_PERCENTILES}:"
             " raise workload.steps or lower workload.serving.output_len_mean"
         )
         log.warning("%s", out["serving_note"])

@@ -5,7 +5,7 @@ import pandas as pd
 
 from harness.results.comparison import KEYS
 from harness.sim.outcome import WHAT_RAN_PARAMS
-from harness.tracking.store import mlflow_module, summary_key
+from harness.tracking.store import OLD_SERIES, mlflow_module, summary_key
 
 
 def load_mlflow(uri: str, experiment: str = "hostbound", parent: str | None = None) -> pd.DataFrame:
@@ -28,8 +28,9 @@ def load_mlflow(uri: str, experiment: str = "hostbound", parent: str | None = No
         if f"params.{param}" in runs.columns:
             out[key] = runs[f"params.{param}"].map(_param_value)
     for column in runs.columns:  # grouped names (headline/throughput_tok_s) and an older store's alike
-        if column.startswith("metrics."):
-            key = summary_key(column.removeprefix("metrics."))
+        metric = column.removeprefix("metrics.")
+        if column.startswith("metrics.") and not metric.startswith("series/") and metric not in OLD_SERIES:  # a series' last value is no figure of the run
+            key = summary_key(metric)
             # A store with runs of both kinds has both columns, each holding its own runs' values.
             out[key] = out[key].combine_first(runs[column]) if key in out else runs[column]
     out["run_id"] = runs["run_id"]

@@ -40,7 +40,7 @@ from harness.config.schema import ArtifactPolicy, TrackingConfig, flatten, sqlit
 from harness.base.errors import EXIT_BAD_INPUT, EXIT_TRACKING_FAILED, HarnessError, TrackingError, one_line_text
 from harness.base.commands import CommandParser
 from harness.base.files import write_text
-from harness.results.outputs import STEPS_FILE, SUMMARY_FILE, TRACE_FILE, read_steps, run_notes
+from harness.results.outputs import STEPS_FILE, SUMMARY_FILE, TRACE_FILE, WHERE_THINGS_GO, read_steps, run_notes
 from harness.sim.outcome import WHAT_RAN_KEYS, WHAT_RAN_PARAMS
 from harness.base.stopping import store_call
 
@@ -223,6 +223,11 @@ HEADLINE_METRICS = (
     "p99_ttft_ms", "p99_tpot_ms",
 )
 _METRIC_GROUPS = (("breakdown_", "path_share/"), ("time_share_", "time_share/"))
+# Per-step series, not summary figures: MLflow's runs table shows a series' last value, which a plain
+# `step_ms` beside `step_ms_mean` passed off as the run's step time (a serving run's last step: 69.6 ms
+# against a mean of 18.2). Measured steps and the rest (warm-up, graph builds) apart.
+STEP_SERIES, WARMUP_SERIES = "series/step_ms", "series/warmup_step_ms"
+OLD_SERIES = ("step_ms", "warmup_step_ms")  # their names in stores written before
 HEADLINE_COLUMNS = (
     "attributes.`Run Name`", *(f"metrics.`headline/{key}`" for key in ("throughput_tok_s", "step_ms_p50", "step_ms_p99", "bubble_ratio")),
     "tags.`bound`", *(f"metrics.`headline/{key}`" for key in ("ttft_ms", "median_ttft_ms", "median_tpot_ms")),
@@ -243,7 +248,7 @@ def metric_name(key: str) -> str:
 
 def summary_key(metric: str) -> str:
     """The summary key of an MLflow metric, from this harness's runs (grouped names) and older ones (the
-    summary's own names) alike; the step series (`step_ms`, `warmup_step_ms`) keep their names."""
+    summary's own names) alike; the step series keep their names (`series/step_ms`; `step_ms` before)."""
     group, slash, name = metric.partition("/")
     if not slash:
         return metric
@@ -257,9 +262,8 @@ def view_url(server: str, experiment_id: str) -> str:
     """The MLflow UI's page of an experiment's runs table with the headline columns (the runs, not the
     GenAI overview)."""
     return f"{server.rstrip('/')}/#/experiments/{experiment_id}/runs?workflowType=machine_learning&viewStateShareKey={HEADLINE_VIEW}"
-# Group choices are in a run's name already; the other keys only say where files and runs go.
+# Group choices are in a run's name already.
 _GROUP_CHOICES = {"hardware", "workload", "strategy", "engine"}
-WHERE_THINGS_GO = ("tracking.", "output.", "hydra", "resume")
 
 
 @contextlib.contextmanager
@@ -423,7 +427,7 @@ def log_run(
             # Measured steps and the rest (warm-up, graph builds) apart: a 3 s build step at step 0 would
             # squash the measured series into a flat line.
             series = [
-                Metric("step_ms" if measured else "warmup_step_ms", float(latency), now_ms, int(step))
+                Metric(STEP_SERIES if measured else WARMUP_SERIES, float(latency), now_ms, int(step))
                 for step, latency, measured in zip(steps["step"], steps["latency_ms"], steps["measured"])
             ]
             client.log_batch(
@@ -468,15 +472,27 @@ def run_times_ms(run_dir: Path) -> tuple[int | None, int | None]:
 
 def chosen_params(params: Mapping[str, object], names: dict, overrides: str) -> dict[str, object]:
     """The params MLflow gets, out of the flattened resolved config: the presets chosen (`hardware`,
-    `workload`, `strategy`, `engine`), the sizes and seed that say what ran (WHAT_RAN_PARAMS), and each key
-    the command line set (all keys under one set whole), where files and runs go aside. Tens of params, not
-    the config's ~120, which buried what differs in the compare view; RESOLVED_CONFIG_FILE has them all."""
+    `workload`, `strategy`, `engine`, and `experiment` when one ran), the sizes and seed that say what ran
+    (WHAT_RAN_PARAMS; a serving run's request stream, which sets its batches), each key the command line
+    set (all keys under one set whole) and each key its experiment preset sets, where files and runs go
+    aside. Tens of params, not the config's ~120, which buried what differs in the compare view;
+    RESOLVED_CONFIG_FILE has them all."""
+    from harness.config.compose import experiment_keys  # here: Hydra's modules load for logging a run, not for reading a store
+
     chosen: dict[str, object] = {key: names[key] for key in ("hardware", "workload", "strategy", "engine") if key in names}
     chosen.update({param: params[param] for param in WHAT_RAN_PARAMS.values() if param in params})
+    set_keys = []
     for override in overrides.split():
-        key = override.lstrip("+~").partition("=")[0]
-        if key and key not in _GROUP_CHOICES and not key.startswith(WHERE_THINGS_GO):
-            chosen.update({k: v for k, v in params.items() if k == key or k.startswith(f"{key}.")})
+        key, _, value = override.lstrip("+~").partition("=")
+        if key == "experiment":
+            chosen["experiment"] = value
+            set_keys += sorted(experiment_keys(value))
+        elif key and key not in _GROUP_CHOICES and not key.startswith(WHERE_THINGS_GO):
+            set_keys.append(key)
+    if params.get("workload.serving.enabled") is True:
+        set_keys.append("workload.serving")
+    for key in set_keys:
+        chosen.update({k: v for k, v in params.items() if k == key or k.startswith(f"{key}.")})
     return chosen
 
 

@@ -9,7 +9,8 @@ import sys
 from pathlib import Path
 
 from harness.config.schema import TrackingConfig
-from harness.tracking.store import WHERE_THINGS_GO, ensure_experiment, mlflow_module, param_value, resolve_uri
+from harness.results.outputs import WHERE_THINGS_GO
+from harness.tracking.store import ensure_experiment, mlflow_module, param_value, resolve_uri
 
 
 def _client(tracking: TrackingConfig):
