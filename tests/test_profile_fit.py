@@ -389,9 +389,27 @@ def test_a_module_calls_own_time_is_its_time_outside_the_ops_and_modules_it_hold
     import pandas as pd
 
     ops = pd.DataFrame({"framework_us": [70.0, 20.0], "launch_us": [5.0, 5.0], **{f"{s}_us": [0.0, 0.0] for s in ("infer_shape", "tiling", "alloc", "free")},
-                        "kind": ["kernel", "kernel"]})
+                        "kind": ["kernel", "kernel"], "in_graph": [0, 0]})
     fitted = {f.key: f.value for f in fit_machine(ops, 1, 0.0, np.zeros(0), np.zeros(0), np.array([30.0, 30.0]))}
     assert fitted["host.framework_us"] == pytest.approx((90 - 60) / 2) and fitted["host.module_us"] == pytest.approx(30.0)
+
+
+def test_a_graph_launch_is_fitted_as_a_replays_launch_not_as_a_kernels():
+    """A step of two kernels launched alone (3 and 1 µs, 12 and 8 µs of framework before them) and a graph
+    of two tasks launched in 10 µs after 40 µs of framework: the kernels' launch is (3 + 1) / 2 = 2 µs and
+    their framework (12 + 8) / 2 = 10 µs; the graph's 10 µs is graph.replay_launch_us (it was averaged in:
+    (10 + 3 + 1) / 3). A trace of graph launches alone fits no per-kernel host stage."""
+    import pandas as pd
+
+    from harness.importers.fit import fit_machine
+
+    zeros = {f"{s}_us": [0.0] * 4 for s in ("infer_shape", "tiling", "alloc", "free")}
+    ops = pd.DataFrame({"framework_us": [12.0, 8.0, 40.0, 0.0], "launch_us": [3.0, 1.0, 10.0, 0.0], **zeros,
+                        "kind": ["cube", "vector", "cube", "vector"], "in_graph": [0, 0, 1, 1]})
+    fitted = {f.key: f.value for f in fit_machine(ops, 1, 0.0, np.zeros(0), np.zeros(0))}
+    assert (fitted["host.launch_us"], fitted["host.framework_us"], fitted["graph.replay_launch_us"]) == (2.0, 10.0, 10.0)
+    graph_only = {f.key for f in fit_machine(ops[ops["in_graph"] == 1], 1, 0.0, np.zeros(0), np.zeros(0))}
+    assert graph_only == {"graph.replay_launch_us"}
 
 
 def test_leaving_a_graph_is_fitted_apart_from_the_gap_between_eager_kernels(tmp_path, monkeypatch):

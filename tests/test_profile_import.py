@@ -611,3 +611,35 @@ def test_an_event_whose_time_is_not_a_time_is_refused_in_one_line(tmp_path, fiel
     path.write_text(json.dumps(trace_data))
     with pytest.raises(ProfileError, match=rf"^{path}: event '.*' has ts=.*, dur=.*: not a time in µs$"):
         load_profile(path)
+
+
+def test_a_kept_steps_time_does_not_depend_on_which_others_are_kept(tmp_path):
+    """Three 50 µs ProfilerStep windows whose 45 µs kernels run 12-57, 62-107 and 112-157 µs: a step starts
+    when its window opens or the step before it ended, whichever is later, so step 1 runs 57-107 = 50 µs
+    (and step 2 107-157). Keeping steps 1 and 2 (`--keep 1:`) must not move step 1's start to its window's
+    50 µs (it measured 57)."""
+    events = []
+    for s in range(3):
+        at = 50 * s
+        events += [{"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{s}", "pid": 1, "tid": 1, "ts": at, "dur": 50},
+                   runtime_call("cudaLaunchKernel", at + 10, 2, s + 1), device_task("A", at + 12, 45, s + 1)]
+    path = tmp_path / "steps.json"
+    path.write_text(json.dumps({"traceEvents": events, "deviceProperties": [{"id": 0, "name": "NVIDIA H100 80GB HBM3"}]}))
+    whole = import_profile(load_profile(path))
+    kept = import_profile(load_profile(path), keep=slice(1, None))
+    assert [(s.start_us, s.end_us) for s in whole.found] == [(0, 57), (57, 107), (107, 157)]
+    assert [(s.start_us, s.end_us) for s in kept.found] == [(57, 107), (107, 157)]
+
+
+def test_a_replay_keeps_a_measured_graph_exit_gap_without_task_pairs(tmp_path):
+    """A piecewise trace whose graphs hold one task each measures an exit gap (a kernel launched alone right
+    after a graph: 3 µs) but no gap between two tasks of a graph: replay.txt passes the exit gap all the
+    same (it had been dropped with the pairs: a step 8 % short)."""
+    path = tmp_path / "one.json"
+    path.write_text(json.dumps({"traceEvents": [runtime_call("cudaLaunchKernel", 2, 5, 1), device_task("k", 10, 5, 1)],
+                                "deviceProperties": [{"id": 0, "name": "NVIDIA H100 80GB HBM3"}]}))
+    imported = import_profile(load_profile(path))
+    overrides = replay_overrides(imported, tmp_path / "ops.csv", graph_gaps=np.zeros(0), front_end_gaps=(np.array([1.0]), np.array([4.0])))
+    assert "hardware.graph.exit_gap_us=3" in overrides and not any("task_dispatch_us" in o for o in overrides)
+    plain = replay_overrides(imported, tmp_path / "ops.csv", graph_gaps=np.zeros(0), front_end_gaps=(np.array([1.0]), np.zeros(0)))
+    assert not any("exit_gap_us" in o for o in plain) and "hardware.device.kernel_gap_us=1" in plain

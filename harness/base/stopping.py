@@ -169,6 +169,7 @@ def exit_now(code: object) -> NoReturn:
     happens: other threads are waited for, exit handlers run, the streams are flushed. A command that a
     signal stopped ends by that signal once its line is said (a shell sees 130 for SIGINT, 143 for
     SIGTERM, and a script that ran it stops too), also when the stop's exception was swallowed on its way."""
+    global _requested
     if code is None or isinstance(code, int):
         status = code or 0
     else:  # SystemExit("text"), as sys.exit prints it
@@ -178,12 +179,22 @@ def exit_now(code: object) -> NoReturn:
         threading._shutdown()  # as the interpreter does first: executors' exit hooks, then other threads waited for
         atexit._run_exitfuncs()
         logging.shutdown()
-    say_stopped()
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (OSError, ValueError):  # a closed pipe (`| head`): nothing more can reach it
-            pass
+    # From here a stop is held back and read below: one that arrived while the last lines were flushed had
+    # no handler run before os._exit, and the command ended 0 as if it had not come (seen in a CI run of
+    # the signal tests).
+    stops = {signal.SIGINT, signal.SIGTERM}
+    if threading.current_thread() is threading.main_thread():
+        signal.pthread_sigmask(signal.SIG_BLOCK, stops)
+    for _ in range(2):  # before the line is said, and once more after the flush
+        pending = signal.sigpending() & stops
+        if _requested is None and pending:
+            _requested = Stopped(int(min(pending)))
+        say_stopped()  # once, where there is a stop
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):  # a closed pipe (`| head`): nothing more can reach it
+                pass
     if _requested is not None:
         signal.signal(_requested.signum, signal.SIG_DFL)
         signal.pthread_sigmask(signal.SIG_UNBLOCK, [_requested.signum])

@@ -84,7 +84,9 @@ def replay_overrides(
     graph_gaps = graph_task_gaps_us(imported) if graph_gaps is None else graph_gaps
     kernel_gap_us, exit_gap_us = kernel_and_exit_gap_us(*(front_end_gaps_us(imported) if front_end_gaps is None else front_end_gaps))
     if graph_gaps.size:
-        overrides += [f"hardware.graph.task_dispatch_us={graph_gaps.mean():.6g}", f"hardware.graph.exit_gap_us={exit_gap_us:.6g}"]
+        overrides.append(f"hardware.graph.task_dispatch_us={graph_gaps.mean():.6g}")
+    if graph_gaps.size or exit_gap_us:  # a piecewise trace of one-task graphs has an exit gap and no pairs to dispatch
+        overrides.append(f"hardware.graph.exit_gap_us={exit_gap_us:.6g}")
     overrides.append(f"hardware.device.kernel_gap_us={kernel_gap_us:.6g}")
     return overrides
 

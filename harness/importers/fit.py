@@ -159,16 +159,24 @@ def fit_machine(
     their nn.Module calls (module_own_us): that part of the host time before launches becomes
     `host.module_us` a call, and is left out of `host.framework_us`. The host stages are per framework op
     that launched (`repeats`: the launches of an op beyond its first, repeat_launches), as a card's op is
-    a framework op and one launch in the model: an op's extra launches are part of its cost."""
-    launched = ops[ops["launch_us"].fillna(0) > 0]
-    if launched.empty:
+    a framework op and one launch in the model: an op's extra launches are part of its cost. A graph's
+    launch (one call for many tasks, and the host work before it) is no op's: it is fitted as
+    `graph.replay_launch_us` (counted as a launch, a graph-only trace's 882 µs cudaGraphLaunch became
+    every eager kernel's launch cost); a trace of graph launches alone fits no per-op host stage."""
+    graph_launch = (ops["launch_us"].fillna(0) > 0) & ops["in_graph"].fillna(0).astype(bool)
+    graph_rows, per_op = ops[graph_launch], ops[~graph_launch]
+    launched = per_op[per_op["launch_us"].fillna(0) > 0]
+    fitted = []
+    if not graph_rows.empty:
+        note = f"host time of {len(graph_rows)} graph launch calls, {len(graph_rows) / steps:.3g} a step; {_spread(graph_rows['launch_us'].to_numpy())}"
+        fitted.append(Fitted("graph.replay_launch_us", float(graph_rows["launch_us"].mean()), note))
+    if launched.empty and graph_rows.empty:
         return []
     repeats = repeats if repeats < len(launched) else 0  # counted from other rows than these: never all of them
     n = len(launched) - repeats
     module_us = np.zeros(0) if module_us is None else module_us
-    fitted = []
-    for stage in LAUNCH_STAGES:
-        column = ops[f"{stage}_us"].fillna(0.0)
+    for stage in LAUNCH_STAGES if n > 0 else ():
+        column = per_op[f"{stage}_us"].fillna(0.0)
         total_us = float(column.sum())
         note = f"{total_us / 1e3 / steps:.4g} ms a step over {n / steps:.0f} " + (
             f"framework ops a step ({len(launched) / steps:.0f} launches)" if repeats else "launches a step"
@@ -181,12 +189,13 @@ def fit_machine(
             included = ", module calls' Python included" if stage == "framework" and module_us.size else ""
             note += f"; per launch{included} {_spread(launched[f'{stage}_us'].fillna(0.0).to_numpy())}"
         fitted.append(Fitted(f"host.{stage}_us", value, note))
-    if module_us.size:
+    if n > 0 and module_us.size:
         note = f"own time of {module_us.size / steps:.0f} nn.Module calls a step (outside the ops and modules they hold); {_spread(module_us)}"
         fitted.append(Fitted("host.module_us", float(module_us.mean()), note))
-    else:  # not the base preset's: this trace's framework_us holds whatever module Python there was
+    elif n > 0:  # not the base preset's: this trace's framework_us holds whatever module Python there was
         fitted.append(Fitted("host.module_us", 0.0, "the trace holds no nn.Module calls (with_modules): their Python is in framework_us"))
-    fitted.append(Fitted("host.speed", 1.0, "the costs above are this host's own (the base preset's speed does not apply)"))
+    if n > 0:
+        fitted.append(Fitted("host.speed", 1.0, "the costs above are this host's own (the base preset's speed does not apply)"))
     syncs = int((ops["kind"] == "sync").sum())
     if syncs:
         fitted.append(Fitted("host.sync_us", sync_host_ms * 1e3 * steps / syncs, f"{syncs} synchronisation calls, their wait for the device left out"))

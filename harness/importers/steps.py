@@ -496,11 +496,8 @@ def import_profile(profile: Profile, rule: str = "auto", keep: Optional[slice] =
     found = [s for s in found if s.task_ids.size and np.any(s.task_ids >= 0)]
     if not found:
         raise ProfileError(f"{profile.path}: no device work inside any step ({applied}): nothing to replay")
-    if keep is not None:
-        kept = found[keep]
-        if not kept:
-            raise ProfileError(f"{profile.path}: --keep leaves no step (the trace has steps 0..{len(found) - 1})")
-        found = kept
+    # Each step starts when its window opens or the step before it ended, whichever is later: over every
+    # step found, before --keep picks some (a kept step's time must not depend on which others are kept).
     previous_end = -np.inf
     for step in found:
         devices = [op["end_us"] for op in step.ops if not np.isnan(op["end_us"])]
@@ -508,6 +505,11 @@ def import_profile(profile: Profile, rule: str = "auto", keep: Optional[slice] =
         step.end_us = max([step.window.end_us, *devices])
         previous_end = step.end_us
         step.signature = signature(step)
+    if keep is not None:
+        kept = found[keep]
+        if not kept:
+            raise ProfileError(f"{profile.path}: --keep leaves no step (the trace has steps 0..{len(found) - 1})")
+        found = kept
     groups: dict[tuple, list[int]] = {}
     for i, step in enumerate(found):
         groups.setdefault(step.signature, []).append(i)
