@@ -204,6 +204,18 @@ def test_an_op_run_on_the_cpu_hand_computed():
     assert outcome.steps["host.cpu_ops_busy_ms"].tolist() == [pytest.approx(0.020)]
 
 
+def test_a_cpu_op_with_no_producer_fetches_its_input_in_its_own_step():
+    """A first op on the CPU (1e6 FLOP, 6.4 MB on a 50 GFLOP/s core) fetches the step's input, so its D2H
+    starts after the step's input H2D (0-2.00025) like a device op would: fetch 1 + 3.2e6 B / 32,000 B/µs =
+    101 µs (to 103.00025), compute 20 (123.00025), result back 101 (224.00025), b's 3 µs kernel (227.00025),
+    the token back and the sync: 230.000375 µs, every step. Its fetch had no edge to the step's start and
+    ran in the step before (228.000125 then 226.000125)."""
+    ops = [OpSpec(name="x.sampling", flops=1e6, bytes=6.4e6, device_us=10.0), OpSpec(name="b", device_us=3.0)]
+    run = dataclasses.replace(three_op_run("eager", ops=ops, steps=2, cpu_gflops=50.0), strategy=StrategyConfig(heterogeneous=["sampling"]))
+    steps = simulate_run(run).steps
+    assert (steps["latency_ms"] * 1e3).tolist() == [pytest.approx(2.00025 + 101 + 20 + 101 + 3 + TOKEN_BACK_US + 2, rel=1e-12)] * 2
+
+
 @pytest.mark.parametrize(
     "switches, n_kernels, expected",
     [

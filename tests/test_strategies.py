@@ -161,6 +161,23 @@ def test_compute_dependent_op_keeps_steps_eager():
     assert set(outcome.steps["mode"]) == {"eager"} and "compute-dependent" in outcome.summary["graph_note"]
 
 
+def test_ops_on_host_cores_keep_steps_eager_and_on_the_cpu():
+    """A graph holds device work only: with sampling on a host core (strategy.heterogeneous) a capture falls
+    back to host scheduling and says so, and every step computes sampling on the CPU (the replays had run it
+    as a device kernel inside the graph, the build step on the CPU, unsaid)."""
+    ops = [OpSpec(name="x.a", device_us=2.0), OpSpec(name="x.sampling", flops=1e6, bytes=64_000, device_us=10.0), OpSpec(name="x.c", device_us=3.0)]
+    run = graph_run("capture", ops=ops, steps=3)
+    run = dataclasses.replace(run, strategy=dataclasses.replace(run.strategy, heterogeneous=["sampling"]))
+    outcome = simulate_run(run)
+    assert set(outcome.steps["mode"]) == {"eager"}
+    assert outcome.summary["graph_note"] == ("capture falls back to host scheduling: ops run on host cores (strategy.heterogeneous)"
+                                             " cannot be in a graph (x.sampling)")
+    assert (outcome.steps["host.cpu_ops_busy_ms"] > 0).all()
+    strict = dataclasses.replace(run, strategy=dataclasses.replace(run.strategy, graph=dataclasses.replace(run.strategy.graph, dynamic_fallback=Fallback.error)))
+    with pytest.raises(ConfigError, match=r"^strategy.graph.mode=capture: ops run on host cores"):
+        simulate_run(strict)
+
+
 def test_a_phase_left_out_of_the_graph_phases_runs_eagerly_and_says_so():
     """A prefill under cuda_graph launches its ops one by one (strategy.graph.phases defaults to decode);
     the summary says so instead of reporting an eager step as a graph strategy's."""

@@ -164,8 +164,10 @@ class DeviceConfig:
     vector_fixed_us: float = 2.0
     comm_fixed_us: float = 10.0
     block_quantum_us: float = 10.0  # time base of "one core's capacity" in the block-split rule
-    # The device front end's time for each kernel launched on its own (eager), between the previous
-    # kernel's end and its start when it was queued: graph tasks pay hardware.graph.task_dispatch_us instead.
+    # The device front end's time for each kernel launched on its own (eager), before its work starts:
+    # behind the previous kernel when it was queued (where a trace measures it, docs/profiles.md), and on
+    # an idle stream as well (there it stands for the launch's own latency to the device). Graph tasks
+    # pay hardware.graph.task_dispatch_us instead.
     kernel_gap_us: float = 0.0
 
     def __post_init__(self) -> None:

@@ -413,7 +413,7 @@ class _Body:
             stages = CPU_OP_STAGES if cpu_ops[j] else HOST_STAGES
             previous = self.host_stages(j, stages, producers, launch_of, device_task, in_graph, pending if deferred else None)
             if cpu_ops[j]:
-                device_task[j] = _cpu_op(tpl, workload, hardware, lanes, j, producers, previous)
+                device_task[j] = _cpu_op(tpl, lanes, j, producers, previous, self.start)
             if flags[j] & FLAG_COMPUTE_DEPENDENT:
                 _read_back(tpl, [int(device_task[j])], lanes.d2h, j, _FIXED, copy_time_us(SHAPE_READ_BYTES, hardware.link), host.sync_us)
         for op, launch in pending:
@@ -532,11 +532,15 @@ def _deferred_free(tpl: StepTemplate, op: int, launch: int) -> None:
     tpl.edge(launch, free)
 
 
-def _cpu_op(tpl, workload, hardware, lanes, j, producers, dispatched) -> int:
-    """Input D2H → compute on a host core → result H2D; returns the H2D (where consumers find it)."""
+def _cpu_op(tpl, lanes, j, producers, dispatched, start) -> int:
+    """Input D2H → compute on a host core → result H2D; returns the H2D (where consumers find it). Its input
+    is its producers' output, or with none the step's own input (`start`), as a device op's would be: the
+    copy must not run in the step before."""
     fetch = tpl.add(lanes.d2h, "copy", j, _CPU_COPY, j)  # per-step sizes: half the op's traffic each way
     for producer in producers:
         tpl.edge(producer, fetch)
+    if not producers:
+        tpl.edge(start, fetch)
     compute = tpl.add(lanes.cpu, "cpu", j, _CPU_COMPUTE, j, host=True)
     tpl.edge(fetch, compute)
     tpl.edge(dispatched, compute)

@@ -183,9 +183,14 @@ def prepare(
     graph_on = graph.mode != GraphMode.none and cfg.phase in graph.phases
     max_graphs = graph_budget(hardware.graph, layer_count(real), cfg)
     fallback = ""
+    on_cpu = _cpu_ops(real, strategy.heterogeneous) if graph_on and strategy.heterogeneous else np.zeros(0, dtype=bool)
     if graph_on and np.any(real.flags & FLAG_COMPUTE_DEPENDENT):
         names = [real.op_names[j] for j in np.flatnonzero(real.flags & FLAG_COMPUTE_DEPENDENT)[:3]]
         fallback = f"compute-dependent ops cannot be in a graph ({', '.join(names)})"
+    elif np.any(on_cpu):
+        # A graph holds device work only: its replays ran these ops as device kernels, unsaid.
+        names = [real.op_names[j] for j in np.flatnonzero(on_cpu)[:3]]
+        fallback = f"ops run on host cores (strategy.heterogeneous) cannot be in a graph ({', '.join(names)})"
     elif graph_on:
         startup = cfg.serving.enabled and graph.mode == GraphMode.capture
         startup_batch = cfg.serving.max_batch if startup else None
