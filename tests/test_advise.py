@@ -97,7 +97,7 @@ def test_the_memory_limit_is_checked_before_simulating():
     advice = advise_runs(H100, question(space=space, hbm_gb_max=17.0))
     small, large = advice.candidates
     assert small.memory_gb < 17.0 < large.memory_gb
-    assert large.rejected.startswith(f"needs {large.memory_gb:.1f} GB a device (weights ") and large.rejected.endswith("> 17 GB")
+    assert large.rejected.startswith(f"needs {large.memory_gb:.6g} GB a device (weights ") and large.rejected.endswith("> 17 GB")
     assert not large.summary and advice.ranked == [small]
 
 
@@ -367,9 +367,9 @@ def test_a_serving_runs_ttft_is_named_for_what_it_leaves_out():
                "bubble_ratio": 0.1, "bound": "device", "ttft_note": "requests arrive prefilled: ..."}
     assert _latency_text(figures(summary)) == " at TPOT p50 7.09 ms, TTFT 10.9 ms (without prefill: the requests arrive prefilled)"
     limit = question(space={"workload.batch_size": [1, 8]}, ttft_ms_max=10.0)
-    assert latency_miss(summary, limit) == "TTFT without prefill 10.9 ms > advise.ttft_ms_max=10"
+    assert latency_miss(summary, limit) == "TTFT without prefill 10.93 ms > advise.ttft_ms_max=10"  # enough digits to see it is over
     step = {"step_ms_p50": 7.0, "step_ms_p99": 7.5, "ttft_ms": 12.0, "throughput_tok_s": 100.0, "bubble_ratio": 0.1, "bound": "device"}
-    assert latency_miss(step, limit) == "TTFT 12.0 ms > advise.ttft_ms_max=10"
+    assert latency_miss(step, limit) == "TTFT 12 ms > advise.ttft_ms_max=10"
 
 
 def test_the_answer_does_not_depend_on_where_it_is_simulated():
@@ -453,4 +453,48 @@ def test_the_why_says_when_no_other_strategy_meets_the_limits():
     limited = advise_runs(H100, question(space=space, tpot_ms_max=limit))
     assert [c.run.strategy.name for c in limited.ranked] == ["cuda_graph"]
     assert why(limited).endswith(f"No candidate with another strategy meets the limits: the best of them, strategy=eager batch_size=1, has"
-                                 f" TPOT p50 {tpot['eager']:.2f} ms > advise.tpot_ms_max={limit:g}.")
+                                 f" TPOT p50 {tpot['eager']:.6g} ms > advise.tpot_ms_max={limit:g}.")
+
+
+def test_per_device_is_per_device_of_the_dp_group_that_made_the_throughput():
+    """batch_size is per DP group, and throughput one group's (docs/outputs.md): a group of tp devices
+    makes it. TP 1 × DP 2 at the same step does the same work a device as DP 1: 157.3 tok/s a device
+    both (it was divided by tp × dp, so a dp of 2 ranked half as high); TP 2 halves it."""
+    base = {"throughput_tok_s": 157.3, "step_ms_p50": 6.357, "step_ms_p99": 6.4, "bubble_ratio": 0.1, "bound": "device", "phase": "decode"}
+    assert figures({**base, "tp": 1, "dp": 2, "devices": 2})["tok_s_per_device"] == 157.3
+    assert figures({**base, "tp": 1, "dp": 1, "devices": 1})["tok_s_per_device"] == 157.3
+    assert figures({**base, "tp": 2, "dp": 1, "devices": 2})["tok_s_per_device"] == 157.3 / 2
+
+
+def test_a_prefill_has_no_tpot_to_miss():
+    """A prefill step is its TTFT, not a time per output token: a TPOT limit does not reject it (it had
+    rejected both prefill candidates with their step time as "TPOT")."""
+    from harness.advisor.rung import latency_miss
+
+    prefill = {"throughput_tok_s": 1e4, "step_ms_p50": 51.6, "step_ms_p99": 52.0, "ttft_ms": 51.6, "bubble_ratio": 0.1, "bound": "device",
+               "phase": "prefill", "tp": 1}
+    assert figures(prefill)["tpot_ms_p50"] is None and figures(prefill)["ttft_ms"] == 51.6
+    space = {"workload.batch_size": [1]}
+    assert latency_miss(prefill, question(space=space, tpot_ms_max=1.0)) == ""
+    assert latency_miss(prefill, question(space=space, ttft_ms_max=50.0)) == "TTFT 51.6 ms > advise.ttft_ms_max=50"
+
+
+def test_memory_is_checked_at_the_steps_the_advice_ranks():
+    """The KV cache is largest at the last step the candidates run: advise.steps' longest rung, whatever
+    workload.steps the base run says (it was the base's: 1 step ranked at 64 fitted HBM the ranked run
+    does not)."""
+    space = {"workload.batch_size": [64]}
+    one, many = (advise_runs(H100 + [f"workload.steps={steps}"], question(space=space, steps=[64])).candidates[0] for steps in (1, 64))
+    assert one.memory_gb == many.memory_gb > 0
+
+
+def test_an_advice_with_no_candidate_simulated_writes_its_answer(tmp_path):
+    """Every candidate rejected before simulating (none fits 1 GB): the answer and candidates.csv are
+    written, with no Pareto plot, instead of a KeyError after candidates.csv."""
+    from harness.advisor.answer import write_answer
+
+    advice = advise_runs(H100, question(space={"workload.batch_size": [1, 8]}, hbm_gb_max=1.0))
+    assert advice.ranked == [] and all(c.rejected.startswith("needs ") for c in advice.candidates)
+    frame, preset = write_answer(advice, H100, "python -m harness.advise", tmp_path, "none_fits")
+    assert preset is None and len(frame) == 2 and (tmp_path / "candidates.csv").is_file() and not (tmp_path / "pareto.png").exists()
+    assert "No candidate meets the limits" in (tmp_path / "advice.md").read_text()

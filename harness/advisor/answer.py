@@ -193,8 +193,9 @@ def write_answer(advice: Advice, base: list[str], command: str, out: Path, name:
     rejected = frame[frame["rejected"] != ""]
     if len(rejected):
         lines += ["", f"## Rejected ({len(rejected)})", "", rejected[["candidate", "rejected"]].to_markdown(index=False)]
-    simulated = frame[frame["steps"] == frame["steps"].max()].dropna(subset=["tpot_ms_p50"]) if len(frame) else frame
-    if len(simulated) and "tpot_ms_p50" in simulated:  # every candidate of the last rung, limits met or not
+    # every candidate of the last rung, limits met or not (none, where every candidate was rejected unsimulated)
+    simulated = frame[frame["steps"] == frame["steps"].max()].dropna(subset=["tpot_ms_p50"]) if "tpot_ms_p50" in frame else frame.iloc[:0]
+    if len(simulated):
         pareto_plot(simulated["tok_s_per_device"].to_numpy(float), 1000.0 / simulated["tpot_ms_p50"].to_numpy(float),
                     list(simulated["candidate"]), out / "pareto.png",
                     f"the {len(simulated)} candidates simulated {int(simulated['steps'].iloc[0])} steps (the last rung)")

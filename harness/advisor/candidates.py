@@ -199,8 +199,8 @@ def check_limits_before(candidate: Candidate, advise: AdviseConfig) -> None:
     costs = run.hardware.graph
     batch = largest_batch(run)
     serving = run.workload.serving
-    try:  # the step that holds the most: the last (its KV cache longest), a serving run's at max_batch sequences
-        workload = last_step(run) if not serving.enabled else build_workload(
+    try:  # the step that holds the most: the last of the longest rung (its KV cache longest), a serving run's at max_batch sequences
+        workload = last_step(with_steps(run, max(advise.steps))) if not serving.enabled else build_workload(
             dataclasses.replace(run.workload, steps=1, warmup_steps=0), devices_per_node=run.hardware.link.devices_per_node,
             batch=np.array([batch]), kv_len=np.array([float(serving.prompt_len_mean + serving.output_len_mean)]),
             **run_build_options(run),
@@ -229,6 +229,6 @@ def check_limits_before(candidate: Candidate, advise: AdviseConfig) -> None:
         return
     if candidate.memory_gb > hbm_gb:
         candidate.rejected = (
-            f"needs {candidate.memory_gb:.1f} GB a device (weights {memory.weights_gb:.1f} + KV cache {memory.kv_cache_gb:.1f}"
+            f"needs {candidate.memory_gb:.6g} GB a device (weights {memory.weights_gb:.1f} + KV cache {memory.kv_cache_gb:.1f}"
             f" + workspace {memory.workspace_gb:.1f} + graphs {candidate.graph_mem_gb:.1f}) > {hbm_gb:g} GB"
         )

@@ -12,14 +12,18 @@ from harness.config.advise import AdviseConfig
 
 
 def figures(summary: dict) -> dict:
-    """The figures an advice ranks and shows, from a run's summary: per device, TPOT and TTFT whichever
-    way the run measures them (a serving run's medians, a decode or prefill step's own time)."""
+    """The figures an advice ranks and shows, from a run's summary: per device, TPOT (a decode's: a
+    prefill has none) and TTFT whichever way the run measures them (a serving run's medians, a decode or
+    prefill step's own time)."""
     serving = "median_tpot_ms" in summary
-    devices = max(1, int(summary.get("devices", 1)))
+    decode = summary.get("phase", "decode") == "decode"
+    # Throughput is one DP group's (batch_size is per DP group), which runs on its tp devices: divided by
+    # tp × dp, a dp of 2 ranked the same per-device work half as high.
+    group_devices = max(1, int(summary.get("tp", 1)))
     return {
-        "tok_s_per_device": summary["throughput_tok_s"] / devices,
-        "tpot_ms_p50": summary.get("median_tpot_ms") if serving else summary["step_ms_p50"],
-        "tpot_ms_p99": summary.get("p99_tpot_ms") if serving else summary["step_ms_p99"],
+        "tok_s_per_device": summary["throughput_tok_s"] / group_devices,
+        "tpot_ms_p50": summary.get("median_tpot_ms") if serving else summary["step_ms_p50"] if decode else None,
+        "tpot_ms_p99": summary.get("p99_tpot_ms") if serving else summary["step_ms_p99"] if decode else None,
         "ttft_ms": summary.get("median_ttft_ms") if serving else summary.get("ttft_ms"),
         # A serving run's requests arrive prefilled: its TTFT is the wait for the first decode token.
         "ttft_without_prefill": serving and bool(summary.get("ttft_note")),
@@ -33,10 +37,10 @@ def latency_miss(summary: dict, advise: AdviseConfig) -> str:
     """Which latency limit a simulated candidate misses, in one line ("" when it meets them)."""
     f = figures(summary)
     if advise.tpot_ms_max is not None and f["tpot_ms_p50"] is not None and f["tpot_ms_p50"] > advise.tpot_ms_max:
-        return f"TPOT p50 {f['tpot_ms_p50']:.2f} ms > advise.tpot_ms_max={advise.tpot_ms_max:g}"
+        return f"TPOT p50 {f['tpot_ms_p50']:.6g} ms > advise.tpot_ms_max={advise.tpot_ms_max:g}"
     if advise.ttft_ms_max is not None and f["ttft_ms"] is not None and f["ttft_ms"] > advise.ttft_ms_max:
         what = "TTFT without prefill" if f["ttft_without_prefill"] else "TTFT"
-        return f"{what} {f['ttft_ms']:.1f} ms > advise.ttft_ms_max={advise.ttft_ms_max:g}"
+        return f"{what} {f['ttft_ms']:.6g} ms > advise.ttft_ms_max={advise.ttft_ms_max:g}"
     return ""
 
 
