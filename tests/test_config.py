@@ -419,3 +419,24 @@ def test_a_tracking_uri_with_a_password_is_refused_without_showing_it(uri, shown
 
 def test_a_tracking_uri_without_a_password_is_taken():
     assert compose_run("tracking.uri=http://alice@mlflow-host:5000").tracking.uri == "http://alice@mlflow-host:5000"
+
+
+def test_an_error_names_the_value_hydra_took_when_a_key_is_written_twice():
+    """Hydra takes a key's last value: the one-line error must quote that one, not the first."""
+    from harness.config.messages import _written
+
+    assert _written("workload.phase", ["workload.phase=decode", "workload.phase=prefil"], "?") == "workload.phase=prefil"
+    assert _written("workload.batch_size", ["+workload.batch_size=2"], "?") == "workload.batch_size=2"
+    assert _written("seed", [], "7") == "seed=7"
+
+
+def test_an_experiments_recorded_keys_are_those_of_the_file_hydra_runs(tmp_path, monkeypatch):
+    """A launch folder's conf/ comes after the shipped presets in Hydra's search path: an experiment file
+    there named as a shipped one is not the one that runs, so its keys are not the ones recorded."""
+    from harness.config.compose import experiment_keys
+
+    shipped = experiment_keys("a2_llama2_sink")
+    (tmp_path / "conf" / "experiment").mkdir(parents=True)
+    (tmp_path / "conf" / "experiment" / "a2_llama2_sink.yaml").write_text("# @package _global_\nhardware:\n  host:\n    threads: 3\n")
+    monkeypatch.chdir(tmp_path)
+    assert experiment_keys("a2_llama2_sink") == shipped and "hardware.host.threads" not in shipped

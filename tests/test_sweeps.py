@@ -366,7 +366,6 @@ def test_a_run_composes_once_and_builds_once(tmp_path, monkeypatch, strategy, bu
     build that sizes it (five builds before): the checks before Hydra build the run Hydra then
     simulates. A strategy that pads shapes (graph sink with shape buckets) builds the padded workload too."""
     import harness.__main__ as entry
-    import harness.cli.command
     import harness.sim.policies
     import harness.sim.simulate
     from harness.cli.command import preflight
@@ -374,7 +373,7 @@ def test_a_run_composes_once_and_builds_once(tmp_path, monkeypatch, strategy, bu
     from harness.sweep import compose_cache
 
     built = []
-    for module in (harness.cli.command, harness.sim.policies, harness.sim.simulate):
+    for module in (harness.sim.policies, harness.sim.simulate):
         monkeypatch.setattr(module, "build_workload", lambda *a, **k: built.append(k.get("batch")) or workload.build_workload(*a, **k))
 
     monkeypatch.setattr(compose_cache, "_compositions", type(compose_cache._compositions)())
@@ -394,14 +393,15 @@ def test_a_run_composes_once_and_builds_once(tmp_path, monkeypatch, strategy, bu
 
 def test_a_sweeps_checks_build_each_distinct_workload_once(tmp_path, monkeypatch):
     """Before a sweep starts, every combination is composed and value-checked, but the workload is built
-    (and sized) once per distinct workload, hardware and engine: seeds and strategies do not change it."""
-    import harness.cli.command
+    (and sized) once per distinct workload, hardware, engine and padding: seeds and dispatch modes do not
+    change it (a graph strategy would: its padding and its graphs' memory)."""
+    import harness.sim.policies
     import harness.sim.simulate
     from harness.cli.command import preflight
     from harness.model import workload
 
     built = []
-    for module in (harness.cli.command, harness.sim.simulate):
+    for module in (harness.sim.policies, harness.sim.simulate):
         monkeypatch.setattr(module, "build_workload", lambda *a, **k: built.append(a[0].batch_size) or workload.build_workload(*a, **k))
     monkeypatch.chdir(tmp_path)
     preflight(["-m", "seed=0,1,2", "strategy=eager,async", "workload.batch_size=1,4", "workload.steps=2", "hydra.sweep.dir=sw"])
@@ -435,3 +435,31 @@ def test_bar_groups_are_labelled_by_what_differs_and_titled_by_what_they_share()
     assert _bar_labels(sweep) == ("llama2_7b_decode atlas_a2", ["batch_size=1", "batch_size=8"])
     assert _bar_labels([("w", "a2", ""), ("v", "h100", "")]) == ("", ["w\na2", "v\nh100"])
     assert _bar_labels([("w", "a2")]) == ("w a2", ["w a2"])
+
+
+def test_a_sweep_refuses_before_it_starts_a_combination_whose_graphs_overflow_hbm(tmp_path):
+    """The sweep's up-front check counts what the run's own check counts, the captured graphs' memory
+    included, for each strategy: an HBM between the run's need without its graph and with it refuses
+    the sweep in one line naming the value, before Hydra makes a folder (it had made both jobs' folders
+    and failed one at run time)."""
+    from conftest import compose_run
+    from harness.sim.policies import prepare
+
+    run = compose_run("strategy=acl_graph", "workload.steps=4")
+    memory = prepare(run, np.full(4, run.workload.batch_size), None)[0].memory
+    assert memory.graphs_gb > 0
+    hbm = f"{memory.total_gb - memory.graphs_gb / 2:.6f}"
+    proc = run_cli("-m", "strategy=acl_graph", "workload.steps=4", f"hardware.device.hbm_gb={hbm},80", "tracking.enabled=false",
+                   "hydra.sweep.dir=sw", cwd=tmp_path)
+    assert proc.returncode == 2 and not (tmp_path / "sw").exists(), proc.stderr[-2000:]
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("hostbound: error: ")]
+    assert len(errors) == 1 and f"hardware.device.hbm_gb={float(hbm):g}" in errors[0], proc.stderr[-2000:]
+
+
+def test_a_jobs_recorded_overrides_are_a_single_runs():
+    """Hydra's sweeper writes a job's booleans as True/False and a resumed job gains resume=True: the
+    summary records them as a single run's command line does, so the same job is the same bytes."""
+    from harness.cli.job import recorded_overrides
+
+    assert recorded_overrides(("tracking.enabled=False", "workload.serving.enabled=True", "resume=True", "strategy=acl_graph")) == (
+        "tracking.enabled=false workload.serving.enabled=true strategy=acl_graph")

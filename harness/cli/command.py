@@ -33,7 +33,6 @@ from harness.base.files import check_folder
 from harness.base.errors import EXIT_TRACKING_FAILED, EXIT_WRITE_FAILED, HarnessError, fail, one_line_text
 from harness.model.ops import check_memory
 from harness.base.stopping import Stopped, leaves, stop_with
-from harness.model.workload import build_workload, run_build_options
 
 log = logging.getLogger(__name__)
 
@@ -178,14 +177,16 @@ def preflight(argv: list[str]) -> None:
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         loader = GlobalHydra.instance().config_loader()
         single = not _is_multirun(argv) and len(variants) == 1
-        checked: set[str] = set()  # combinations that differ only in what check_run does not read (seed, strategy)
+        checked: set[str] = set()  # combinations that differ only in what check_run does not read (seed, dispatch, tracking, ...)
         for variant in variants:
             try:
                 cfg = compose_job(loader, config_name, variant)  # as compose() would, from the cache
                 with open_dict(cfg):
                     del cfg["hydra"]
                 run = to_run_config(cfg)  # every value checked, in every combination
-                sizes = repr((run.workload, run.hardware, run.engine))
+                # of the strategy, what sets padding and graphs (their memory): not its dispatch
+                padding = (run.strategy.graph, run.strategy.shape_buckets, run.strategy.kv_block)
+                sizes = repr((run.workload, run.hardware, run.engine, padding))
                 if not single and sizes not in checked:
                     check_run(run)
                     checked.add(sizes)
@@ -257,7 +258,9 @@ def check_run(run: RunConfig, prepare: bool = False) -> None:
     this machine's memory (checked first, from a one-step build) and whether the rank fits in HBM (for
     serving: at max_batch sequences of mean prompt + output length, whatever batches the requests make).
     `prepare`: build the run itself to check it, and hand it to this process's simulation of it (a single
-    run: built once); otherwise a sweep's combinations are checked from a build of the workload alone."""
+    run: built once); otherwise a sweep's combinations are checked from the strategy's workload and plan
+    (its graphs' memory included, as the run's own check counts it), without simulating."""
+    from harness.sim.policies import prepare as plan_steps
     from harness.sim.simulate import check_size, hand_over, is_op_list, prepare_run
 
     serving = run.workload.serving
@@ -266,11 +269,11 @@ def check_run(run: RunConfig, prepare: bool = False) -> None:
         return
     if not is_op_list(run):
         check_size(run)
-    batch = kv = None
+    batch, kv = np.full(run.workload.steps, run.workload.batch_size, dtype=np.int64), None
     if serving.enabled:
-        batch = np.full(run.workload.steps, serving.max_batch)
-        kv = np.full(run.workload.steps, serving.prompt_len_mean + serving.output_len_mean)
-    workload = build_workload(run.workload, devices_per_node=run.hardware.link.devices_per_node, batch=batch, kv_len=kv, **run_build_options(run))
+        batch = np.full(run.workload.steps, serving.max_batch, dtype=np.int64)
+        kv = np.full(run.workload.steps, float(serving.prompt_len_mean + serving.output_len_mean))
+    workload, _ = plan_steps(run, batch, kv)
     if is_op_list(run):
         check_size(run, workload)
     check_memory(workload, run.hardware.device.hbm_gb)

@@ -30,8 +30,21 @@ def identity(run: RunConfig, overrides: tuple[str, ...] = ()) -> dict:
     sizes = {key: getattr(w, key) for key in WHAT_RAN_WORKLOAD_KEYS}
     return {  # the keys of WHAT_RAN_KEYS but config_hash (added beside them)
         **{key: value.value if isinstance(value, enum.Enum) else value for key, value in sizes.items()},
-        "serving": w.serving.enabled, "seed": run.seed, "overrides": " ".join(overrides),
+        "serving": w.serving.enabled, "seed": run.seed, "overrides": recorded_overrides(overrides),
     }
+
+
+def recorded_overrides(overrides: tuple[str, ...]) -> str:
+    """The overrides as a single run's command line writes them: Hydra's sweeper rewrites a job's booleans
+    (`true` → `True`), and a resumed job gains `resume=True`, which says where it ran, not what; so the same
+    job's summary.json is the same bytes from a run, a sweep and a resumed sweep."""
+    written = []
+    for override in overrides:
+        key, equals, value = override.partition("=")
+        if key.lstrip("+~") == "resume":
+            continue
+        written.append(f"{key}{equals}{value.lower()}" if value in ("True", "False") else override)
+    return " ".join(written)
 
 
 def execute(

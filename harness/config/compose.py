@@ -97,8 +97,9 @@ def experiment_keys(name: str) -> set[str]:
     """The config keys an experiment preset sets (those of the presets it builds on included; its group
     choices, `override /workload: …`, are named by the run anyway), so that what it changed is recorded
     beside what the command line changed: three experiments that differ only in their engine keys had
-    logged the same params. The launch folder's conf/ first, as Hydra's search path finds it."""
-    folders = [f for f in (launch_folder_conf(), CONF_DIR) if f is not None]
+    logged the same params. The shipped presets first, as Hydra's search path finds them (the launch
+    folder's conf/ comes after them, and a file of the same name there is not the one that runs)."""
+    folders = [f for f in (CONF_DIR, launch_folder_conf()) if f is not None]
     keys: set[str] = set()
     pending, seen = [name], set()
     while pending:

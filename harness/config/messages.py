@@ -32,8 +32,9 @@ def one_line(exc: BaseException, overrides: Sequence[str] = ()) -> str:
 
 
 def _written(key: str, overrides: Sequence[str], fallback: str) -> str:
-    """`key=value` as the command line wrote it (`+`/`++` prefixes dropped), else with `fallback`."""
-    for override in overrides:
+    """`key=value` as the command line wrote it (`+`/`++` prefixes dropped), else with `fallback`; the last
+    one where a key is written twice, as Hydra takes the last."""
+    for override in reversed(overrides):
         name, _, value = override.partition("=")
         if name.lstrip("+~") == key:
             return f"{key}={value}"
