@@ -460,10 +460,15 @@ def test_per_device_is_per_device_of_the_dp_group_that_made_the_throughput():
     """batch_size is per DP group, and throughput one group's (docs/outputs.md): a group of tp devices
     makes it. TP 1 × DP 2 at the same step does the same work a device as DP 1: 157.3 tok/s a device
     both (it was divided by tp × dp, so a dp of 2 ranked half as high); TP 2 halves it."""
-    base = {"throughput_tok_s": 157.3, "step_ms_p50": 6.357, "step_ms_p99": 6.4, "bubble_ratio": 0.1, "bound": "device", "phase": "decode"}
+    base = {"throughput_tok_s": 157.3, "step_ms_p50": 6.357, "step_ms_p99": 6.4, "bubble_ratio": 0.1, "bound": "device"}
     assert figures({**base, "tp": 1, "dp": 2, "devices": 2})["tok_s_per_device"] == 157.3
     assert figures({**base, "tp": 1, "dp": 1, "devices": 1})["tok_s_per_device"] == 157.3
     assert figures({**base, "tp": 2, "dp": 1, "devices": 2})["tok_s_per_device"] == 157.3 / 2
+    # A simulated summary carries tp (the advice's summaries are the simulator's, not summary.json's)
+    deepseek = advise_runs(["hardware=atlas_a2", "workload=deepseek_v3"], question(space={"strategy": ["acl_graph"]}, steps=[4]))
+    summary = deepseek.ranked[0].summary
+    assert (summary["tp"], summary["devices"]) == (4, 16)
+    assert figures(summary)["tok_s_per_device"] == summary["throughput_tok_s"] / 4
 
 
 def test_a_prefill_has_no_tpot_to_miss():
@@ -471,12 +476,13 @@ def test_a_prefill_has_no_tpot_to_miss():
     rejected both prefill candidates with their step time as "TPOT")."""
     from harness.advisor.rung import latency_miss
 
-    prefill = {"throughput_tok_s": 1e4, "step_ms_p50": 51.6, "step_ms_p99": 52.0, "ttft_ms": 51.6, "bubble_ratio": 0.1, "bound": "device",
-               "phase": "prefill", "tp": 1}
+    prefill = {"throughput_tok_s": 1e4, "step_ms_p50": 51.6, "step_ms_p99": 52.0, "ttft_ms": 51.6, "bubble_ratio": 0.1, "bound": "device", "tp": 1}
     assert figures(prefill)["tpot_ms_p50"] is None and figures(prefill)["ttft_ms"] == 51.6
     space = {"workload.batch_size": [1]}
     assert latency_miss(prefill, question(space=space, tpot_ms_max=1.0)) == ""
     assert latency_miss(prefill, question(space=space, ttft_ms_max=50.0)) == "TTFT 51.6 ms > advise.ttft_ms_max=50"
+    simulated = advise_runs(["workload=llama2_7b_prefill", "workload.context_len=128"], question(space=space, steps=[2], tpot_ms_max=0.001))
+    assert [c.rejected for c in simulated.candidates] == [""] and simulated.ranked
 
 
 def test_memory_is_checked_at_the_steps_the_advice_ranks():

@@ -16,7 +16,7 @@ def figures(summary: dict) -> dict:
     prefill has none) and TTFT whichever way the run measures them (a serving run's medians, a decode or
     prefill step's own time)."""
     serving = "median_tpot_ms" in summary
-    decode = summary.get("phase", "decode") == "decode"
+    decode = "ttft_ms" not in summary  # a prefill's summary has its TTFT (its step), a decode's none
     # Throughput is one DP group's (batch_size is per DP group), which runs on its tp devices: divided by
     # tp × dp, a dp of 2 ranked the same per-device work half as high.
     group_devices = max(1, int(summary.get("tp", 1)))

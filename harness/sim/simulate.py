@@ -342,6 +342,7 @@ def _simulate_prepared(run: RunConfig, prepared: PreparedRun, chunk_tasks: int) 
         # Resident weights, KV cache and graphs, plus the activations live at the worst moment of the run.
         summary["peak_mem_gb"] = m.weights_gb + m.kv_cache_gb + m.graphs_gb + summary["peak_activation_gb"]
     summary["devices"] = run.workload.devices
+    summary["tp"] = run.workload.tp  # the devices of the DP group whose tokens throughput counts (also an identity key)
     if not workload.step_io:  # an imported profile: its steps' token count is whatever batch_size says
         summary["throughput_note"] = (
             f"tokens per step = workload.batch_size ({run.workload.batch_size}): a profile does not record its batch; set it for tok/s"
