@@ -17,10 +17,11 @@ from typing import Any
 import numpy as np
 from omegaconf import OmegaConf
 
-from harness.base.errors import HarnessError
+from harness.base.errors import ConfigError, HarnessError
 from harness.base.stopping import held, raise_if_stopped
 from harness.config.advise import AdviseConfig
 from harness.config.compose import compose_config, compose_run, to_run_config
+from harness.config.messages import one_line
 from harness.config.paths import CONF_DIR, launch_folder_conf
 from harness.config.schema import GraphMode, RunConfig
 from harness.model.workload import build_workload, run_build_options
@@ -84,9 +85,15 @@ def _composed(groups: tuple[str, ...], launch_conf: Path | None):
 
 def make_run(overrides: list[str]) -> RunConfig:
     """The RunConfig `python -m harness <overrides>` would run: presets composed by Hydra (cached), the other
-    keys merged onto it and every value checked."""
+    keys merged onto it and every value checked. A key or preset Hydra refuses is a ConfigError in the
+    words a run's refusal has ("workload.batchsize=3: no such key (did you mean ...)"), not a traceback."""
     with held():  # a stop raised inside OmegaConf leaves its nodes broken (see compose_run)
-        run = _make_run(overrides)
+        try:
+            run = _make_run(overrides)
+        except HarnessError:
+            raise
+        except Exception as exc:  # Hydra's and OmegaConf's own errors
+            raise ConfigError(one_line(exc, overrides)) from None
     raise_if_stopped()
     return run
 
