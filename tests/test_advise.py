@@ -210,7 +210,7 @@ def test_the_command_writes_a_preset_that_runs_as_ranked(tmp_path):
 
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     table = pd.read_csv(tmp_path / "adv" / "candidates.csv")
-    assert summary["throughput_tok_s"] / summary["devices"] == pytest.approx(table.loc[0, "tok_s_per_device"], rel=1e-12)
+    assert summary["throughput_tok_s"] / summary["tp"] == pytest.approx(table.loc[0, "tok_s_per_device"], rel=1e-12)
     assert summary["strategy"] == "cuda_graph" and summary["steps"] == 4
     _check_advice_runs(tmp_path, table)
 
@@ -509,3 +509,17 @@ def test_an_advice_with_no_candidate_simulated_writes_its_answer(tmp_path):
     frame, preset = write_answer(advice, H100, "python -m harness.advise", tmp_path, "none_fits")
     assert preset is None and len(frame) == 2 and (tmp_path / "candidates.csv").is_file() and not (tmp_path / "pareto.png").exists()
     assert "No candidate meets the limits" in (tmp_path / "advice.md").read_text()
+
+
+def test_a_winner_on_an_experiment_is_written_as_a_preset_that_builds_on_it(tmp_path, monkeypatch):
+    """A base `+experiment=…` is a defaults entry of the written preset (it had been a top-level key, and
+    the preset failed to compose): composed again, it is the run that was ranked."""
+    from harness.advisor.answer import preset_text
+
+    base = ["+experiment=a2_qwen3_b12_eager"]
+    advice = advise_runs(base, question(space={"workload.batch_size": [8]}, steps=[2]))
+    winner = advice.ranked[0]
+    (tmp_path / "conf" / "experiment").mkdir(parents=True)
+    (tmp_path / "conf" / "experiment" / "on_experiment.yaml").write_text(preset_text(base, winner, "python -m harness.advise"))
+    monkeypatch.chdir(tmp_path)
+    assert compose_run(["+experiment=on_experiment"]) == with_steps(make_run(base + winner.overrides), 2)

@@ -144,17 +144,21 @@ def _against_other_sizes(advice: Advice, winner: Candidate) -> list[str]:
 
 
 def preset_text(base: list[str], winner: Candidate, command: str) -> str:
-    """The winner as an experiment preset: the presets it chose, then every value set on top, with the steps
-    it was ranked at (so that it runs exactly as ranked)."""
-    choices = {key: value for key, _, value in (o.partition("=") for o in base + winner.overrides) if key in _GROUP_KEYS}
-    dotted = (o.partition("=") for o in base + winner.overrides + [f"workload.steps={winner.steps}", "workload.warmup_steps=0"])
-    values = unflatten({key: yaml.safe_load(value) for key, _, value in dotted if key not in _GROUP_KEYS})
+    """The winner as an experiment preset: the experiment it builds on (a base `+experiment=…`), the presets
+    it chose, then every value set on top (Hydra's `+` dropped), with the steps it was ranked at (so that
+    it runs exactly as ranked)."""
+    written = [(o.lstrip("+").partition("=")) for o in base + winner.overrides if not o.startswith("~")]
+    experiments = [value for key, _, value in written if key == "experiment"]
+    choices = {key: value for key, _, value in written if key in _GROUP_KEYS}
+    dotted = written + [("workload.steps", "=", str(winner.steps)), ("workload.warmup_steps", "=", "0")]
+    values = unflatten({key: yaml.safe_load(value) for key, _, value in dotted if key not in (*_GROUP_KEYS, "experiment")})
     f = figures(winner.summary)
     head = [
         "# @package _global_",
         f"{WRITTEN_MARK} on {datetime.date.today().isoformat()}: {command}",
         f"# ranked first: {f['tok_s_per_device']:.1f} tok/s per device{_latency_text(f)}, {f['bound']}-bound",
         "defaults:",
+        *(f"  - {name}" for name in experiments),  # an experiment of the same group it builds on
         *(f"  - override /{key}: {name}" for key, name in choices.items()),
     ]
     return "\n".join(head) + "\n" + yaml.safe_dump(values, sort_keys=False)
