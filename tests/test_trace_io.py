@@ -16,7 +16,7 @@ from harness.sim.simulate import simulate_run
 from harness.model.ops_csv import write_ops_csv
 from harness.model.workload import build_workload
 
-DIFFERENT_BY_NATURE = WALL_CLOCK_KEYS | {"peak_mem_gb", "devices"}  # a trace knows no memory plan or layout
+DIFFERENT_BY_NATURE = WALL_CLOCK_KEYS | {"peak_mem_gb", "devices", "tp"}  # a trace knows no memory plan or layout
 
 
 @pytest.mark.parametrize("preset,strategy", [("qwen3_30b_decode", "pipeline"), ("llama2_7b_prefill", "eager"), ("deepseek_v3", "async")])
