@@ -523,3 +523,17 @@ def test_a_winner_on_an_experiment_is_written_as_a_preset_that_builds_on_it(tmp_
     (tmp_path / "conf" / "experiment" / "on_experiment.yaml").write_text(preset_text(base, winner, "python -m harness.advise"))
     monkeypatch.chdir(tmp_path)
     assert compose_run(["+experiment=on_experiment"]) == with_steps(make_run(base + winner.overrides), 2)
+
+
+def test_a_rung_that_prunes_serving_runs_before_their_requests_finish_says_so():
+    """A request stream's throughput before its requests finish is its batches' alone: a first rung of 4
+    steps finishes no 24-token request, so pruning there rests on too little, and the answer says so
+    (a review saw max_batch 64 dropped at 20 steps that was 1.36x the winner at 200)."""
+    from harness.advisor.answer import why
+
+    space = {"workload.serving.max_batch": [8, 64]}
+    serving = ["workload.serving.enabled=true", "workload.serving.output_len_mean=24"]
+    advice = advise_runs(H100 + serving, question(space=space, steps=[4, 8], keep=0.5))
+    assert len(advice.notes) == 1 and advice.notes[0].startswith("the 4-step rung dropped 1 of 2 candidates while 2 of them")
+    assert f"Note: {advice.notes[0]}. " in why(advice)
+    assert advise_runs(H100, question(space={"workload.batch_size": [1, 8]}, steps=[4, 8], keep=0.5)).notes == []

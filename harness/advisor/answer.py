@@ -60,7 +60,7 @@ def why(advice: Advice) -> str:
     unfinished = (
         f"advise.budget_s ran out: {advice.out_of_time} simulations were not run, and the ranking is of the candidates"
         " that were (raise advise.budget_s, or narrow advise.space). " if advice.out_of_time else ""
-    )
+    ) + "".join(f"Note: {note}. " for note in advice.notes)
     if not advice.ranked:
         return unfinished + "No candidate meets the limits: the table says why each was rejected."
     winner = advice.ranked[0]

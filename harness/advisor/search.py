@@ -16,6 +16,7 @@ from harness.advisor.evaluate import Evaluator, InProcess, OnRay, evaluator
 from harness.advisor.model_search import model_search
 from harness.advisor.rung import Clock, figures, prepare, simulate, simulate_all
 from harness.config.advise import AdviseConfig
+from harness.sim.serving import MIN_REQUESTS_FOR_PERCENTILES
 
 
 def score(candidate: Candidate) -> tuple[float, int, float, float]:
@@ -34,6 +35,7 @@ class Advice:
     space_size: int = 0  # combinations in advise.space
     method: str = "exhaustive"  # or "optuna": a model chose which candidates to simulate
     workers: int = 1  # simulations at once (processes here, or a Ray cluster's cores)
+    notes: list[str] = field(default_factory=list)  # what qualifies the ranking (a rung pruned on thin serving figures)
 
 
 def space_size(space: dict[str, list]) -> int:
@@ -72,6 +74,14 @@ def advise_runs(base: list[str], advise: AdviseConfig, say: Callable[[str], None
             say(f"{steps} steps: {len(simulated)} candidates meet the limits" + (f", best {simulated[0].label}" if simulated else ""))
             last = rung == len(advise.steps) - 1
             alive = simulated if last else simulated[: max(1, math.ceil(len(simulated) * advise.keep))]
+            thin = [c for c in simulated if c.summaries[steps].get("requests_completed", MIN_REQUESTS_FOR_PERCENTILES) < MIN_REQUESTS_FOR_PERCENTILES]
+            if not last and thin and len(alive) < len(simulated):
+                # A request stream's throughput before its requests finish is its batches' alone: a server
+                # that pads more can look slower there and faster once requests complete.
+                note = (f"the {steps}-step rung dropped {len(simulated) - len(alive)} of {len(simulated)} candidates while {len(thin)} of them"
+                        f" had finished fewer than {MIN_REQUESTS_FOR_PERCENTILES} requests: raise advise.steps[0] for a ranking on finished requests")
+                advice.notes.append(note)
+                say(f"note: {note}")
         advice.ranked = alive
     finally:
         where.close()
