@@ -643,3 +643,17 @@ def test_a_replay_keeps_a_measured_graph_exit_gap_without_task_pairs(tmp_path):
     assert "hardware.graph.exit_gap_us=3" in overrides and not any("task_dispatch_us" in o for o in overrides)
     plain = replay_overrides(imported, tmp_path / "ops.csv", graph_gaps=np.zeros(0), front_end_gaps=(np.array([1.0]), np.zeros(0)))
     assert not any("exit_gap_us" in o for o in plain) and "hardware.device.kernel_gap_us=1" in plain
+
+
+def test_device_work_no_call_issued_belongs_to_the_step_it_starts_in(tmp_path):
+    """A task with no launch in the trace (U, 40-70 µs) that runs past its step's window (0-50) into the next
+    is that step's op, 30 µs, and not the next one's too (it had been counted again there as 20 µs of
+    carried-in work: 50 µs of op time for 30 of work)."""
+    events = [{"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{s}", "pid": 1, "tid": 1, "ts": 50 * s, "dur": 50} for s in (0, 1)]
+    events += [runtime_call("cudaLaunchKernel", 10, 2, 1), device_task("A", 12, 8, 1), device_task("U", 40, 30, 99),
+               runtime_call("cudaLaunchKernel", 60, 2, 2), device_task("B", 70, 10, 2)]
+    path = tmp_path / "loose.json"
+    path.write_text(json.dumps({"traceEvents": events, "deviceProperties": [{"id": 0, "name": "NVIDIA H100 80GB HBM3"}]}))
+    found = import_profile(load_profile(path)).found
+    kernels = [[(op["kernel"], op["device_us"]) for op in step.ops if op["kernel"]] for step in found]
+    assert kernels == [[("A", 8.0), ("U", 30.0)], [("B", 10.0)]]

@@ -301,13 +301,17 @@ def _issued_keys(calls: pd.DataFrame) -> np.ndarray:
     return calls.loc[calls["kind"].isin(ISSUING) & (calls["key"] >= 0), "key"].to_numpy()
 
 
-def step_ops(profile: Profile, index: TraceIndex, window: Window, issued_anywhere: np.ndarray) -> StepOps:
-    """Ops of one window in issue order, with host costs (module docstring)."""
+def step_ops(profile: Profile, index: TraceIndex, window: Window, issued_anywhere: np.ndarray, first_start_us: float = -np.inf) -> StepOps:
+    """Ops of one window in issue order, with host costs (module docstring). Device work no call issued
+    belongs to the window it starts in (a task running on past the window's end is not the next window's
+    too: it was counted in both), or, started before the first window (`first_start_us`), to each window
+    it runs into."""
     span = index.calls_in(window)
     calls = index.calls.iloc[span]
     call_rows = index.call_rows[span]
     task_of_key = {key: index.tasks_of_key[key] for key in _issued_keys(calls).tolist() if key in index.tasks_of_key}
-    loose = np.flatnonzero(~np.isin(index.t_key, issued_anywhere) & (index.end > window.start_us) & (index.start < window.end_us))
+    starts_here = (index.start >= window.start_us) | (index.start < first_start_us)
+    loose = np.flatnonzero(~np.isin(index.t_key, issued_anywhere) & (index.end > window.start_us) & (index.start < window.end_us) & starts_here)
     unlinked = loose[np.argsort(index.start[loose], kind="stable")].tolist()
     issue_at = _unlinked_issue_times(index, unlinked, task_of_key, calls)
 
@@ -492,7 +496,8 @@ def import_profile(profile: Profile, rule: str = "auto", keep: Optional[slice] =
     applied, windows = find_windows(profile, rule)
     index = TraceIndex(profile)
     issued_anywhere = np.unique(np.concatenate([_issued_keys(index.calls.iloc[index.calls_in(w)]) for w in windows] or [np.zeros(0, np.int64)]))
-    found = [step_ops(profile, index, w, issued_anywhere) for w in windows]
+    first_start_us = min((w.start_us for w in windows), default=-np.inf)
+    found = [step_ops(profile, index, w, issued_anywhere, first_start_us) for w in windows]
     found = [s for s in found if s.task_ids.size and np.any(s.task_ids >= 0)]
     if not found:
         raise ProfileError(f"{profile.path}: no device work inside any step ({applied}): nothing to replay")
