@@ -3,6 +3,7 @@ tags, the step series apart from warm-up), artifact policies, store URIs and the
 leaves. The whole path from `python -m harness` is tested in test_cli, test_views and test_reliability."""
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -305,3 +306,21 @@ def test_the_report_reads_an_older_stores_plain_metric_names_and_the_grouped_one
     assert table.loc["eager", "throughput_tok_s"] == 10.0 and table.loc["async", "throughput_tok_s"] == 15.0
     assert (table["breakdown_launch"] == 0.5).all() and (table["device_busy"] == 0.25).all() and (table["batch_size"] == 8).all()
     assert not any("/" in column for column in table.columns)
+
+
+def test_a_runs_duration_holds_its_simulation(tmp_path):
+    """MLflow's Duration runs from the job's start (.hydra/config.yaml) to summary.json; a single run's
+    checks before Hydra already build and simulate it, so the start is taken back to cover sim_wall_s
+    (a run of 0.187 s of simulation had shown 0.161 s). Without the files, MLflow's own times."""
+    from harness.tracking.store import run_times_ms
+
+    (tmp_path / ".hydra").mkdir()
+    (tmp_path / ".hydra" / "config.yaml").write_text("a: 1\n")
+    (tmp_path / "summary.json").write_text(json.dumps({"sim_wall_s": 0.5}))
+    os.utime(tmp_path / ".hydra" / "config.yaml", (1000.0, 1000.0))
+    os.utime(tmp_path / "summary.json", (1000.2, 1000.2))
+    assert run_times_ms(tmp_path) == (int((1000.2 - 0.5) * 1000), 1000200)
+    (tmp_path / "summary.json").write_text(json.dumps({"sim_wall_s": 0.1}))
+    os.utime(tmp_path / "summary.json", (1000.2, 1000.2))
+    assert run_times_ms(tmp_path) == (1000000, 1000200)  # the job's start, where it is the earlier
+    assert run_times_ms(tmp_path / "nothing") == (None, None)

@@ -13,7 +13,6 @@ starts at its prompt length and grows by one per generated token.
 """
 from __future__ import annotations
 
-import logging
 from collections import deque
 from dataclasses import dataclass
 
@@ -29,7 +28,6 @@ from harness.sim.policies import EAGER, prepare
 SERVING_STREAM = 1  # generator stream of the request draws: (seed, 1); host jitter uses (seed, 0, step)
 MIN_REQUESTS_FOR_PERCENTILES = MIN_SAMPLES_FOR_P99  # fewer completed requests: the summary says its latency figures are thin
 
-log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -192,6 +190,5 @@ def serving_summary(plan: ServingBatches) -> dict:
             f"latency figures rest on {int(done.sum())} completed request(s) (TTFT on {int(started.sum())} first tokens),"
             f" fewer than {MIN_REQUESTS_FOR_PERCENTILES}:"
             " raise workload.steps or lower workload.serving.output_len_mean"
-        )
-        log.warning("%s", out["serving_note"])
+        )  # said where the figures are shown (terminal, reports, MLflow), not logged: an advice's workers printed it once a candidate
     return out

@@ -460,13 +460,20 @@ def log_run(
 
 def run_times_ms(run_dir: Path) -> tuple[int | None, int | None]:
     """When the run started and finished (ms since the epoch), for MLflow's Duration column: Hydra writes
-    .hydra/config.yaml as the job starts, summary.json is written last. (None, None) without both: MLflow
-    then takes the time of logging, which measured the logging (~50 ms), not the run."""
+    .hydra/config.yaml as the job starts, summary.json is written last; a single run's checks before
+    Hydra already build the run, so its simulation (`sim_wall_s`) can have begun earlier, and the start is
+    then taken from it (the Duration had been shorter than the simulation). (None, None) without both
+    files: MLflow then takes the time of logging, which measured the logging (~50 ms), not the run."""
     try:
         started = (run_dir / ".hydra" / "config.yaml").stat().st_mtime
         ended = (run_dir / SUMMARY_FILE).stat().st_mtime
     except OSError:
         return None, None
+    try:
+        simulated_s = float(json.loads((run_dir / SUMMARY_FILE).read_text()).get("sim_wall_s", 0.0))
+    except (OSError, ValueError, AttributeError):
+        simulated_s = 0.0
+    started = min(started, ended - simulated_s)
     return (int(started * 1000), int(ended * 1000)) if ended >= started else (None, None)
 
 
