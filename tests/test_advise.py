@@ -537,3 +537,13 @@ def test_a_rung_that_prunes_serving_runs_before_their_requests_finish_says_so():
     assert len(advice.notes) == 1 and advice.notes[0].startswith("the 4-step rung dropped 1 of 2 candidates while 2 of them")
     assert f"Note: {advice.notes[0]}. " in why(advice)
     assert advise_runs(H100, question(space={"workload.batch_size": [1, 8]}, steps=[4, 8], keep=0.5)).notes == []
+
+
+def test_candidates_that_run_as_another_are_not_counted_as_rejected(tmp_path):
+    """An eager candidate of a second capture-size list runs what the first runs: it is not simulated
+    again, and the search line counts it apart from the candidates that broke a limit."""
+    proc = subprocess.run([sys.executable, "-m", "harness.advise", *H100, "advise.steps=[2]", "advise.out=adv", "tracking.enabled=false",
+                           "advise.space={strategy:[eager],strategy.graph.buckets:[[1,2],[4,8]]}"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "(0 rejected, 1 the same run as another candidate; steps per rung 2: 1 met the limits)" in proc.stdout

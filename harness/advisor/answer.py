@@ -259,7 +259,7 @@ def record(advice: Advice, advise: AdviseConfig, base: list[str], names: dict[st
     return AdviceRecord(
         name=f"advise: {names['workload']} on {names['hardware']}",
         params=question,
-        metrics={"advice/candidates": len(frame), "advice/rejected": int((frame["rejected"] != "").sum()), "advice/seconds": advice.seconds,
+        metrics={"advice/candidates": len(frame), "advice/rejected": int(((frame["rejected"] != "") & ~frame["rejected"].str.startswith("runs as ")).sum()), "advice/seconds": advice.seconds,
                  "advice/space_size": advice.space_size},
         winner_summary=winner.summary if winner else {},
         tags={**names, "advice_dir": str(out.absolute()), "command": command, **({"bound": winner.summary["bound"]} if winner else {})},

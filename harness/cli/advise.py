@@ -70,12 +70,13 @@ def main(argv: list[str] | None = None) -> int:
     shown = shown_table(frame, 10)
     print(shown.to_markdown(index=False, floatfmt=".3f") if len(shown) else "no candidate meets the limits")
     print(f"\n{why(advice)}")
-    rejected = int((frame["rejected"] != "").sum())
+    same = int(frame["rejected"].str.startswith("runs as ").sum())  # not simulated again: no limit broken
+    rejected = int((frame["rejected"] != "").sum()) - same
     how = (f"all {advice.space_size:,} combinations" if advice.method == "exhaustive" else
            f"{len(frame)} of {advice.space_size:,} combinations, picked by Optuna's TPE sampler")
     print(
         f"\n  searched     {how} in {advice.seconds:.1f} s on {advice.workers} core{'s' if advice.workers > 1 else ''}"
-        f" ({rejected} rejected; steps per rung"
+        f" ({rejected} rejected" + (f", {same} the same run as another candidate" if same else "") + "; steps per rung"
         f" {', '.join(f'{steps}: {n} met the limits' for steps, n in advice.rungs)})"
         + (f"; {advice.out_of_time} not simulated: advise.budget_s={advise.budget_s:g} ran out" if advice.out_of_time else "")
     )
