@@ -11,7 +11,7 @@ from pathlib import Path
 import pandas as pd
 import yaml
 
-from harness.advisor.candidates import Candidate, value_text
+from harness.advisor.candidates import RUNS_AS, Candidate, value_text
 from harness.advisor.search import Advice, figures
 from harness.config.advise import AdviseConfig
 from harness.base.errors import ConfigError
@@ -31,6 +31,12 @@ def row(candidate: Candidate, rank: int | None) -> dict:
         "capture_s": round(candidate.capture_s, 3), "memory_gb": round(candidate.memory_gb, 2), "steps": candidate.steps,
         "rejected": candidate.rejected, "note": candidate.note,
     }
+
+
+def rejected_counts(frame: pd.DataFrame) -> tuple[int, int]:
+    """(candidates that broke a limit, candidates not simulated because another runs the same) of a table."""
+    same = int(frame["rejected"].str.startswith(RUNS_AS).sum())
+    return int((frame["rejected"] != "").sum()) - same, same
 
 
 def table(advice: Advice) -> pd.DataFrame:
@@ -259,7 +265,7 @@ def record(advice: Advice, advise: AdviseConfig, base: list[str], names: dict[st
     return AdviceRecord(
         name=f"advise: {names['workload']} on {names['hardware']}",
         params=question,
-        metrics={"advice/candidates": len(frame), "advice/rejected": int(((frame["rejected"] != "") & ~frame["rejected"].str.startswith("runs as ")).sum()), "advice/seconds": advice.seconds,
+        metrics={"advice/candidates": len(frame), "advice/rejected": rejected_counts(frame)[0], "advice/seconds": advice.seconds,
                  "advice/space_size": advice.space_size},
         winner_summary=winner.summary if winner else {},
         tags={**names, "advice_dir": str(out.absolute()), "command": command, **({"bound": winner.summary["bound"]} if winner else {})},

@@ -25,8 +25,11 @@ from harness.config.messages import one_line
 from harness.config.paths import CONF_DIR, launch_folder_conf
 from harness.config.schema import GraphMode, RunConfig
 from harness.model.workload import build_workload, run_build_options
-from harness.sim.policies import MIB, graph_budget, kept_sizes, layer_count, trim_note
+from harness.sim.policies import MIB, asked_sizes, graph_budget, kept_sizes, layer_count, trim_note
 from harness.sim.simulate import last_step
+
+
+RUNS_AS = "runs as "  # how a rejection starts when another candidate runs the same thing
 
 
 @dataclass(eq=False)  # one candidate is itself: comparing field by field (its RunConfig, its summary) was slow and meant nothing
@@ -42,6 +45,11 @@ class Candidate:
     summary: dict = field(default_factory=dict)  # of the longest rung it was simulated in
     steps: int = 0  # that rung's steps
     summaries: dict[int, dict] = field(default_factory=dict)  # every rung's: steps → summary (candidates compare at equal steps)
+
+    @property
+    def runs_as_another(self) -> bool:
+        """Not simulated because another candidate runs the same (`same_run_key`): no limit broken."""
+        return self.rejected.startswith(RUNS_AS)
 
     @property
     def label(self) -> str:
@@ -181,14 +189,15 @@ def with_steps(run: RunConfig, steps: int) -> RunConfig:
 
 
 def graph_sizes(run: RunConfig, max_graphs: int | None = None) -> list[int]:
-    """The capture sizes a candidate captures (none when its strategy replays no graphs in its phase),
-    as its run keeps them (`kept_sizes`): at most `max_graphs` (the platform's budget; None: not yet
-    known), and for a serving run those its start-up captures."""
+    """The capture sizes a candidate captures (none when its strategy replays no graphs in its phase): those
+    it asks for (a serving run's, those its start-up captures), and under the platform's budget
+    (`max_graphs`) those its run keeps (`kept_sizes`)."""
     graph = run.strategy.graph
     if graph.mode != GraphMode.capture or run.workload.phase not in graph.phases:
         return []
     serving = run.workload.serving
-    return kept_sizes(list(graph.buckets), max_graphs or len(graph.buckets), serving.max_batch if serving.enabled else None)
+    max_batch = serving.max_batch if serving.enabled else None
+    return asked_sizes(list(graph.buckets), max_batch) if max_graphs is None else kept_sizes(list(graph.buckets), max_graphs, max_batch)
 
 
 def largest_batch(run: RunConfig) -> int:

@@ -84,6 +84,6 @@ def model_search(base: list[str], advise: "AdviseConfig", where: "Evaluator", cl
 
 def _runs_as(candidate: Candidate, first_of: dict[str, Candidate]) -> Candidate:
     """The candidate whose simulation stands for this one (itself, or the one it runs the same as)."""
-    if candidate.run is None or not candidate.rejected.startswith("runs as "):
+    if candidate.run is None or not candidate.runs_as_another:
         return candidate
     return first_of.get(same_run_key(candidate.run), candidate)

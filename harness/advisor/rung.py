@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 
-from harness.advisor.candidates import Candidate, check_limits_before, make_run, same_run_key
+from harness.advisor.candidates import RUNS_AS, Candidate, check_limits_before, make_run, same_run_key
 from harness.advisor.evaluate import Evaluator, Result, simulate_one
 from harness.base.errors import HarnessError
 from harness.config.advise import AdviseConfig
@@ -72,7 +72,7 @@ def prepare(candidates: list[Candidate], base: list[str], advise: AdviseConfig, 
         if not candidate.rejected:
             first = first_of.setdefault(same_run_key(candidate.run), candidate)
             if first is not candidate:
-                candidate.rejected = f"runs as {first.label} does (a value that does not apply here)"
+                candidate.rejected = f"{RUNS_AS}{first.label} does (a value that does not apply here)"
 
 
 class Clock:

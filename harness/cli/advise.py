@@ -56,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
 
     preset, advise_overrides, base, out_text = split_arguments(argv)
     advise = compose_advise(preset, advise_overrides)
-    from harness.advisor.answer import preset_path, run_command_of, shown_table, why, write_answer
+    from harness.advisor.answer import preset_path, rejected_counts, run_command_of, shown_table, why, write_answer
     from harness.advisor.candidates import make_run
     from harness.advisor.search import advise_runs
 
@@ -70,8 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     shown = shown_table(frame, 10)
     print(shown.to_markdown(index=False, floatfmt=".3f") if len(shown) else "no candidate meets the limits")
     print(f"\n{why(advice)}")
-    same = int(frame["rejected"].str.startswith("runs as ").sum())  # not simulated again: no limit broken
-    rejected = int((frame["rejected"] != "").sum()) - same
+    rejected, same = rejected_counts(frame)
     how = (f"all {advice.space_size:,} combinations" if advice.method == "exhaustive" else
            f"{len(frame)} of {advice.space_size:,} combinations, picked by Optuna's TPE sampler")
     print(

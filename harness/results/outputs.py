@@ -180,6 +180,11 @@ def _front_end_part(summary: dict) -> str:
     return f" (front-end gaps {front_end:.1%})" if front_end >= 0.0005 else ""
 
 
+def short_setting(key: str, value: str) -> str:
+    """A value set on the command line by its key's last part (`batch_size=8`), as names and headers show it."""
+    return f"{key.rsplit('.', 1)[-1]}={value}"
+
+
 def values_set_on_top(overrides: str) -> str:
     """The values a command line set beyond the presets, by their keys' last part (`batch_size=8
     steps=4`; `experiment=…` too): two jobs of a sweep otherwise print the same header."""
@@ -187,7 +192,7 @@ def values_set_on_top(overrides: str) -> str:
     for override in overrides.split():
         key, _, value = override.lstrip("+~").partition("=")
         if key and not key.startswith(WHERE_THINGS_GO) and key not in ("hardware", "workload", "strategy", "engine"):
-            parts.append(f"{key.rsplit('.', 1)[-1]}={value}")
+            parts.append(short_setting(key, value))
     return " ".join(parts)
 
 

@@ -40,7 +40,7 @@ from harness.config.schema import ArtifactPolicy, TrackingConfig, flatten, sqlit
 from harness.base.errors import EXIT_BAD_INPUT, EXIT_TRACKING_FAILED, HarnessError, TrackingError, one_line_text
 from harness.base.commands import CommandParser
 from harness.base.files import write_text
-from harness.results.outputs import STEPS_FILE, SUMMARY_FILE, TRACE_FILE, WHERE_THINGS_GO, read_steps, run_notes
+from harness.results.outputs import STEPS_FILE, SUMMARY_FILE, TRACE_FILE, WHERE_THINGS_GO, read_steps, run_notes, short_setting
 from harness.sim.outcome import WHAT_RAN_KEYS, WHAT_RAN_PARAMS
 from harness.base.stopping import store_call
 
@@ -361,7 +361,7 @@ def name_parts(names: dict, overrides: str, swept: frozenset[str] = frozenset())
         key, _, value = override.lstrip("+~").partition("=")
         if key.startswith(WHERE_THINGS_GO) or (key in _GROUP_CHOICES and key not in swept):
             continue
-        part = names.get(key, value) if key in _GROUP_CHOICES else f"{key.rsplit('.', 1)[-1]}={value}"
+        part = names.get(key, value) if key in _GROUP_CHOICES else short_setting(key, value)
         if key in swept:
             varying[key] = part
         else:
@@ -419,7 +419,7 @@ def log_run(
     with store_call():  # a stop (SIGTERM) waits for the run to be logged or ended FAILED: see harness.base.stopping
         client = mlflow.MlflowClient(tracking_uri=resolve_uri(tracking))
         tags = resolve_tags(tags)  # user and source, as mlflow.start_run adds them
-        started_ms, ended_ms = run_times_ms(run_dir)
+        started_ms, ended_ms = run_times_ms(run_dir, float(summary.get("sim_wall_s", 0.0)))
         created = client.create_run(experiment_id, start_time=started_ms, run_name=run_name(names, overrides, swept_keys()), tags=tags).info
         run_id = created.run_id
         try:
@@ -458,21 +458,18 @@ def log_run(
     return run_id
 
 
-def run_times_ms(run_dir: Path) -> tuple[int | None, int | None]:
+def run_times_ms(run_dir: Path, simulated_s: float = 0.0) -> tuple[int | None, int | None]:
     """When the run started and finished (ms since the epoch), for MLflow's Duration column: Hydra writes
     .hydra/config.yaml as the job starts, summary.json is written last; a single run's checks before
     Hydra already build the run, so its simulation (`sim_wall_s`) can have begun earlier, and the start is
-    then taken from it (the Duration had been shorter than the simulation). (None, None) without both
-    files: MLflow then takes the time of logging, which measured the logging (~50 ms), not the run."""
+    then taken from it (`simulated_s`, the summary's sim_wall_s; the Duration had been shorter than the
+    simulation). (None, None) without both files: MLflow then takes the time of logging, which measured
+    the logging (~50 ms), not the run."""
     try:
         started = (run_dir / ".hydra" / "config.yaml").stat().st_mtime
         ended = (run_dir / SUMMARY_FILE).stat().st_mtime
     except OSError:
         return None, None
-    try:
-        simulated_s = float(json.loads((run_dir / SUMMARY_FILE).read_text()).get("sim_wall_s", 0.0))
-    except (OSError, ValueError, AttributeError):
-        simulated_s = 0.0
     started = min(started, ended - simulated_s)
     return (int(started * 1000), int(ended * 1000)) if ended >= started else (None, None)
 
