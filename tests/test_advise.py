@@ -262,6 +262,7 @@ def test_an_advice_whose_store_fails_keeps_its_files_and_says_so(tmp_path):
         (["advise.name=a2_qwen3_eager"], "advise.name=a2_qwen3_eager: a shipped experiment preset has that name"),
         (["workload.batch_size=0"], "workload.batch_size=0: must be in"),
         (["strategy"], "strategy: not an override (KEY=VALUE)"),
+        (["advise=max_throughput", "advise.baseline=[workload.batch_size=0]"], "workload.batch_size=0: must be in"),
     ],
 )
 def test_bad_input_is_one_line_and_nothing_is_written(args, says, tmp_path):
@@ -287,6 +288,18 @@ def test_every_preset_asks_about_keys_a_run_has(preset, base):
         for value in (values[0], values[-1]):
             override = f"{key}={candidates.value_text(value)}"
             assert make_run(base + [override]) == compose_run(base + [override]), override
+
+
+def test_a_bad_baseline_is_refused_before_any_candidate_is_simulated(monkeypatch):
+    import harness.advisor.search as search
+
+    def no_search(*args, **kwargs):
+        raise AssertionError("the search started with a baseline that does not compose")
+
+    monkeypatch.setattr(search, "prepare", no_search)
+    monkeypatch.setattr(search, "model_search", no_search)
+    with pytest.raises(ConfigError, match="workload.batch_size=0"):
+        advise_runs(H100, question(space={"strategy": ["eager", "cuda_graph"]}, steps=[2], baseline=["workload.batch_size=0"]))
 
 
 def test_the_presets_compose():

@@ -50,6 +50,10 @@ def advise_runs(base: list[str], advise: AdviseConfig, say: Callable[[str], None
     clock = Clock(advise.budget_s)
     size = space_size(advise.space)
     method = advise.search if advise.search != "auto" else ("exhaustive" if size <= advise.exhaustive_max else "optuna")
+    baseline = None
+    if advise.baseline:  # composed first: a bad baseline is refused before the search spends its time
+        baseline = Candidate(overrides=list(advise.baseline))
+        baseline.run = make_run(base + baseline.overrides)
     where = where or evaluator(advise.workers, advise.ray_address)
     advice = Advice(candidates=[], ranked=[], baseline=None, space_size=size, method=method, workers=where.workers)
     try:
@@ -85,9 +89,7 @@ def advise_runs(base: list[str], advise: AdviseConfig, say: Callable[[str], None
         advice.ranked = alive
     finally:
         where.close()
-    if advise.baseline:
-        baseline = Candidate(overrides=list(advise.baseline))
-        baseline.run = make_run(base + baseline.overrides)
+    if baseline is not None:
         check_limits_before(baseline, advise)
         simulate(baseline, advise.steps[-1])
         advice.baseline = baseline

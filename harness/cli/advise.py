@@ -62,6 +62,8 @@ def main(argv: list[str] | None = None) -> int:
 
     preset_path(advise.name)  # refused now, not after the search
     run = make_run(base)  # the run itself must compose: one line naming the key, before any candidate
+    if advise.baseline:
+        make_run(base + list(advise.baseline))  # and so must the baseline, before a folder is made
     now = datetime.datetime.now()
     out = check_folder("advise.out", out_text or Path("outputs") / "advise" / now.strftime("%Y-%m-%d") / now.strftime("%H-%M-%S"))
     command = shlex.join(["python", "-m", "harness.advise", *argv])
