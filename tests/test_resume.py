@@ -79,6 +79,38 @@ def test_resume_reuses_a_finished_run_from_another_folder(tmp_path):
     assert find_finished(config_hash({**params, "seed": 1}), tmp_path / "c", tmp_path / "outputs") is None
 
 
+def test_resume_never_overwrites_a_finished_run_of_another_configuration(tmp_path):
+    """`resume=true` into a folder that holds another configuration's finished run refuses in one line and
+    keeps that run's files (it simulated over them: batch 2 written where batch 1 was)."""
+    base = [sys.executable, "-m", "harness", "tracking.enabled=false", "workload.steps=3", "output.timeline_steps=0", "hydra.run.dir=run"]
+    assert subprocess.run(base, cwd=tmp_path, capture_output=True, text=True, timeout=120, env=ENV).returncode == 0
+    before = (tmp_path / "run" / "summary.json").read_bytes()
+    proc = subprocess.run(base + ["workload.batch_size=2", "resume=true"], cwd=tmp_path, capture_output=True, text=True, timeout=120, env=ENV)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+    assert f"resume=true: {tmp_path / 'run'} holds a finished run of another configuration" in proc.stderr
+    assert (tmp_path / "run" / "summary.json").read_bytes() == before
+    again = subprocess.run(base + ["resume=true"], cwd=tmp_path, capture_output=True, text=True, timeout=120, env=ENV)
+    assert again.returncode == 0 and f"already finished in {tmp_path / 'run'} (resume=true)" in again.stdout, again.stderr[-2000:]
+
+
+def test_resume_refuses_a_sweep_of_other_overrides_in_a_sweeps_folder(tmp_path):
+    """A sweep resumed in a folder must be the sweep that folder holds: another one overwrote its jobs'
+    folders (job 0 of batch 2 in job 0 of eager's) and multirun.yaml, and results.md mixed the two."""
+    base = [sys.executable, "-m", "harness", "-m", "tracking.enabled=false", "workload.steps=3", "output.timeline_steps=0",
+            "output.print_summary=false", "hydra.sweep.dir=sweep"]
+    assert subprocess.run(base + ["strategy=eager,async"], cwd=tmp_path, capture_output=True, text=True, timeout=300, env=ENV).returncode == 0
+    before = {p.relative_to(tmp_path): p.read_bytes() for p in (tmp_path / "sweep").rglob("*") if p.is_file()}
+    proc = subprocess.run(base + ["workload.batch_size=2,4", "resume=true"], cwd=tmp_path, capture_output=True, text=True, timeout=300, env=ENV)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+    assert ("hydra.sweep.dir=sweep: holds a sweep of other overrides (strategy=eager,async workload.steps=3); resume=true finishes"
+            " that sweep: run this one (workload.batch_size=2,4 workload.steps=3) in a new folder") in proc.stderr
+    assert {p.relative_to(tmp_path): p.read_bytes() for p in (tmp_path / "sweep").rglob("*") if p.is_file()} == before
+    # The same sweep, its options in another order, resumes: nothing simulated again.
+    same = subprocess.run(base + ["resume=true", "strategy=eager,async"], cwd=tmp_path, capture_output=True, text=True, timeout=300, env=ENV)
+    assert same.returncode == 0, same.stderr[-2000:]
+    assert len(list((tmp_path / "sweep").glob("*/RESUMED_FROM.txt"))) == 0 and "resumed" in same.stderr + same.stdout
+
+
 def test_resuming_many_jobs_reads_each_earlier_summary_once(tmp_path, monkeypatch):
     """Each job of a resumed sweep used to read every summary.json under outputs/ again: N jobs over M
     earlier runs read N × M files. Now the folder is read once per process, and a match is checked again."""

@@ -30,7 +30,8 @@ from harness.config.messages import one_line
 from harness.config.paths import CONF_DIR
 from harness.config.schema import RunConfig, flatten
 from harness.base.files import check_folder
-from harness.base.errors import EXIT_TRACKING_FAILED, EXIT_WRITE_FAILED, HarnessError, fail, one_line_text
+from harness.results.resume import what_a_sweep_simulates
+from harness.base.errors import EXIT_TRACKING_FAILED, EXIT_WRITE_FAILED, ConfigError, HarnessError, fail, one_line_text
 from harness.model.ops import check_memory
 from harness.base.stopping import Stopped, leaves, stop_with
 
@@ -206,6 +207,8 @@ def preflight(argv: list[str]) -> None:
             check_launcher(cfg)
     try:
         check_output_folder(key, folder, resuming)
+        if resuming and _is_multirun(argv):
+            check_same_sweep(folder, overrides)
         if single:  # last: a run refused for its folder, or resumed from an earlier one, is not built for nothing
             check_run(run, prepare=not resuming)
     except HarnessError as exc:
@@ -251,6 +254,24 @@ def check_output_folder(key: str, folder: object, resuming: bool = False) -> Non
         key, folder, empty=not resuming,
         why_empty="a run never writes into another's folder: pick a new one, empty it, or add resume=true to finish an interrupted sweep there",
     )
+
+
+def check_same_sweep(folder: object, overrides: list[str]) -> None:
+    """`resume=true` finishes the sweep a folder holds: a sweep of other overrides there would overwrite
+    its jobs' folders and its multirun.yaml, and its results.md would mix the two."""
+    recorded = Path(str(folder)) / "multirun.yaml"
+    if not recorded.is_file():
+        return
+    try:
+        earlier = list(OmegaConf.select(OmegaConf.load(recorded), "hydra.overrides.task", default=[]) or [])
+    except Exception:  # not Hydra's file: nothing to compare with
+        return
+    before, now = what_a_sweep_simulates([str(o) for o in earlier]), what_a_sweep_simulates(overrides)
+    if before != now:
+        raise ConfigError(
+            f"hydra.sweep.dir={folder}: holds a sweep of other overrides ({' '.join(before) or 'none'}); resume=true finishes"
+            f" that sweep: run this one ({' '.join(now) or 'none'}) in a new folder"
+        )
 
 
 def check_run(run: RunConfig, prepare: bool = False) -> None:

@@ -11,11 +11,11 @@ import logging
 from pathlib import Path
 
 
-from harness.base.errors import TrackingError
+from harness.base.errors import ConfigError, TrackingError
 from harness.base.stopping import Stopped, raise_if_stopped
 from harness.config.schema import RunConfig
 from harness.results.outputs import STEPS_FILE, read_steps, write_outputs
-from harness.results.resume import config_hash, find_finished, reuse
+from harness.results.resume import config_hash, find_finished, finished_hash, reuse
 from harness.results.drawer import BackgroundDrawer
 from harness.sim.outcome import WHAT_RAN_WORKLOAD_KEYS, RunResult
 from harness.sim.simulate import simulate_run
@@ -56,6 +56,12 @@ def execute(
     reused instead: its files, no simulation, no second MLflow run."""
     digest = config_hash(params)
     if run.resume:
+        there = finished_hash(run_dir)
+        if there is not None and there != digest:  # resuming finishes a run, never overwrites another one
+            raise ConfigError(
+                f"resume=true: {run_dir} holds a finished run of another configuration (config_hash {there}, this one"
+                f" {digest}); its files are kept: run this one in a new folder"
+            )
         found = find_finished(digest, run_dir, outputs_dir or run_dir.parent)
         if found is not None:
             log.info("resumed: %s already finished in %s", digest, found)

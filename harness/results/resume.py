@@ -71,6 +71,29 @@ def _finished_by_digest(outputs_dir: Path) -> dict[str, list[Path]]:
     return _indexes[key]
 
 
+def finished_hash(folder: Path) -> str | None:
+    """The config_hash of the finished run `folder` holds; None when it holds none."""
+    if not (folder / SUMMARY_FILE).is_file():
+        return None
+    try:
+        digest = json.loads((folder / SUMMARY_FILE).read_text()).get("config_hash")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return digest if isinstance(digest, str) else None
+
+
+def what_a_sweep_simulates(overrides: list[str]) -> list[str]:
+    """A sweep's command-line overrides less those that say where files and runs go or how jobs run
+    (`resume`, `tracking.*`, `output.*`, `hydra.*`, `hydra/…`), sorted: two sweeps with the same list
+    run the same jobs."""
+    kept = []
+    for override in overrides:
+        key = override.lstrip("+~").partition("=")[0]
+        if not key.startswith(_NOT_THE_CONFIGURATION):
+            kept.append(override)
+    return sorted(kept)
+
+
 def reuse(found: Path, run_dir: Path) -> dict:
     """Bring a finished run's files into `run_dir` (when elsewhere); returns its summary."""
     if found != run_dir:
