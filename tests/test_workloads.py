@@ -106,6 +106,24 @@ def test_the_vocab_parallel_head_gathers_its_logits_across_tp():
     assert "logits_gather" not in single.op_names
 
 
+def test_a_tied_head_reads_the_embeddings_weights_which_are_not_activations():
+    """Qwen2.5-1.5B ties its LM head to the embedding (tie_word_embeddings): the head holds no weights of
+    its own, but reads the embedding's 151,936 x 1,536 x 2 B = 466.7 MB every step. Those bytes are
+    weights, not activations: the head's activations (batch 4's logits, 4 x 151,936 x 2 B, and its
+    input) and the workspace must be those of the same head untied; only weights_gb differs, by the
+    head's 0.4667 GB (they were counted as 233 MB of activations and a 0.93 GB workspace)."""
+    head_bytes = 151_936 * 1_536 * 2
+    args = ("workload=qwen25_1_5b_decode", "workload.batch_size=4", "workload.steps=2")
+    _, tied = workload(*args, "+workload.card_overrides.tie_word_embeddings=true")
+    _, untied = workload(*args, "+workload.card_overrides.tie_word_embeddings=false")
+    head = tied.op_names.index("lm_head")
+    assert tied.bytes[0, head] == untied.bytes[0, head] == head_bytes + 4 * (1_536 + 151_936) * 2
+    assert tied.weight_bytes[head] == untied.weight_bytes[head] == head_bytes
+    assert tied.activation_bytes()[:, head].tolist() == untied.activation_bytes()[:, head].tolist() == [4 * (1_536 + 151_936)] * 2
+    assert tied.memory.workspace_gb == untied.memory.workspace_gb < 0.01
+    assert untied.memory.weights_gb - tied.memory.weights_gb == pytest.approx(head_bytes / 1e9, rel=1e-12)
+
+
 def test_an_fp8_kv_cache_holds_and_streams_one_byte_a_value():
     """Llama-2-7B decode at batch 8 from 1,024 cached tokens, 2 steps: a token's K and V are 32 layers x 32
     heads x 128 x 2 values, 262,144 of them. In float16 the cache holds 8 x 1,026 tokens x 524,288 B =

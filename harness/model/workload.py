@@ -62,7 +62,8 @@ class Cost:
     bytes: object = 0.0
     params: float = 0.0  # parameters resident on this rank
     full_params: float = 0.0  # parameters of this op in the unsplit model (for the parameter count)
-    weight_bytes: float = 0.0
+    weight_bytes: float = 0.0  # weights resident on this rank for this op (counted in weights_gb)
+    weight_read_bytes: Optional[float] = None  # weights it reads a step, when not its own (None: weight_bytes)
     cache_bytes: object = 0.0  # resident KV cache it reads (per step): like weights, not activations
     dynamic: bool = False
     value_dependent: bool = False
@@ -491,7 +492,7 @@ def _routed(cost: Cost) -> Cost:
 def _tied_head(s: Shapes) -> Cost:
     cost = _linear(s, s.hidden_size, s.vocab_size, split=s.tp, tokens=s.batch, quantised=False)
     cost.params = cost.full_params = 0.0  # the embedding's weights, counted there
-    cost.weight_bytes = 0.0
+    cost.weight_read_bytes, cost.weight_bytes = cost.weight_bytes, 0.0  # read here all the same: not activations
     return cost
 
 
@@ -766,6 +767,7 @@ def _from_card(
     cache_t = per_step([c.cache_bytes if c is not None else 0.0 for c in costs])
     used = [c if c is not None else Cost(OpKind.vector) for c in costs]
     kind_t = np.array([KIND_CODE[c.kind] for c in used], dtype=np.int8)
+    weights_read_t = np.array([c.weight_bytes if c.weight_read_bytes is None else c.weight_read_bytes for c in used], dtype=np.float64)
     dynamic_t = np.array([c.dynamic for c in used], dtype=bool)
     flags_t = (
         dynamic_t * FLAG_DYNAMIC
@@ -782,7 +784,7 @@ def _from_card(
     memory = MemoryPlan(
         weights_gb=weights / BYTES_PER_GB,
         kv_cache_gb=kv_per_token * float((s.batch * s.kv).max()) / BYTES_PER_GB,
-        workspace_gb=2.0 * float((bytes_t - cache_t - np.array([c.weight_bytes for c in used])[None, :]).max(initial=0.0)) / BYTES_PER_GB,
+        workspace_gb=2.0 * float((bytes_t - cache_t - weights_read_t[None, :]).max(initial=0.0)) / BYTES_PER_GB,
     )
     return Workload(
         name=cfg.name,
@@ -799,7 +801,7 @@ def _from_card(
         device_us=np.full((steps, n), np.nan),
         shape_key=shape_key_t[:, template_ids],
         host_us=np.array([used[t].host_us for t in templates], dtype=np.float64),
-        weight_bytes=np.array([used[t].weight_bytes for t in templates], dtype=np.float64),
+        weight_bytes=weights_read_t[template_ids],
         cache_bytes=cache_t[:, template_ids],
         batch=batch,
         kv_len=s.kv.copy(),
