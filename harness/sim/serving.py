@@ -58,8 +58,10 @@ class ServingBatches:
 def draw_requests(serving: ServingConfig, seed: int, count: int) -> Requests:
     rng = np.random.default_rng([seed, SERVING_STREAM])
     gaps_us = rng.exponential(US_PER_S / serving.arrival_rate_rps, size=count)
-    arrival = np.cumsum(gaps_us)
-    arrival[: serving.initial_requests] = 0.0
+    # The initial requests wait at time 0 and the stream starts then too (the gaps drawn for the initial
+    # ones once pushed it back by initial / rate: 100 at 10 rps, a first arrival at 10.7 s).
+    initial = min(serving.initial_requests, count)
+    arrival = np.concatenate([np.zeros(initial), np.cumsum(gaps_us[: count - initial])])
 
     def lengths(mean: float) -> np.ndarray:
         if serving.len_cv == 0:
@@ -94,6 +96,7 @@ def batch_requests(run: RunConfig, progress=None) -> ServingBatches:
     last_token = np.full(requests.arrival_us.size, np.nan)
     gaps: list[np.ndarray] = []
     generated = np.zeros(requests.arrival_us.size, dtype=np.int64)
+    undelivered: list[np.ndarray] = []  # sequences that made a token in each step of this block so far
     running: list[int] = []
     waiting: deque[int] = deque()
     next_arrival = 0
@@ -139,12 +142,20 @@ def batch_requests(run: RunConfig, progress=None) -> ServingBatches:
         live = ids[generated[ids] < requests.output_len[ids]]
         produced[s] = live.size
         generated[live] += 1
-        seen = ~np.isnan(last_token[live])
-        gaps.append(now - last_token[live[seen]])
-        first_token[live[~seen]] = now
-        last_token[live] = now
-        finished[live[generated[live] >= requests.output_len[live]]] = now
         block_ends = (s + 1) % block == 0
+        # A multi-step block hands its tokens to the client at its end (vLLM V0's LLMEngine.step returns no
+        # outputs until the block's last step): a request gets them as one chunk, and a streaming client
+        # (benchmark_serving) times the chunk, one inter-token gap per chunk. A block the run cuts off
+        # delivers nothing within it.
+        undelivered.append(live)
+        if block_ends:
+            delivered = live if block == 1 else np.array(list(dict.fromkeys(np.concatenate(undelivered).tolist())), dtype=np.int64)
+            undelivered = []
+            seen = ~np.isnan(last_token[delivered])
+            gaps.append(now - last_token[delivered[seen]])
+            first_token[delivered[~seen]] = now
+            last_token[delivered] = now
+            finished[delivered[generated[delivered] >= requests.output_len[delivered]]] = now
         running = [int(r) for r in (ids[generated[ids] < requests.output_len[ids]] if block_ends else ids)]
     itl = np.concatenate(gaps) if gaps else np.zeros(0)
     return ServingBatches(batch, kv_len, release, step_us, requests, admitted, finished, first_token, itl, produced)
