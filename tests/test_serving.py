@@ -37,6 +37,10 @@ def test_batch_changes_step_by_step_within_max_batch():
     assert len(set(np.round(kv, 6))) > 10  # requests of different lengths come and go
 
 
+SERVING_H100_V1 = ("hardware=h100", "workload=llama31_8b_decode", "strategy=cuda_graph", "engine=vllm_v1",
+                   "workload.serving.enabled=true", "workload.steps=60")
+
+
 def test_request_stream_is_seeded():
     run = compose_run(*SERVING)
     a, b = draw_requests(run.workload.serving, 0, 50), draw_requests(run.workload.serving, 0, 50)
@@ -64,6 +68,30 @@ def test_the_stream_after_the_initial_requests_starts_at_time_zero():
     alone = draw_requests(ServingConfig(arrival_rate_rps=10.0), 0, 1100)
     np.testing.assert_array_equal(stream, alone.arrival_us[:1000])
     np.testing.assert_array_equal(drawn.output_len, alone.output_len)
+
+
+def test_a_step_after_an_idle_wait_schedules_itself_and_its_side_work_was_done_in_the_wait():
+    """vLLM V1 (async scheduling, output and API in processes of their own), one sequence a step. Step 0
+    schedules itself (schedule + prepare: 2 x (1,068 + 6.03) = 2,148.06 us); step 1 was scheduled ahead
+    by step 0 and shares step 0's outputs off the main thread (1,074.03 us output, 3,666.6 us API).
+    Step 2 follows a 0.5 s wait for a request: nobody scheduled it ahead (it ran 2.1 ms short before),
+    and step 1's outputs were processed during the wait (they were charged to step 2)."""
+    from harness.sim.lowering import ENGINE_SLOT, engine_costs
+
+    run = compose_run("hardware=h100", "workload=llama31_8b_decode", "engine=vllm_v1")
+    ones = np.ones(3)
+    table = engine_costs(ones, ones, run.engine, 0, idle_us=np.array([0.0, 0.0, 5e5]))
+    assert table[:, ENGINE_SLOT["pre"]] == pytest.approx([2148.06, 0.0, 2148.06])
+    assert table[:, ENGINE_SLOT["output_side"]] == pytest.approx([0.0, 1074.03, 0.0])
+    assert table[:, ENGINE_SLOT["api_side"]] == pytest.approx([0.0, 3666.6, 0.0])
+    short = engine_costs(ones, ones, run.engine, 0, idle_us=np.array([0.0, 0.0, 1000.0]))  # a wait shorter than the work
+    assert short[2, ENGINE_SLOT["api_side"]] == pytest.approx(2666.6)
+    # In a served stream: every step after a wait costs what the first step costs, not 2.1 ms less.
+    served = batch_requests(compose_run(*SERVING_H100_V1, "workload.serving.arrival_rate_rps=2", "workload.serving.max_batch=4",
+                                        "workload.serving.output_len_mean=8", "workload.serving.len_cv=0"))
+    after_wait = np.r_[False, served.release_us[1:] > served.release_us[:-1] + served.step_us[:-1]]
+    assert after_wait.sum() >= 3
+    assert served.step_us[after_wait] == pytest.approx(served.step_us[0], rel=1e-3)
 
 
 def test_more_load_means_bigger_batches_and_more_throughput():

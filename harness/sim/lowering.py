@@ -208,7 +208,8 @@ def engine_cost_table(workload: Workload, engine: EngineConfig | None) -> np.nda
     return engine_costs(workload.real_batch, workload.tokens, engine)
 
 
-def engine_costs(real_batch: np.ndarray, step_tokens: np.ndarray, engine: EngineConfig | None, first_step: int = 0) -> np.ndarray:
+def engine_costs(real_batch: np.ndarray, step_tokens: np.ndarray, engine: EngineConfig | None, first_step: int = 0,
+                 idle_us: np.ndarray | None = None) -> np.ndarray:
     """(steps, ENGINE_SLOTS) µs of the serving engine's work in each step (see ENGINE_SLOTS), from each
     step's sequences and tokens. `first_step`: the run's number of the first step given (it must start a
     multi-step block); a row needs only its own block and the one before (serving asks for one row at a
@@ -218,8 +219,11 @@ def engine_costs(real_batch: np.ndarray, step_tokens: np.ndarray, engine: Engine
     happen on the first step of every N, and outputs (and their API streaming) are processed together
     on the last, in one call (its fixed part paid once); off the main thread (`async_output`,
     `output_process`, `api_process`), that call's work is shared by the next block's N steps. Work a
-    step does for its neighbour (the next step's scheduling, the previous block's outputs) is priced at
-    the batches of the steps it serves: a step's cost never depends on later steps."""
+    step does for its neighbour is priced at batches already known: the previous block's outputs at that
+    block's, the next step's scheduling (`async_scheduling`) at this step's, so a step's cost never
+    depends on later steps. `idle_us`: how long a serving engine sat idle, waiting for a request, before
+    each step (None: never). A step after a wait schedules itself (there was no step to do it ahead),
+    and the side work left from before the wait was done during it, as far as the wait lasted."""
     steps = len(step_tokens)
     table = np.zeros((steps, len(ENGINE_SLOTS)))
     if engine is None or not engine.active:
@@ -233,6 +237,7 @@ def engine_costs(real_batch: np.ndarray, step_tokens: np.ndarray, engine: Engine
     # a run one step at a time); a run that ends inside a block leaves its outputs to later.
     starts_block, ends_block = index % n == 0, index % n == n - 1
     scheduling = engine.schedule.cost_us(sequences, tokens) + engine.prepare.cost_us(sequences, tokens)
+    idle = np.zeros(steps) if idle_us is None else np.asarray(idle_us, dtype=np.float64)
 
     def per_block(stage) -> np.ndarray:
         """What the steps of a block produced, handled at its last step in one call: the fixed part
@@ -250,14 +255,14 @@ def engine_costs(real_batch: np.ndarray, step_tokens: np.ndarray, engine: Engine
         previous step's outputs in this step)."""
         shared = np.zeros(steps)
         for end in np.flatnonzero(ends_block):
-            shared[end + 1 : end + 1 + n] = totals[end] / n
+            if end + 1 < steps:
+                shared[end + 1 : end + 1 + n] = max(0.0, totals[end] - idle[end + 1]) / n
         return shared
 
     output = per_block(engine.output)
     api = per_block(engine.api)
     if engine.async_scheduling:  # step 0 schedules itself; later steps were scheduled during the one before
-        if first_step == 0:
-            table[0, ENGINE_SLOT["pre"]] = scheduling[0]
+        table[:, ENGINE_SLOT["pre"]] = np.where((index == 0) | (idle > 0), scheduling, 0.0)
         next_starts = (index + 1) % n == 0
         table[:, ENGINE_SLOT["ahead"]] = np.where(next_starts, scheduling, 0.0)
     else:

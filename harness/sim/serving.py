@@ -21,7 +21,7 @@ import numpy as np
 from harness.config.schema import GraphMode, RunConfig, ServingConfig, StrategyConfig
 from harness.sim.kernel import simulate
 from harness.model.device import US_PER_S
-from harness.sim.lowering import Lowering, engine_costs, lower
+from harness.sim.lowering import Lowering, engine_costs
 from harness.sim.metrics import MIN_SAMPLES_FOR_P99
 from harness.sim.policies import EAGER, prepare
 
@@ -90,6 +90,7 @@ def batch_requests(run: RunConfig, progress=None) -> ServingBatches:
     kv_len = np.zeros(steps)
     release = np.zeros(steps)
     step_us = np.zeros(steps)
+    idle_us = np.zeros(steps)  # how long the server waited for a request before each step
     admitted = np.full(requests.arrival_us.size, np.nan)
     finished = np.full(requests.arrival_us.size, np.nan)
     first_token = np.full(requests.arrival_us.size, np.nan)
@@ -122,16 +123,18 @@ def batch_requests(run: RunConfig, progress=None) -> ServingBatches:
         batch[s] = ids.size
         kv_len[s] = float(np.mean(requests.prompt_len[ids] + generated[ids] + 1))
         release[s] = now
+        idle_us[s] = now - (release[s - 1] + step_us[s - 1]) if s > 0 else 0.0
         if step_by_step:  # this step alone: linear in steps (the engine's costs: from every step's sizes so far)
             workload, plan = prepare(run, batch[s : s + 1], kv_len[s : s + 1], graphs_before=graphs_before)
             graphs_before = graphs_before or bool(np.any(plan.mode != EAGER))
             tokens[s] = workload.tokens[0]
             first = max(0, s - s % block - block)  # from the block before this step's: its outputs are this block's side work
-            engine_us = engine_costs(batch[first : s + 1], tokens[first : s + 1], run.engine, first)[-1:]
+            engine_us = engine_costs(batch[first : s + 1], tokens[first : s + 1], run.engine, first, idle_us[first : s + 1])[-1:]
             graph = Lowering(workload, run.hardware, run.strategy, run.seed, plan, run.engine, first_step=s, engine_us=engine_us).graph(np.array([0]))
         else:  # the plan of step s depends on the steps before: plan the prefix again
             workload, plan = prepare(run, batch[: s + 1], kv_len[: s + 1])
-            graph = lower(workload, run.hardware, run.strategy, run.seed, plan, only_steps=np.array([s]), engine=run.engine)
+            engine_us = engine_costs(workload.real_batch, workload.tokens, run.engine, 0, idle_us[: s + 1])
+            graph = Lowering(workload, run.hardware, run.strategy, run.seed, plan, run.engine, engine_us=engine_us).graph(np.array([s]))
         one = simulate(graph)
         step_us[s] = one.makespan_us
         now += step_us[s]
