@@ -284,6 +284,31 @@ def test_host_jitter_touches_host_work_only():
     assert np.all(graph.tasks["pool"][on_host] == 0)  # and each holds a host core while it runs
 
 
+@pytest.mark.parametrize("graph", [False, True])
+def test_an_op_after_host_work_waits_for_every_input_the_host_work_passes_on(graph):
+    """a (1 µs); ar, a 30 µs all-reduce after a on the comm stream; b (2 µs) after a on the compute
+    stream; h, front-end work with no kernel, after ar and b; d (1 µs) after h. h hands on both inputs:
+    d starts when ar ends, not when b (the later-numbered input) does, eagerly and in a replayed graph
+    (h skipped). It ran at 25 µs, 17 µs before the all-reduce it reads had ended."""
+    from harness.config.schema import GraphMode, GraphStrategyConfig
+
+    ops = [OpSpec(name="a", device_us=1.0), OpSpec(name="ar", kind=OpKind.comm, device_us=30.0, after=[0]),
+           OpSpec(name="b", device_us=2.0, after=[0]), OpSpec(name="h", kind=OpKind.host, host_us=1.0, after=[1, 2]),
+           OpSpec(name="d", device_us=1.0, after=[3])]
+    run = three_op_run("eager", ops=ops, steps=3)
+    if graph:
+        run = dataclasses.replace(run, strategy=dataclasses.replace(run.strategy, graph=GraphStrategyConfig(mode=GraphMode.capture, buckets=[1])))
+    outcome = simulate_run(run)
+    g, start, end = outcome.result.graph, outcome.result.start_us, outcome.result.end_us
+    device = np.array([g.lane_kinds[lane] != LANE_HOST for lane in g.tasks["lane"]])
+    for step in range(3):
+        mine = device & (g.tasks["step"] == step)
+        of = {g.op_names[g.tasks["op"][i]]: i for i in np.flatnonzero(mine) if g.tasks["op"][i] >= 0}
+        assert start[of["d"]] >= end[of["ar"]] > end[of["b"]] + 5.0
+        if step == 0 and not graph:
+            assert (start[of["ar"]], end[of["ar"]], start[of["d"]]) == pytest.approx((12.0, 42.0, 42.0))
+
+
 def test_the_next_step_waits_for_a_collective_still_running():
     """a [6,11] on the compute stream; b, a 50 µs collective after a, runs [12,62] on the comm stream;
     c [18,23]. The token comes back after c and the sync returns long before b ends: the step still ends

@@ -331,7 +331,7 @@ def build_template(
         tpl.add(0, "engine", -1, _ENGINE, ENGINE_SLOT["ahead"], host=True)
     if workload.step_io:
         # The sampled tokens return to the host; the next step's inputs are built from them.
-        _read_back(tpl, [last_device], lanes.d2h, -1, _D2H_TOKENS, 0.0, host.sync_us)
+        _read_back(tpl, last_device, lanes.d2h, -1, _D2H_TOKENS, 0.0, host.sync_us)
     if serving:  # then the engine samples, processes outputs and streams them (where they run inline)
         for slot in ("sample", "output_inline", "api_inline"):
             tpl.add(0, "engine", -1, _ENGINE, ENGINE_SLOT[slot], host=True)
@@ -340,6 +340,31 @@ def build_template(
         build_us = (g.sink_load_ms if strategy.graph.mode == GraphMode.sink else g.capture_ms) * 1e3
         tpl.add(0, "graph", -1, _FIXED, build_us, host=True)
     return tpl
+
+
+class _Results:
+    """Where each op's result becomes available: its device task, or, for an op with no kernel of its own
+    (front-end work, a sync, host code a graph skips), every task its own inputs came from: its results
+    pass through, all of them (the one with the highest id is not the one that ends last: a collective on
+    its own stream may end after a later kernel on the compute stream)."""
+
+    def __init__(self, n_ops: int, start: int):
+        self.task = np.full(n_ops, -1, dtype=np.int64)
+        self.through: dict[int, list[int]] = {}
+        self.start = start
+
+    def of(self, ops) -> list[int]:
+        """The tasks whose results the ops `ops` hand on, each once, in order."""
+        tasks: list[int] = []
+        for d in ops:
+            tasks.extend(self.through.get(int(d), (int(self.task[d]),)))
+        return list(dict.fromkeys(tasks))
+
+    def pass_through(self, j: int, producers: list[int]) -> None:
+        self.through[j] = producers if producers else [self.start]
+
+    def last(self) -> list[int]:
+        return self.of([self.task.size - 1])
 
 
 @dataclass
@@ -378,7 +403,7 @@ class _Body:
             tpl.edge(self.start, task)
         return task
 
-    def host_scheduled(self, cpu_ops: np.ndarray) -> int:
+    def host_scheduled(self, cpu_ops: np.ndarray) -> list[int]:
         tpl, workload, hardware, strategy, lanes = self.tpl, self.workload, self.hardware, self.strategy, self.lanes
         host = hardware.host
         free_stage = HOST_STAGES.index("free")
@@ -387,23 +412,24 @@ class _Body:
         deferred = strategy.free_on_main and lanes.stage_lane[free_stage] != 0
         pending: list[tuple[int, int]] = []  # (op, its launch task) whose free waits for the main thread
         launch_of = np.full(workload.n_ops, -1, dtype=np.int64)
-        device_task = np.full(workload.n_ops, -1, dtype=np.int64)  # where each op's result becomes available
+        results = _Results(workload.n_ops, self.start)
+        device_task = results.task
         flags = workload.flags
         for j in range(workload.n_ops):
             while deferred and pending and pending[0][0] <= j - strategy.queue_capacity:
                 _deferred_free(tpl, *pending.pop(0))
-            producers = [int(device_task[d]) for d in workload.after[j]]
+            producers = results.of(workload.after[j])
             kind = workload.kind[j]
             if kind == KIND_HOST:  # front-end work only: no kernel, results pass through
                 tpl.add(0, "framework", j, _OWN, j, host=True)
-                device_task[j] = max(producers) if producers else self.start
+                results.pass_through(j, producers)
                 continue
             if kind == KIND_SYNC:  # host work, then a blocking wait for the ops it names
                 tpl.add(0, "framework", j, _STAGE, j, host=True, stage=HOST_STAGES.index("framework") + 1)
                 sync = tpl.add(0, "sync", j, _OWN, j, host=True)
                 for producer in producers:
                     tpl.edge(producer, sync)
-                device_task[j] = max(producers) if producers else self.start
+                results.pass_through(j, producers)
                 continue
             in_graph = bool(flags[j] & FLAG_IN_GRAPH)
             if flags[j] & FLAG_CARRIED_IN:  # launched before the step: device work only
@@ -423,7 +449,7 @@ class _Body:
                 _read_back(tpl, [int(device_task[j])], lanes.d2h, j, _FIXED, copy_time_us(SHAPE_READ_BYTES, hardware.link), host.sync_us)
         for op, launch in pending:
             _deferred_free(tpl, op, launch)
-        return int(device_task[-1])
+        return results.last()
 
     def host_stages(
         self, j: int, stages, producers: list[int], launch_of: np.ndarray, device_task: np.ndarray, in_graph: bool,
@@ -457,7 +483,7 @@ class _Body:
             previous = task
         return previous
 
-    def replay_pieces(self, split_ops: np.ndarray) -> int:
+    def replay_pieces(self, split_ops: np.ndarray) -> list[int]:
         """A replay of captured graphs, split into pieces (vLLM V1's piecewise CUDA graphs; nothing split:
         one launch for the step): each run of graph ops is one graph launch (policies.graph_piece_of), and
         the split ops between runs (attention) are launched eagerly with their host stages; the next piece
@@ -474,7 +500,8 @@ class _Body:
         launch_stage = HOST_STAGES.index("launch") + 1
         host_only = np.isin(workload.kind, (KIND_HOST, KIND_SYNC))
         launch_of = np.full(workload.n_ops, -1, dtype=np.int64)
-        device_task = np.full(workload.n_ops, -1, dtype=np.int64)
+        results = _Results(workload.n_ops, self.start)
+        device_task = results.task
         # Frees handed back to the main thread, as in host_scheduled (the split ops' own allocations).
         deferred = strategy.free_on_main and self.lanes.stage_lane[HOST_STAGES.index("free")] != 0
         pending: list[tuple[int, int]] = []
@@ -485,9 +512,9 @@ class _Body:
             for j in np.flatnonzero(dynamic & ((piece_of >= 0) | split_ops)):
                 tpl.add(0, "graph", int(j), _FIXED, g.param_update_us, host=True)
         for j in range(workload.n_ops):
-            producers = [int(device_task[d]) for d in workload.after[j]]
+            producers = results.of(workload.after[j])
             if host_only[j]:  # the graph skips front-end code and host waits
-                device_task[j] = max(producers) if producers else self.start
+                results.pass_through(j, producers)
                 continue
             if workload.flags[j] & FLAG_CARRIED_IN:
                 device_task[j] = self.device_task(j, producers, self.start, True)
@@ -510,9 +537,9 @@ class _Body:
                 tpl.edge(refreshes[j], int(device_task[j]))
         for op, launch in pending:
             _deferred_free(tpl, op, launch)
-        return int(device_task[-1])
+        return results.last()
 
-    def replay(self) -> int:
+    def replay(self) -> list[int]:
         """A whole step from one graph: captured (`replay_pieces` with nothing split off: one launch, the
         arguments refreshed), or sunk (graph sink: the addresses updated, one trigger, no refresh)."""
         tpl, workload = self.tpl, self.workload
@@ -521,15 +548,15 @@ class _Body:
         g = self.hardware.graph
         tpl.add(0, "graph", -1, _FIXED, g.address_update_us, host=True)
         trigger = tpl.add(0, "launch", -1, _FIXED, g.sink_trigger_us, host=True, stage=HOST_STAGES.index("launch") + 1)
-        device_task = np.full(workload.n_ops, -1, dtype=np.int64)
+        results = _Results(workload.n_ops, self.start)
         for j in range(workload.n_ops):
-            producers = [int(device_task[d]) for d in workload.after[j]]
+            producers = results.of(workload.after[j])
             if workload.kind[j] in (KIND_HOST, KIND_SYNC):  # the graph skips front-end code and host waits
-                device_task[j] = max(producers) if producers else self.start
+                results.pass_through(j, producers)
                 continue
             launch = self.start if workload.flags[j] & FLAG_CARRIED_IN else trigger
-            device_task[j] = self.device_task(j, producers, launch, True)
-        return int(device_task[-1])
+            results.task[j] = self.device_task(j, producers, launch, True)
+        return results.last()
 
 
 def _deferred_free(tpl: StepTemplate, op: int, launch: int) -> None:
