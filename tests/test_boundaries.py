@@ -99,6 +99,23 @@ def test_tiling_cache_entries_at_the_step_size(entries, hits):
     assert (outcome.steps["latency_ms"] * 1e3).tolist() == pytest.approx(expected, abs=1e-9)
 
 
+def test_the_tiling_hit_rate_is_the_measured_steps_and_a_copy_has_no_tiling():
+    """a, a copy cp and c, unit host costs, a 0.25 µs lookup, 3 steps of which 1 is warm-up. A copy has no
+    kernel to tile: no Tiling time, no lookup (it paid a full 1 µs Tiling every step, never looked up).
+    a and c miss in step 0 and hit in steps 1 and 2: the measured steps' rate is 4 of 4 (it was 4 of 6,
+    the warm-up step's misses counted)."""
+    ops = [OpSpec(name="a", device_us=2.0), OpSpec(name="cp", kind=OpKind.copy, device_us=1.0), OpSpec(name="c", device_us=3.0)]
+    run = three_op_run("eager", ops=ops, steps=3, tiling_lookup_us=0.25)
+    run = dataclasses.replace(run, workload=dataclasses.replace(run.workload, warmup_steps=1), strategy=StrategyConfig(tiling_cache=True))
+    outcome = simulate_run(run)
+    g = outcome.result.graph
+    tiling = np.flatnonzero(g.tasks["category"] == CATEGORY["tiling"])
+    durations = {(int(g.tasks["step"][i]), g.op_names[g.tasks["op"][i]]): outcome.result.end_us[i] - outcome.result.start_us[i] for i in tiling}
+    assert [durations[(s, "cp")] for s in range(3)] == [0.0, 0.0, 0.0]
+    assert [durations[(s, op)] for s in range(3) for op in ("a", "c")] == pytest.approx([1.0, 1.0, 0.25, 0.25, 0.25, 0.25])
+    assert outcome.summary["tiling_cache_hit_rate"] == 1.0
+
+
 @pytest.mark.parametrize("entries", [483, 484, 485])
 def test_tiling_cache_on_a_preset_thrashes_below_one_steps_lookups(entries):
     """Llama-2-7B decode looks up 484 tiling keys a step (every op; each node caches its own). Between two

@@ -136,7 +136,7 @@ def what_if(imported: Imported, overrides: list[str], measured: dict) -> pd.Data
         if "graph_note" in summary:
             notes.append(summary["graph_note"])
         if "tiling_cache_hit_rate" in summary:
-            notes.append(f"hit rate {summary['tiling_cache_hit_rate']:.2f} over both passes; {measured.get('host_ms_tiling', 0.0):.3f} ms/step of tiling measured")
+            notes.append(f"hit rate {summary['tiling_cache_hit_rate']:.2f} in the second pass; {measured.get('host_ms_tiling', 0.0):.3f} ms/step of tiling measured")
         note = "; ".join(notes)
         rows.append(
             {

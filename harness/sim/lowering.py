@@ -200,6 +200,9 @@ def host_stage_costs(workload: Workload, hardware: HardwareConfig, strategy: Str
     for stage in ("alloc", "free"):
         cost = costs[stage] if strategy.memory_pool else np.full(n, host.driver_alloc_us)
         costs[stage] = cost * memory_scale
+    # A copy (aclrtMemcpyAsync, cudaMemcpyAsync) has no kernel to tile: no Tiling stage, and so nothing
+    # for the tiling cache to look up (policies.prepare leaves copies out of its lookups).
+    costs["tiling"][workload.kind == KIND_COPY] = 0.0
     return costs
 
 

@@ -287,7 +287,10 @@ def prepare(
         node_keys = mix_keys(workload.shape_key, np.arange(workload.n_ops, dtype=np.int64)[None, :])
         hits = lru_hits(node_keys[lookups], strategy.tiling_cache_entries)
         tiling_hit[lookups] = hits
-        info["tiling_cache_hit_rate"] = float(hits.mean()) if hits.size else 0.0
+        # Over the steps the run's figures are measured on (after warm-up, no graph built), as they are.
+        measured = (np.arange(steps) >= workload.warmup_steps) & (mode != BUILD)
+        counted = lookups & measured[:, None]
+        info["tiling_cache_hit_rate"] = float(tiling_hit[counted].mean()) if counted.any() else 0.0
     return workload, StepPlan(mode=mode, tiling_hit=tiling_hit, cpu_ops=cpu_ops, info=info, split_ops=split_ops)
 
 
