@@ -102,13 +102,28 @@ def test_resume_refuses_a_sweep_of_other_overrides_in_a_sweeps_folder(tmp_path):
     before = {p.relative_to(tmp_path): p.read_bytes() for p in (tmp_path / "sweep").rglob("*") if p.is_file()}
     proc = subprocess.run(base + ["workload.batch_size=2,4", "resume=true"], cwd=tmp_path, capture_output=True, text=True, timeout=300, env=ENV)
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
-    assert ("hydra.sweep.dir=sweep: holds a sweep of other overrides (strategy=eager,async workload.steps=3); resume=true finishes"
-            " that sweep: run this one (workload.batch_size=2,4 workload.steps=3) in a new folder") in proc.stderr
+    assert ("hydra.sweep.dir=sweep: holds a sweep of other overrides (workload.steps=3 strategy=eager,async); resume=true finishes"
+            " that sweep: run this one (workload.steps=3 workload.batch_size=2,4) in a new folder") in proc.stderr
     assert {p.relative_to(tmp_path): p.read_bytes() for p in (tmp_path / "sweep").rglob("*") if p.is_file()} == before
-    # The same sweep, its options in another order, resumes: nothing simulated again.
+    # The same sweep, where-and-how options moved around, resumes: nothing simulated again, and its
+    # results.csv records each job's overrides as the uninterrupted sweep did (not Hydra's `resume=True`).
+    results = pd.read_csv(tmp_path / "sweep" / "results.csv")
     same = subprocess.run(base + ["resume=true", "strategy=eager,async"], cwd=tmp_path, capture_output=True, text=True, timeout=300, env=ENV)
     assert same.returncode == 0, same.stderr[-2000:]
     assert len(list((tmp_path / "sweep").glob("*/RESUMED_FROM.txt"))) == 0 and "resumed" in same.stderr + same.stdout
+    assert pd.read_csv(tmp_path / "sweep" / "results.csv")["overrides"].tolist() == results["overrides"].tolist()
+    assert not results["overrides"].str.contains("resume|True").any()
+
+
+def test_a_sweeps_axes_in_another_order_are_another_sweep():
+    """Hydra numbers a sweep's jobs (and names their folders) by its axes in order: the same axes swapped
+    put other jobs under the same numbers, so resuming one as the other is refused; single values and
+    where-and-how keys may move."""
+    from harness.cli.command import _sweep_identity
+
+    sweep = ["workload.steps=3", "strategy=eager,async", "workload.batch_size=1,2"]
+    assert _sweep_identity(sweep) != _sweep_identity(["workload.steps=3", "workload.batch_size=1,2", "strategy=eager,async"])
+    assert _sweep_identity(sweep) == _sweep_identity(["strategy=eager,async", "resume=true", "workload.batch_size=1,2", "tracking.enabled=false", "workload.steps=3"])
 
 
 def test_resuming_many_jobs_reads_each_earlier_summary_once(tmp_path, monkeypatch):

@@ -266,12 +266,25 @@ def check_same_sweep(folder: object, overrides: list[str]) -> None:
         earlier = list(OmegaConf.select(OmegaConf.load(recorded), "hydra.overrides.task", default=[]) or [])
     except Exception:  # not Hydra's file: nothing to compare with
         return
-    before, now = what_a_sweep_simulates([str(o) for o in earlier]), what_a_sweep_simulates(overrides)
+    before, now = _sweep_identity([str(o) for o in earlier]), _sweep_identity(overrides)
     if before != now:
         raise ConfigError(
             f"hydra.sweep.dir={folder}: holds a sweep of other overrides ({' '.join(before) or 'none'}); resume=true finishes"
             f" that sweep: run this one ({' '.join(now) or 'none'}) in a new folder"
         )
+
+
+def _sweep_identity(overrides: list[str]) -> list[str]:
+    """What decides a sweep's jobs and their numbers: its single values in any order (sorted), then its
+    axes in their order (the order numbers the jobs and names their folders: the same axes swapped put
+    other jobs in those folders)."""
+    kept = what_a_sweep_simulates(overrides)
+    try:
+        _, sweeps = _sweep_axes(kept)
+    except Exception:  # not parseable as overrides: compared as written
+        return kept
+    axes = {position for position, _, _ in sweeps}
+    return sorted(o for i, o in enumerate(kept) if i not in axes) + [kept[i] for i in sorted(axes)]
 
 
 def check_run(run: RunConfig, prepare: bool = False) -> None:

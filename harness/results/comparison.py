@@ -27,8 +27,10 @@ def load_run_dirs(paths: list[Path]) -> pd.DataFrame:
         for summary in sorted(Path(root).rglob("summary.json")):
             row = json.loads(summary.read_text())
             row["run_dir"] = str(summary.parent.absolute())
-            overrides = summary.parent / ".hydra" / "overrides.yaml"  # Hydra's record of the job's overrides
-            if overrides.is_file():
+            # The summary's own record (as a single run writes it: a resumed job's `resume=True` and a
+            # sweep's `True` are not in it); Hydra's, for a summary from before it held one.
+            overrides = summary.parent / ".hydra" / "overrides.yaml"
+            if "overrides" not in row and overrides.is_file():
                 row["overrides"] = " ".join(OmegaConf.load(overrides))
             rows.append(row)
     return pd.DataFrame(rows)

@@ -84,14 +84,13 @@ def finished_hash(folder: Path) -> str | None:
 
 def what_a_sweep_simulates(overrides: list[str]) -> list[str]:
     """A sweep's command-line overrides less those that say where files and runs go or how jobs run
-    (`resume`, `tracking.*`, `output.*`, `hydra.*`, `hydra/…`), sorted: two sweeps with the same list
-    run the same jobs."""
+    (`resume`, `tracking.*`, `output.*`, `hydra.*`, `hydra/…`), in their order."""
     kept = []
     for override in overrides:
         key = override.lstrip("+~").partition("=")[0]
         if not key.startswith(_NOT_THE_CONFIGURATION):
             kept.append(override)
-    return sorted(kept)
+    return kept
 
 
 def reuse(found: Path, run_dir: Path) -> dict:
