@@ -84,6 +84,28 @@ def test_bad_files_name_row_and_column(tmp_path, content, fragments):
         assert fragment in str(err.value)
 
 
+def test_the_export_prints_the_command_that_reproduces_the_run(tmp_path):
+    """A prefill at TP 4, batch 8: read back as `workload=trace` alone it ran as a decode at batch 1 (10 tok/s
+    where the run gave 82,523, no TTFT, tp 1). The command the export prints carries what the CSV does not
+    hold; run as printed, its summary is the original's but for what names the workload."""
+    import shlex
+    import subprocess
+    import sys
+
+    args = ["workload=qwen3_30b_prefill", "workload.steps=2", "strategy=async"]
+    proc = subprocess.run([sys.executable, "-m", "harness.export_ops", *args, "--out", "p.csv"], cwd=tmp_path, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    command = shlex.split(proc.stderr.strip().splitlines()[-1].removeprefix("read it back: "))
+    assert command[:5] == ["python", "-m", "harness", "workload=trace", "workload.path=p.csv"] and "strategy=async" in command
+    for name, overrides in (("original", args), ("replayed", command[3:])):
+        ran = run_cli(*overrides, "tracking.enabled=false", f"hydra.run.dir={name}", cwd=tmp_path)
+        assert ran.returncode == 0, ran.stderr
+    original, replayed = (json.loads((tmp_path / name / "summary.json").read_text()) for name in ("original", "replayed"))
+    naming = WALL_CLOCK_KEYS | {"peak_mem_gb", "workload", "overrides", "config_hash"}
+    assert {k: v for k, v in original.items() if k not in naming} == {k: v for k, v in replayed.items() if k not in naming}
+    assert original["ttft_ms"] > 0 and original["tp"] == 4 and original["batch_size"] == 8
+
+
 def test_export_command_and_bad_trace_on_the_command_line(tmp_path):
     out = tmp_path / "ops.csv"
     import subprocess

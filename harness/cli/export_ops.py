@@ -3,15 +3,18 @@
 Composes the configuration like `python -m harness` (same overrides), builds the workload and writes
 one row per (step, op) with FLOPs, bytes, the device time the cost model gives on the chosen hardware,
 shape keys, flags, dependencies and collectives (columns: harness/model/ops_csv.py). Reading the file back
-with `workload=trace workload.path=ops.csv` on the same hardware and strategy reproduces the run.
+with the command it prints (`workload=trace workload.path=ops.csv` with the phase, batch, context and
+layout the file does not hold, on the same hardware and strategy) reproduces the run.
 """
 from __future__ import annotations
 
+import shlex
 import sys
 from pathlib import Path
 
 from harness.config.compose import compose_run
 from harness.config.messages import one_line
+from harness.config.schema import WorkloadConfig
 from harness.model.device import device_times
 from harness.base.commands import CommandParser
 from harness.base.errors import HarnessError, fail
@@ -39,3 +42,15 @@ def main(argv: list[str] | None = None) -> None:
     except Exception as exc:  # composition errors: unknown key, wrong type
         fail(one_line(exc))
     print(f"wrote {workload.steps} steps × {workload.n_ops} ops of {run.workload.name} to {args.out}", file=sys.stderr)
+    print(f"read it back: {read_back_command(run.workload, workload.steps, args.out, args.overrides)}", file=sys.stderr)
+
+
+def read_back_command(workload: WorkloadConfig, steps: int, path: Path, overrides: list[str]) -> str:
+    """The run of the exported file: what the CSV does not hold (phase, batch, context, layout: the
+    throughput, TTFT and per-device figures depend on them; its steps, so the run records them) and the
+    command's other choices."""
+    w = workload
+    held = [f"workload.phase={w.phase.value}", f"workload.batch_size={w.batch_size}", f"workload.context_len={w.context_len}",
+            f"workload.steps={steps}", f"workload.warmup_steps={w.warmup_steps}", f"workload.tp={w.tp}", f"workload.dp={w.dp}", f"workload.ep={w.ep}"]
+    others = [o for o in overrides if not o.lstrip("+~").startswith("workload")]
+    return shlex.join(["python", "-m", "harness", "workload=trace", f"workload.path={path}", *held, *others])
