@@ -56,6 +56,10 @@ def test_every_claim_is_in_the_table_within_tolerance_or_explained(repro_dir):
     assert all(claim in markdown for claim in table["claim"])
     experiments = pd.read_csv(repro_dir / "experiments.csv")
     assert set(experiments["experiment"]) == {e for c in load_claims() for e in c.experiments}
+    # What each ran, so a claim's batch or TP can be checked from this file alone (as from summary.json).
+    falcon = experiments.set_index("experiment").loc["a100_trtllm_falcon180b_ttft128"]
+    assert (falcon["batch_size"], falcon["tp"], falcon["phase"], falcon["context_len"]) == (1, 8, "prefill", 128)
+    assert falcon["overrides"] == "+experiment=a100_trtllm_falcon180b_ttft128 tracking.enabled=false"
 
 
 def test_changing_a_fitted_value_in_the_preset_changes_the_table(tmp_path, monkeypatch):

@@ -5,7 +5,8 @@
 Every claim of `conf/claims.yaml` names the experiments it needs (`conf/experiment/<name>.yaml`, the
 scenario: hardware, deployment, batch, strategy) and an expression over their summaries. This runs each
 experiment once (tracking off), evaluates the claims and writes `DIR/repro.csv` and `DIR/repro.md`
-(claim, published, simulated, unit, rel_error, role, …) and `DIR/experiments.csv` (every summary), and
+(claim, published, simulated, unit, rel_error, role, …) and `DIR/experiments.csv` (every summary, with
+what ran: batch, context, layout, steps, seed; not config_hash), and
 prints how many claims of each role are within tolerance and the table of those that are not, each with
 its one-line `why` (the README shows that table). Nothing in the table is typed in: change a preset and
 the table changes.
@@ -132,8 +133,12 @@ def run_experiment(name: str) -> dict:
     from harness.config.compose import compose_run
     from harness.sim.simulate import simulate_run
 
-    run = compose_run([f"+experiment={name}", "tracking.enabled=false"])
-    return {**run.names, **simulate_run(run).summary}
+    from harness.cli.job import identity
+
+    overrides = (f"+experiment={name}", "tracking.enabled=false")
+    run = compose_run(list(overrides))
+    # What ran (batch, context, layout, steps, seed, overrides), as the run's own summary.json records it.
+    return {**run.names, **simulate_run(run).summary, **identity(run, overrides)}
 
 
 def _ok(claim: Claim, simulated: float, rel_error: float) -> bool:
