@@ -109,6 +109,28 @@ def test_serving_needs_decode():
         compose_run("workload=llama2_7b_prefill", "workload.serving.enabled=true")
 
 
+@pytest.mark.parametrize("engine, max_batch, sizes", [
+    # vLLM V0 pads max_num_seqs up to a capture size and captures up to it: 256 -> [1, 2, 4, 8, ..., 256].
+    ("vllm_v0_6", 256, [1, 2, 4, *range(8, 257, 8)]),
+    ("vllm_v0_6", 3, [1, 2, 4]),
+    # vLLM >= 0.11.1: every size up to min(2 x max_num_seqs, 512), the list's sizes above 256 every 16.
+    ("vllm_v1", 256, [1, 2, 4, *range(8, 256, 8), *range(256, 513, 16)]),
+    ("vllm_v1", 4, [1, 2, 4, 8]),
+    ("vllm_v1", 3, [1, 2, 4]),  # up to 6: no 8 (batches of 5 and 6 run without a graph)
+    # SGLang 0.4: up to cuda_graph_max_bs 160, whatever the batch limit.
+    ("sglang", 256, [1, 2, 4, *range(8, 161, 8)]),
+    ("sglang", 20, [1, 2, 4, 8, 16, 24]),
+])
+def test_each_engine_captures_the_sizes_its_version_captures(engine, max_batch, sizes):
+    from harness.sim.policies import startup_sizes
+
+    run = compose_run("hardware=h100", "workload=llama31_8b_decode", "strategy=cuda_graph", f"engine={engine}")
+    assert startup_sizes(list(run.strategy.graph.buckets), max_batch, run.engine) == sizes
+    serving = simulate_run(compose_run("hardware=h100", "workload=llama31_8b_decode", "strategy=cuda_graph", f"engine={engine}",
+                                       "workload.serving.enabled=true", "workload.steps=4", f"workload.serving.max_batch={max_batch}")).summary
+    assert serving["graph_captures"] == len(sizes)
+
+
 def test_graphs_are_captured_before_the_first_request():
     """A serving engine captures its graphs at start-up: no capture inside the request stream (TPOT used
     to include ~3 s captures while steps took 22 ms)."""

@@ -197,7 +197,8 @@ def graph_sizes(run: RunConfig, max_graphs: int | None = None) -> list[int]:
         return []
     serving = run.workload.serving
     max_batch = serving.max_batch if serving.enabled else None
-    return asked_sizes(list(graph.buckets), max_batch) if max_graphs is None else kept_sizes(list(graph.buckets), max_graphs, max_batch)
+    engine = run.engine if run.engine is not None and run.engine.active else None
+    return asked_sizes(list(graph.buckets), max_batch, engine) if max_graphs is None else kept_sizes(list(graph.buckets), max_graphs, max_batch, engine)
 
 
 def largest_batch(run: RunConfig) -> int:

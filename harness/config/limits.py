@@ -136,6 +136,7 @@ LIMITS: dict[str, Limit] = {
     **{f"engine.{stage}.{cost}": US for stage in ("schedule", "prepare", "sample", "output", "api")
        for cost in ("per_step_us", "per_request_us", "per_token_us")},
     "engine.multi_step": Limit(1, 1024, "steps"),
+    "engine.graph_max_batch": Limit(0, 1_000_000, "sequences"),
     "tracking.timeout_s": Limit(0.1, 3600, "s"),
     # Model card fields (workloads/*.yaml and workload.card_overrides.*); all integers but layer_overhead_us.
     **{f"card.{name}": Limit(1, 1 << 20) for name in (

@@ -443,6 +443,13 @@ class EngineConfig:
     async_scheduling: bool = False
     api_process: bool = False
     output_process: bool = False
+    # The capture sizes it captures at start-up, from the strategy's list: every size up to the first that
+    # holds the largest batch (vLLM V0 pads max_num_seqs up to a capture size), or, with
+    # `graph_twice_max_batch`, every size up to min(2 x the largest batch, graph_max_batch) (vLLM >= 0.11.1:
+    # max_cudagraph_capture_size = min(2 x max_num_seqs, 512)); never above `graph_max_batch` (0: no cap;
+    # SGLang's cuda_graph_max_bs): larger batches run eagerly.
+    graph_twice_max_batch: bool = False
+    graph_max_batch: int = 0
 
     def __post_init__(self) -> None:
         check_limits(self)

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from harness.config.schema import Fallback, GraphCostConfig, GraphMode, OpKind, RunConfig, WorkloadConfig
+from harness.config.schema import EngineConfig, Fallback, GraphCostConfig, GraphMode, OpKind, RunConfig, WorkloadConfig
 from harness.sim.kernel import lru_hits
 from harness.model.device import device_times
 from harness.base.errors import ConfigError
@@ -101,11 +101,18 @@ def bucket_batch(batch: np.ndarray, buckets: list[int]) -> tuple[np.ndarray, np.
     return np.where(fits, np.array(buckets)[np.minimum(slot, len(buckets) - 1)], batch), fits
 
 
-def startup_sizes(buckets: list[int], max_batch: int) -> list[int]:
+def startup_sizes(buckets: list[int], max_batch: int, engine: EngineConfig | None = None) -> list[int]:
     """The capture sizes a serving engine captures at start-up: every size up to the first that holds
-    max_batch (vLLM V0 pads max_num_seqs up to a capture size; V1 captures up to twice it)."""
+    max_batch (vLLM V0 pads max_num_seqs up to a capture size), or, for an engine that captures up to twice
+    its largest batch (vLLM >= 0.11.1), every size up to min(2 x max_batch, its cap); never above the
+    engine's own cap (`engine.graph_max_batch`: SGLang's cuda_graph_max_bs, V1's 512)."""
     ordered = sorted(set(buckets))
-    return [b for b in ordered if b < max_batch] + [b for b in ordered if b >= max_batch][:1]
+    cap = engine.graph_max_batch if engine is not None and engine.graph_max_batch > 0 else None
+    if engine is not None and engine.graph_twice_max_batch:
+        limit = 2 * max_batch if cap is None else min(2 * max_batch, cap)
+        return [b for b in ordered if b <= limit]
+    sizes = [b for b in ordered if b < max_batch] + [b for b in ordered if b >= max_batch][:1]
+    return sizes if cap is None else [b for b in sizes if b <= cap]
 
 
 def graph_budget(costs: GraphCostConfig, layers: int, workload: WorkloadConfig) -> int:
@@ -119,17 +126,17 @@ def graph_budget(costs: GraphCostConfig, layers: int, workload: WorkloadConfig) 
     return max(1, streams // (layers + 1) // (1 + groups * costs.comm_group_streams))
 
 
-def asked_sizes(buckets: list[int], serving_max_batch: int | None = None) -> list[int]:
+def asked_sizes(buckets: list[int], serving_max_batch: int | None = None, engine: EngineConfig | None = None) -> list[int]:
     """The capture sizes a run asks for before the budget: the list, or for a serving engine those it
     captures at start-up (`startup_sizes`: the engine limits its list by its largest batch first, as vLLM
     does before vllm-ascend trims it)."""
-    return sorted(set(buckets)) if serving_max_batch is None else startup_sizes(buckets, serving_max_batch)
+    return sorted(set(buckets)) if serving_max_batch is None else startup_sizes(buckets, serving_max_batch, engine)
 
 
-def kept_sizes(buckets: list[int], max_graphs: int, serving_max_batch: int | None = None) -> list[int]:
+def kept_sizes(buckets: list[int], max_graphs: int, serving_max_batch: int | None = None, engine: EngineConfig | None = None) -> list[int]:
     """The capture sizes a run keeps: those it asks for, trimmed evenly to the budget as vllm-ascend's
     update_aclgraph_sizes samples them (the first and last kept)."""
-    return trim_buckets(asked_sizes(buckets, serving_max_batch), max_graphs)
+    return trim_buckets(asked_sizes(buckets, serving_max_batch, engine), max_graphs)
 
 
 def trim_note(asked: list[int], kept: list[int], costs: GraphCostConfig, layers: int, workload: WorkloadConfig) -> str:
@@ -194,9 +201,10 @@ def prepare(
     elif graph_on:
         startup = cfg.serving.enabled and graph.mode == GraphMode.capture
         startup_batch = cfg.serving.max_batch if startup else None
-        buckets = kept_sizes(list(graph.buckets), max_graphs, startup_batch)
+        engine = run.engine if run.engine is not None and run.engine.active else None
+        buckets = kept_sizes(list(graph.buckets), max_graphs, startup_batch, engine)
         info["graph_buckets"] = len(buckets)
-        trimmed = trim_note(asked_sizes(list(graph.buckets), startup_batch), buckets, hardware.graph, layer_count(real), cfg)
+        trimmed = trim_note(asked_sizes(list(graph.buckets), startup_batch, engine), buckets, hardware.graph, layer_count(real), cfg)
         if trimmed:
             info["graph_note"] = trimmed
         padded, fits = bucket_batch(real.batch, buckets)
