@@ -131,6 +131,18 @@ def test_each_engine_captures_the_sizes_its_version_captures(engine, max_batch, 
     assert serving["graph_captures"] == len(sizes)
 
 
+def test_vllm_06_processes_outputs_inline_when_it_runs_eagerly():
+    """vLLM 0.6 turns async output processing off with enforce_eager on CUDA (ModelConfig.
+    verify_async_output_proc, v0.6.3): eagerly, the outputs are processed on the engine's main thread
+    (no output lane) and the run says so; with CUDA graphs they are processed during the next step."""
+    args = ("hardware=h100", "workload=llama31_8b_decode", "engine=vllm_v0_6", "workload.serving.enabled=true", "workload.steps=6")
+    eager, graphs = (simulate_run(compose_run(*args, f"strategy={s}")) for s in ("eager", "cuda_graph"))
+    assert "engine.output" not in eager.result.graph.lane_names and "asynchronous output processing off" in eager.summary["engine_note"]
+    assert "engine.output" in graphs.result.graph.lane_names and "engine_note" not in graphs.summary
+    inline = simulate_run(compose_run(*args, "strategy=eager", "engine.async_output=false"))
+    assert eager.summary["step_ms_mean"] == inline.summary["step_ms_mean"]
+
+
 def test_graphs_are_captured_before_the_first_request():
     """A serving engine captures its graphs at start-up: no capture inside the request stream (TPOT used
     to include ~3 s captures while steps took 22 ms)."""

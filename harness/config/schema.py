@@ -450,6 +450,8 @@ class EngineConfig:
     # SGLang's cuda_graph_max_bs): larger batches run eagerly.
     graph_twice_max_batch: bool = False
     graph_max_batch: int = 0
+    # The engine turns `async_output` off when the model runs eagerly (vLLM 0.6: enforce_eager on CUDA).
+    async_output_needs_graphs: bool = False
 
     def __post_init__(self) -> None:
         check_limits(self)

@@ -166,7 +166,7 @@ def run_notes(summary: Any) -> str:
         notes.append(f"{int(captures)} capture{'s' if captures != 1 else ''}")
         if _present(get("padding_waste")) and get("padding_waste") >= 0.005:
             notes.append(f"padding waste {get('padding_waste'):.2f}")
-    for key in ("graph_note", "serving_note", "ttft_note", "steps_note", "throughput_note"):
+    for key in ("graph_note", "engine_note", "serving_note", "ttft_note", "steps_note", "throughput_note"):
         if _present(get(key)) and get(key):
             notes.append(str(get(key)))
     if _present(get("tiling_cache_hit_rate")):
@@ -236,8 +236,9 @@ def format_summary(summary: dict, names: dict, run_dir: Path) -> str:
         if "median_tpot_ms" in summary:
             serving += f", TPOT p50 {summary['median_tpot_ms']:.1f} ms"
         lines.append(serving)
-        if "serving_note" in summary:
-            lines.append(f"  note         {summary['serving_note']}")
+        for key in ("engine_note", "ttft_note", "serving_note"):
+            if key in summary:
+                lines.append(f"  note         {summary[key]}")
     lines += [
         f"  {summary['ops_per_step']} ops/step, {summary['launches_per_step']:.0f} launches/step, "
         f"{summary['tasks_simulated']} tasks in {summary['sim_wall_s']:.2f} s"

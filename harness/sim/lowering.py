@@ -46,12 +46,13 @@ step s (and for its release time), so a step's timing depends only on its own si
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 import numpy as np
 from numba import njit
 
-from harness.config.schema import Dispatch, EngineConfig, GraphMode, HardwareConfig, StrategyConfig
+from harness.config.schema import Dispatch, EngineConfig, GraphMode, HardwareConfig, RunConfig, StrategyConfig
 from harness.model.device import copy_time_us, device_times
 from harness.sim.task_graph import CATEGORY, LANE_COPY, LANE_DEVICE, LANE_EXTERNAL, LANE_HOST, NO_POOL, TASK_DTYPE, TaskGraph, csr_from_edges
 from harness.sim.policies import BUILD, REPLAY, StepPlan, graph_piece_of
@@ -204,6 +205,19 @@ def host_stage_costs(workload: Workload, hardware: HardwareConfig, strategy: Str
     # for the tiling cache to look up (policies.prepare leaves copies out of its lookups).
     costs["tiling"][workload.kind == KIND_COPY] = 0.0
     return costs
+
+
+def engine_in_effect(run: RunConfig) -> tuple[RunConfig, str]:
+    """The run with the engine as it runs under the run's strategy, and what that changed ('' if nothing):
+    an engine whose asynchronous output processing needs graphs (vLLM 0.6 turns it off with enforce_eager
+    on CUDA: vllm/config.py ModelConfig.verify_async_output_proc, v0.6.3) processes outputs inline when
+    the run's phase is not replayed from captured graphs."""
+    engine, graph = run.engine, run.strategy.graph
+    graphs = graph.mode == GraphMode.capture and run.workload.phase in graph.phases
+    if engine is None or not engine.active or not engine.async_output or not engine.async_output_needs_graphs or graphs:
+        return run, ""
+    note = f"engine {engine.name} runs eagerly here, which turns its asynchronous output processing off (vLLM 0.6: enforce_eager)"
+    return dataclasses.replace(run, engine=dataclasses.replace(engine, async_output=False)), note
 
 
 def engine_cost_table(workload: Workload, engine: EngineConfig | None) -> np.ndarray:

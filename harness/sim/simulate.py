@@ -18,7 +18,7 @@ from numba.core import event
 
 from harness.config.schema import Phase, RunConfig
 from harness.sim.kernel import SimulationResult, load_numba_target, simulate
-from harness.sim.lowering import Lowering
+from harness.sim.lowering import Lowering, engine_in_effect
 from harness.sim.metrics import StepMeasures, measured_steps, summarize
 from harness.sim.task_graph import TaskGraph
 from harness.sim.serving import ServingBatches, batch_requests, serving_summary
@@ -239,6 +239,7 @@ def prepare_run(run: RunConfig) -> PreparedRun:
 
 
 def _prepare_run(run: RunConfig) -> PreparedRun:
+    run, _ = engine_in_effect(run)
     began = time.perf_counter()
     load_numba_target()
     watch = CompileWatch()
@@ -300,6 +301,7 @@ def simulate_run(run: RunConfig, chunk_tasks: int = CHUNK_TASKS) -> RunResult:
 
 
 def _simulate_prepared(run: RunConfig, prepared: PreparedRun, chunk_tasks: int) -> RunResult:
+    run, engine_note = engine_in_effect(run)
     workload, plan, serving = prepared.workload, prepared.plan, prepared.serving
     progress = Progress("hostbound")
     release_us = serving.release_us if serving else np.zeros(workload.steps)
@@ -349,6 +351,8 @@ def _simulate_prepared(run: RunConfig, prepared: PreparedRun, chunk_tasks: int) 
         )
     if serving is not None:
         summary.update(serving_summary(serving))
+    if engine_note:
+        summary["engine_note"] = engine_note
     return RunResult(summary=summary, step_columns=steps_table, result=result, workload=workload)
 
 
