@@ -755,7 +755,9 @@ class Lowering:
             self.not_before_us,
             self.engine_us,
             np.array([copy_time_us(t * 2 * TOKEN_ID_BYTES, link) for t in workload.tokens[steps]], dtype=np.float64),
-            np.array([copy_time_us(t * TOKEN_ID_BYTES, link) for t in workload.tokens_out[steps]], dtype=np.float64),
+            # Every real row's sampled token comes back, a multi-step block's finished rows' too (sampled,
+            # then thrown away): not the tokens the step counts as produced.
+            np.array([copy_time_us(t * TOKEN_ID_BYTES, link) for t in workload.real_batch[steps]], dtype=np.float64),
             hardware.host.cpu_gflops * 1e3,
             self.flops,
             float(link.pcie_latency_us),

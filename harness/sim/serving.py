@@ -21,7 +21,7 @@ import numpy as np
 from harness.config.schema import GraphMode, RunConfig, ServingConfig, StrategyConfig
 from harness.sim.kernel import simulate
 from harness.model.device import US_PER_S
-from harness.sim.lowering import Lowering, engine_costs
+from harness.sim.lowering import Lowering, engine_costs, engine_in_effect
 from harness.sim.metrics import MIN_SAMPLES_FOR_P99
 from harness.sim.policies import EAGER, prepare
 
@@ -53,6 +53,7 @@ class ServingBatches:
     itl_us: np.ndarray  # every gap between two consecutive tokens of a request (inter-token latency)
     # tokens each step produced: its batch less the sequences done earlier in a multi-step block (None: its batch)
     generated: np.ndarray | None = None
+    idle_us: np.ndarray | None = None  # how long the server waited for a request before each step
 
 
 def draw_requests(serving: ServingConfig, seed: int, count: int) -> Requests:
@@ -82,6 +83,7 @@ def steps_plan_alone(strategy: StrategyConfig) -> bool:
 
 
 def batch_requests(run: RunConfig, progress=None) -> ServingBatches:
+    run, _ = engine_in_effect(run)  # the engine as it runs under this strategy
     serving, steps = run.workload.serving, run.workload.steps
     # Enough requests that the stream never runs dry within the run: every step can admit max_batch.
     requests = draw_requests(serving, run.seed, serving.initial_requests + steps * serving.max_batch + 1)
@@ -161,7 +163,7 @@ def batch_requests(run: RunConfig, progress=None) -> ServingBatches:
             finished[delivered[generated[delivered] >= requests.output_len[delivered]]] = now
         running = [int(r) for r in (ids[generated[ids] < requests.output_len[ids]] if block_ends else ids)]
     itl = np.concatenate(gaps) if gaps else np.zeros(0)
-    return ServingBatches(batch, kv_len, release, step_us, requests, admitted, finished, first_token, itl, produced)
+    return ServingBatches(batch, kv_len, release, step_us, requests, admitted, finished, first_token, itl, produced, idle_us)
 
 
 def serving_summary(plan: ServingBatches) -> dict:

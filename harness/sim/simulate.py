@@ -18,7 +18,7 @@ from numba.core import event
 
 from harness.config.schema import Phase, RunConfig
 from harness.sim.kernel import SimulationResult, load_numba_target, simulate
-from harness.sim.lowering import Lowering, engine_in_effect
+from harness.sim.lowering import Lowering, engine_costs, engine_in_effect
 from harness.sim.metrics import StepMeasures, measured_steps, summarize
 from harness.sim.task_graph import TaskGraph
 from harness.sim.serving import ServingBatches, batch_requests, serving_summary
@@ -306,7 +306,9 @@ def _simulate_prepared(run: RunConfig, prepared: PreparedRun, chunk_tasks: int) 
     progress = Progress("hostbound")
     release_us = serving.release_us if serving else np.zeros(workload.steps)
 
-    lowering = Lowering(workload, run.hardware, run.strategy, run.seed, plan, run.engine)
+    # A serving run's engine costs follow its waits for requests, as when its steps were planned one by one.
+    engine_us = engine_costs(workload.real_batch, workload.tokens, run.engine, 0, serving.idle_us) if serving else None
+    lowering = Lowering(workload, run.hardware, run.strategy, run.seed, plan, run.engine, engine_us=engine_us)
 
     def lowered_chunks() -> Iterator[tuple[np.ndarray, TaskGraph]]:
         """Consecutive chunks of steps of about chunk_tasks tasks each (the first sized by a guess, the
