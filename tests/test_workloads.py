@@ -61,8 +61,8 @@ def test_memory_check_fails_with_the_sizes_and_passes_on_presets():
     # preset's 8 sequences hold 2048 + 32 tokens at the last step: 1.17 GB.
     assert wl.memory.kv_cache_gb == pytest.approx(70_272 * 8 * 2_080 / 1e9, rel=1e-12)
     assert str(err.value).startswith(
-        "hardware.device.hbm_gb=8: deepseek_v3 does not fit on one rank: weights 46.7 GB + KV cache 1.2 GB + workspace 0.0 GB"
-        " + graphs 0.0 GB = 47.9 GB"
+        "hardware.device.hbm_gb=8: deepseek_v3 does not fit on one rank: weights 46.75 GB + KV cache 1.17 GB + workspace 0.00 GB"
+        " + graphs 0.00 GB = 47.922 GB"
     )
     # Attention's read of that latent cache is the cache, counted once, not again as workspace.
     assert wl.memory.workspace_gb < 0.005

@@ -310,7 +310,7 @@ def check_run(run: RunConfig, prepare: bool = False) -> None:
     workload, _ = plan_steps(run, batch, kv)
     if is_op_list(run):
         check_size(run, workload)
-    check_memory(workload, run.hardware.device.hbm_gb)
+    check_memory(workload, run.hardware.device.hbm_gb, run.workload)
     if prepare:
         hand_over(run, prepare_run(run))
 

@@ -11,7 +11,7 @@ from typing import Optional
 
 import numpy as np
 
-from harness.config.schema import OpKind, Phase, WorkloadConfig
+from harness.config.schema import OpKind, Phase, Quant, WorkloadConfig
 from harness.base.errors import ConfigError
 
 KIND_CODE = {OpKind.cube: 0, OpKind.vector: 1, OpKind.comm: 2, OpKind.host: 3, OpKind.sync: 4, OpKind.copy: 5}
@@ -247,12 +247,20 @@ def from_op_arrays(
     )
 
 
-def check_memory(workload: Workload, hbm_gb: float) -> None:
-    """Fail with the sizes when the simulated rank's weights + KV cache + workspace exceed HBM."""
+def check_memory(workload: Workload, hbm_gb: float, cfg: WorkloadConfig | None = None) -> None:
+    """Fail with the sizes when the simulated rank's weights + KV cache + workspace + graphs exceed HBM;
+    `cfg` (the run's workload config) names only the remedies that would shrink this rank."""
     m = workload.memory
     if m.total_gb > hbm_gb:
+        remedies = ["raise workload.tp (an MoE's experts: workload.ep)"]  # dp replicates a rank; it shrinks nothing
+        if cfg is None or cfg.quant != Quant.w8a8:
+            remedies.append("use workload.quant=w8a8")
+        if cfg is not None and cfg.serving.enabled:
+            remedies.append("shrink workload.serving.max_batch or the requests' lengths (workload.serving.prompt_len_mean, output_len_mean)")
+        else:
+            remedies.append("shrink workload.batch_size or workload.context_len")
         raise ConfigError(
-            f"hardware.device.hbm_gb={hbm_gb:g}: {workload.name} does not fit on one rank: weights {m.weights_gb:.1f} GB"
-            f" + KV cache {m.kv_cache_gb:.1f} GB + workspace {m.workspace_gb:.1f} GB + graphs {m.graphs_gb:.1f} GB = {m.total_gb:.1f} GB"
-            " (raise workload.tp/ep/dp, use workload.quant=w8a8, or shrink batch_size/context_len)"
+            f"hardware.device.hbm_gb={hbm_gb:g}: {workload.name} does not fit on one rank: weights {m.weights_gb:.2f} GB"
+            f" + KV cache {m.kv_cache_gb:.2f} GB + workspace {m.workspace_gb:.2f} GB + graphs {m.graphs_gb:.2f} GB = {m.total_gb:.3f} GB"
+            f" ({', '.join(remedies[:-1])} or {remedies[-1]})"
         )

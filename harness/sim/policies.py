@@ -159,6 +159,22 @@ def layer_count(workload: Workload) -> int:
     return max(1, len(layers))
 
 
+def graphs_memory_gb(run: RunConfig, step: Workload) -> float:
+    """Device memory of the graphs a run keeps, from one step of it built alone (`step`), without planning
+    it: captured graphs, one for its batch (a serving engine: every size it captures at start-up) if a
+    kept size holds it; a sunk graph, at least one. What `prepare` charges as `graphs_gb`, known before it."""
+    graph, cfg = run.strategy.graph, run.workload
+    if graph.mode == GraphMode.none or cfg.phase not in graph.phases:
+        return 0.0
+    count = 1
+    if graph.mode == GraphMode.capture:
+        engine = run.engine if run.engine is not None and run.engine.active else None
+        max_batch = cfg.serving.max_batch if cfg.serving.enabled else None
+        sizes = kept_sizes(list(graph.buckets), graph_budget(run.hardware.graph, layer_count(step), cfg), max_batch, engine)
+        count = len(sizes) if max_batch is not None else int(any(size >= cfg.batch_size for size in sizes))
+    return count * run.hardware.graph.graph_mem_mib * MIB / 1e9
+
+
 def prepare(
     run: RunConfig, batch: np.ndarray, kv_len: np.ndarray | None, graphs_before: bool = False
 ) -> tuple[Workload, StepPlan]:

@@ -22,7 +22,7 @@ from harness.sim.lowering import Lowering, engine_costs, engine_in_effect
 from harness.sim.metrics import StepMeasures, measured_steps, summarize
 from harness.sim.task_graph import TaskGraph
 from harness.sim.serving import ServingBatches, batch_requests, serving_summary
-from harness.sim.policies import StepPlan, prepare
+from harness.sim.policies import StepPlan, graphs_memory_gb, prepare
 from harness.base.progress import Progress
 from harness.base.stopping import held, raise_if_stopped
 from harness.sim.outcome import RunResult
@@ -130,10 +130,12 @@ def steps_the_kv_cache_allows(run: RunConfig, last: Workload | None = None) -> i
         return None
     cfg, hbm_gb = run.workload, run.hardware.device.hbm_gb
     first_kv, last_kv = cfg.context_len + 1, cfg.context_len + cfg.steps  # default_kv_len's first and last
-    first_gb = one_step(run).memory.total_gb
+    last = last or last_step(run)
+    graphs = graphs_memory_gb(run, last)
+    first_gb = one_step(run).memory.total_gb + graphs
     if first_gb > hbm_gb:
         return None
-    last_gb = (last or last_step(run)).memory.total_gb
+    last_gb = last.memory.total_gb + graphs
     per_token_gb = (last_gb - first_gb) / (last_kv - first_kv)  # weights stay; the KV cache and workspace grow
     if per_token_gb <= 0:
         return None
@@ -143,7 +145,10 @@ def steps_the_kv_cache_allows(run: RunConfig, last: Workload | None = None) -> i
 def _refuse_kv_overflow(run: RunConfig, last: Workload) -> None:
     """Refuse, naming workload.steps, a run whose last step's memory outgrows HBM (the first fits)."""
     hbm_gb = run.hardware.device.hbm_gb
-    if not kv_grows(run) or last.memory.total_gb <= hbm_gb:
+    if not kv_grows(run):
+        return
+    total_gb = last.memory.total_gb + graphs_memory_gb(run, last)
+    if total_gb <= hbm_gb:
         return
     fitting = steps_the_kv_cache_allows(run, last)
     if fitting is None:  # the first step alone does not fit: check_memory says so, naming batch and context
@@ -151,8 +156,9 @@ def _refuse_kv_overflow(run: RunConfig, last: Workload) -> None:
     cfg = run.workload
     raise ConfigError(
         f"workload.steps={cfg.steps}: the KV cache grows by a token a step, to {cfg.context_len + cfg.steps:,} tokens a sequence"
-        f" at the last step: {last.memory.total_gb:.1f} GB with hardware.device.hbm_gb={hbm_gb:g} (about {fitting:,} steps fit)"
+        f" at the last step: {total_gb:.3f} GB with hardware.device.hbm_gb={hbm_gb:g} (about {fitting:,} steps fit)"
     )
+
 
 
 def check_size(run: RunConfig, workload: Workload | None = None) -> SizeEstimate:
@@ -255,7 +261,7 @@ def _prepare_run(run: RunConfig) -> PreparedRun:
             workload.generated = serving.generated
         if is_op_list(run):
             _say_if_slow(check_size(run, workload), workload.steps)
-        check_memory(workload, run.hardware.device.hbm_gb)
+        check_memory(workload, run.hardware.device.hbm_gb, run.workload)
     return PreparedRun(workload, plan, serving, time.perf_counter() - began, watch.seconds)
 
 
