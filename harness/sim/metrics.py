@@ -228,9 +228,15 @@ def summarize(measures: StepMeasures, workload: Workload, plan: StepPlan | None 
             "steps_measured": int(measured.sum()),
         }
     )
+    notes = []
+    if np.all(mode[measured] == BUILD):  # nothing but graph builds to measure (measured_steps' fallback)
+        notes.append("every measured step builds its graph: the figures include the capture or load (capture_ms too);"
+                     " raise workload.steps for replays")
     if measured.sum() < MIN_SAMPLES_FOR_P99:
-        summary["steps_note"] = (f"step p99 over {int(measured.sum())} measured step(s), fewer than {MIN_SAMPLES_FOR_P99}:"
-                                 " about their maximum (raise workload.steps for a tail)")
+        notes.append(f"step p99 over {int(measured.sum())} measured step(s), fewer than {MIN_SAMPLES_FOR_P99}:"
+                     " about their maximum (raise workload.steps for a tail)")
+    if notes:
+        summary["steps_note"] = "; ".join(notes)
     if plan is not None and np.any(mode == BUILD):
         summary["capture_ms"] = float(latency_ms[mode == BUILD].sum())
     summary["peak_activation_gb"] = measures.peak_activation_bytes / 1e9
