@@ -115,6 +115,31 @@ def test_resume_refuses_a_sweep_of_other_overrides_in_a_sweeps_folder(tmp_path):
     assert not results["overrides"].str.contains("resume|True").any()
 
 
+def test_a_resumed_sweep_keeps_one_parent_run_with_every_job_under_it(tmp_path):
+    """A sweep interrupted before its second job finished (no summary, no MLflow run), resumed: its jobs
+    are the children of one parent run, which counts both (a second parent was made, with the one job
+    that ran again, and the first kept the other; both said '2 jobs')."""
+    import mlflow
+
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    command = [sys.executable, "-m", "harness", "-m", f"tracking.uri={store}", "workload.steps=3", "output.timeline_steps=0",
+               "output.print_summary=false", "hydra.sweep.dir=sweep", "strategy=eager,async"]
+    assert subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=300, env=ENV).returncode == 0
+    client = mlflow.MlflowClient(tracking_uri=store)
+    experiment = client.get_experiment_by_name("hostbound").experiment_id
+    second = next((tmp_path / "sweep").glob("1_*"))
+    (second / "summary.json").unlink()
+    client.delete_run(next(r.info.run_id for r in client.search_runs([experiment]) if r.data.tags.get("run_dir", "").endswith(second.name)))
+    resumed = subprocess.run(command + ["resume=true"], cwd=tmp_path, capture_output=True, text=True, timeout=300, env=ENV)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    runs = client.search_runs([experiment])
+    parents = [r for r in runs if r.data.tags.get("kind") == "sweep"]
+    assert len(parents) == 1 and parents[0].info.status == "FINISHED"
+    assert parents[0].info.run_id == (tmp_path / "sweep" / "mlflow_parent_run_id").read_text().strip()
+    children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parents[0].info.run_id]
+    assert len(children) == 2 and parents[0].data.metrics["jobs"] == 2
+
+
 def test_a_sweeps_axes_in_another_order_are_another_sweep():
     """Hydra numbers a sweep's jobs (and names their folders) by its axes in order: the same axes swapped
     put other jobs under the same numbers, so resuming one as the other is refused; single values and

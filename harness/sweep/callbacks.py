@@ -90,7 +90,7 @@ class SweepTracking(Callback):
         if not tracking.enabled:
             return
         from harness.tracking.store import FAILED_ENV, bound_requests, resolve_uri, short_reason
-        from harness.tracking.sweep_runs import start_parent_run
+        from harness.tracking.sweep_runs import reopen_parent_run, start_parent_run
 
         sweep_dir = Path(config.hydra.sweep.dir)
         sweep_dir.mkdir(parents=True, exist_ok=True)
@@ -100,8 +100,13 @@ class SweepTracking(Callback):
                 overrides = list(config.hydra.overrides.task)
                 write_text(sweep_dir / SWEPT_FILE, "\n".join(sorted(swept_keys_of(overrides))) + "\n")
                 name = sweep_name(overrides, sweep_dir.name, dict(config.hydra.runtime.choices))
-                parent_id = start_parent_run(tracking, name, sweep_dir, " ".join(config.hydra.overrides.task))
-                write_text(sweep_dir / PARENT_FILE, parent_id)  # with the run: a stop between them would leave it RUNNING unseen
+                parent_id = None
+                if OmegaConf.select(config, "resume", default=False) and (sweep_dir / PARENT_FILE).is_file():
+                    # Finishing an interrupted sweep: its jobs so far are the earlier parent's children.
+                    parent_id = reopen_parent_run(tracking, (sweep_dir / PARENT_FILE).read_text().strip(), sweep_dir)
+                if parent_id is None:
+                    parent_id = start_parent_run(tracking, name, sweep_dir, " ".join(config.hydra.overrides.task))
+                    write_text(sweep_dir / PARENT_FILE, parent_id)  # with the run: a stop between them would leave it RUNNING unseen
         except Exception as exc:  # the store is down: the jobs run (their files are what matters) without it
             reason = f"tracking.uri={resolve_uri(tracking)}: {short_reason(exc)}"
             os.environ[FAILED_ENV] = reason  # this process's jobs and the workers it starts skip the store

@@ -37,6 +37,21 @@ def start_parent_run(tracking: TrackingConfig, name: str, sweep_dir: Path, overr
     return parent.info.run_id
 
 
+def reopen_parent_run(tracking: TrackingConfig, run_id: str, sweep_dir: Path) -> str | None:
+    """The parent run a sweep made before (`resume=true` in its folder), RUNNING again, so that its jobs,
+    those that finished before and those that run now, stay the children of one run; None when the
+    store does not hold it as this folder's sweep (then a new one is made)."""
+    client = _client(tracking)
+    try:
+        run = client.get_run(run_id)
+    except Exception:  # deleted, or another store
+        return None
+    if run.info.experiment_id != ensure_experiment(tracking) or run.data.tags.get("sweep_dir") != str(sweep_dir):
+        return None
+    client.update_run(run_id, status="RUNNING")
+    return run_id
+
+
 def finish_parent_run(tracking: TrackingConfig, run_id: str, artifacts: list[Path], jobs: int, failed: bool, description: str = "") -> None:
     """Describe the run (Markdown), attach the sweep's results files, count its finished jobs, end it FINISHED
     (FAILED if a job failed)."""
