@@ -49,6 +49,9 @@ NAMES = {"hardware": "atlas_a2", "workload": "llama2_7b_decode", "strategy": "ea
         # Values set on top, by their last key part; group choices and where things go left out.
         (NAMES, "strategy=eager workload.batch_size=8 +workload.card_overrides.layer_overhead_us=5 tracking.uri=x output.trace_steps=0"
                 " hydra.run.dir=y resume=true ~seed", "llama2_7b_decode·eager·atlas_a2·batch_size=8·layer_overhead_us=5·seed="),
+        # A switch whose last key part says nothing by itself is named by what it turns on ('enabled=true' was).
+        ({**NAMES, "engine": "vllm_v1"}, "workload.serving.enabled=true workload.steps=200",
+         "llama2_7b_decode·eager·atlas_a2·vllm_v1·serving·steps=200"),
     ],
 )
 def test_a_run_is_named_by_its_presets_and_the_values_set_on_top(names, overrides, expected):

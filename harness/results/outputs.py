@@ -181,7 +181,10 @@ def _front_end_part(summary: dict) -> str:
 
 
 def short_setting(key: str, value: str) -> str:
-    """A value set on the command line by its key's last part (`batch_size=8`), as names and headers show it."""
+    """A value set on the command line by its key's last part (`batch_size=8`), as names and headers show it;
+    a switch that a last part cannot name by its own (`workload.serving.enabled`) by what it turns on."""
+    if key.removeprefix("+") in ("workload.serving.enabled", "serving.enabled"):
+        return "serving" if value.lower() == "true" else "no serving"
     return f"{key.rsplit('.', 1)[-1]}={value}"
 
 

@@ -432,7 +432,8 @@ def log_run(
             ]
             client.log_batch(
                 run_id,
-                metrics=[Metric(key, value, now_ms, 0) for key, value in metrics.items()] + series,
+                # By name: MLflow's run page lists metrics as logged, and `headline/` then comes first.
+                metrics=[Metric(key, value, now_ms, 0) for key, value in sorted(metrics.items())] + series,
                 params=[Param(key, param_value(value)) for key, value in chosen_params(params, names, overrides).items()],
             )
             # The run's artifact store from the run just made: the client would look the run up again first
