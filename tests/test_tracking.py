@@ -325,3 +325,16 @@ def test_a_runs_duration_holds_its_simulation(tmp_path):
     assert run_times_ms(tmp_path, 0.5) == (int((1000.2 - 0.5) * 1000), 1000200)
     assert run_times_ms(tmp_path, 0.1) == (1000000, 1000200)  # the job's start, where it is the earlier
     assert run_times_ms(tmp_path / "nothing", 0.5) == (None, None)
+
+
+def test_a_runs_metrics_are_logged_headline_first_throughput_leading():
+    """MLflow's run page lists metrics as logged (a serving run's TTFT and TPOT sat 60th of 70, under every
+    path_share/ and time_share/), and its compare page plots the first one logged."""
+    from harness.tracking.store import _logging_order
+
+    names = ["other/device_busy", "path_share/launch", "headline/median_tpot_ms", "time_share/compute", "headline/throughput_tok_s",
+             "headline/step_ms_p50", "advice/rank"]
+    assert [n for n, _ in sorted(((n, 0.0) for n in names), key=_logging_order)] == [
+        "headline/throughput_tok_s", "headline/step_ms_p50", "headline/median_tpot_ms",
+        "advice/rank", "other/device_busy", "path_share/launch", "time_share/compute"]
+

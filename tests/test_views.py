@@ -93,3 +93,21 @@ def test_what_ran_is_the_configs_own_value():
     assert set(WHAT_RAN_PARAMS) == set(WHAT_RAN_KEYS) - {"overrides", "config_hash"}
     for key, param in WHAT_RAN_PARAMS.items():
         assert str(params[param]) == str(what_ran[key]), key
+
+
+def test_a_note_every_row_carries_is_said_once_under_the_table():
+    """A 4-step sweep's rows all carried 'step p99 over 4 measured step(s) ...': repeated on every row it
+    made the first row tall enough to hide every number in MLflow's description preview. Said once under
+    the table, each row keeps its own notes."""
+    from harness.results.comparison import to_markdown
+
+    shared = "step p99 over 4 measured step(s), fewer than 20: about their maximum (raise workload.steps for a tail)"
+    table = pd.DataFrame({"hardware": ["a2", "a2"], "workload": ["w", "w"], "strategy": ["eager", "acl_graph"],
+                          "throughput_tok_s": [1.0, 2.0], "speedup_vs_eager": [1.0, 2.0], "notes": [shared, f"1 capture; {shared}"]})
+    markdown = to_markdown(table)
+    rows = [line for line in markdown.splitlines() if line.startswith("| a2")]
+    assert shared not in "".join(rows) and rows[1].rstrip(" |").endswith("1 capture")
+    assert markdown.endswith(f"\n\nEvery run: {shared}.")
+    single = to_markdown(table.iloc[:1])
+    assert shared in single and "Every run" not in single  # one row: nothing to share
+

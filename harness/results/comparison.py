@@ -64,11 +64,29 @@ def comparison(runs: pd.DataFrame) -> pd.DataFrame:
 def to_markdown(table: pd.DataFrame) -> str:
     """The comparison as Markdown: fixed decimals (not 1.21e+03), the notes column as text, and under it why
     a speed-up is empty (no eager run with the same values)."""
-    markdown = table.fillna({"notes": ""}).to_markdown(index=False, floatfmt=".3f")
+    table = table.fillna({"notes": ""}) if "notes" in table else table
+    shared = _notes_of_every_row(table)
+    if shared:  # said once, under the table: repeated on every row it hid the numbers (MLflow's preview)
+        table = table.assign(notes=[_without(notes, shared) for notes in table["notes"]])
+    markdown = table.to_markdown(index=False, floatfmt=".3f")
+    if shared:
+        markdown += "\n\nEvery run: " + "; ".join(shared) + "."
     lacking = missing_eager(table)
     if lacking:
         markdown += "\n\nNo speed-up (nan) where no eager run has the same values: " + "; ".join(lacking) + "."
     return markdown
+
+
+def _notes_of_every_row(table: pd.DataFrame) -> list[str]:
+    """The notes (`; `-separated) that every row of a table of two or more rows carries."""
+    if "notes" not in table or len(table) < 2:
+        return []
+    per_row = [[n for n in str(notes).split("; ") if n] for notes in table["notes"]]
+    return [note for note in per_row[0] if all(note in notes for notes in per_row[1:])]
+
+
+def _without(notes: str, shared: list[str]) -> str:
+    return "; ".join(n for n in str(notes).split("; ") if n and n not in shared)
 
 
 def missing_eager(table: pd.DataFrame) -> list[str]:

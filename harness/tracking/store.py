@@ -235,6 +235,14 @@ HEADLINE_COLUMNS = (
 VIEW_TAG = (f"mlflow.sharedViewState.{HEADLINE_VIEW}", json.dumps({"selectedColumns": list(HEADLINE_COLUMNS)}))
 
 
+def _logging_order(item: tuple[str, float]) -> tuple:
+    """MLflow's run page lists a run's metrics as they were logged, and its compare page plots the first:
+    the headline ones first, throughput leading (HEADLINE_METRICS' order), then the rest by name."""
+    name = item[0]
+    key = name.removeprefix("headline/")
+    return (0, HEADLINE_METRICS.index(key), "") if name.startswith("headline/") and key in HEADLINE_METRICS else (1, 0, name)
+
+
 def metric_name(key: str) -> str:
     """The MLflow metric of a summary key: `headline/throughput_tok_s`, `path_share/launch` (breakdown_launch),
     `time_share/launch`, `other/device_busy`."""
@@ -432,8 +440,7 @@ def log_run(
             ]
             client.log_batch(
                 run_id,
-                # By name: MLflow's run page lists metrics as logged, and `headline/` then comes first.
-                metrics=[Metric(key, value, now_ms, 0) for key, value in sorted(metrics.items())] + series,
+                metrics=[Metric(key, value, now_ms, 0) for key, value in sorted(metrics.items(), key=_logging_order)] + series,
                 params=[Param(key, param_value(value)) for key, value in chosen_params(params, names, overrides).items()],
             )
             # The run's artifact store from the run just made: the client would look the run up again first
