@@ -263,6 +263,9 @@ def test_an_advice_whose_store_fails_keeps_its_files_and_says_so(tmp_path):
         (["workload.batch_size=0"], "workload.batch_size=0: must be in"),
         (["strategy"], "strategy: not an override (KEY=VALUE)"),
         (["advise=max_throughput", "advise.baseline=[workload.batch_size=0]"], "workload.batch_size=0: must be in"),
+        # A limit the run has no figure for passed every candidate unchecked ('2 met the limits').
+        (["advise=max_throughput", "advise.ttft_ms_max=0.001"], "advise.ttft_ms_max=0.001: decode steps without a request stream have no TTFT"),
+        (["workload=llama2_7b_prefill", "advise=decode_slo"], "advise.tpot_ms_max=50: a prefill has no time per output token"),
     ],
 )
 def test_bad_input_is_one_line_and_nothing_is_written(args, says, tmp_path):
@@ -547,8 +550,14 @@ def test_a_rung_that_prunes_serving_runs_before_their_requests_finish_says_so():
     space = {"workload.serving.max_batch": [8, 64]}
     serving = ["workload.serving.enabled=true", "workload.serving.output_len_mean=24"]
     advice = advise_runs(H100 + serving, question(space=space, steps=[4, 8], keep=0.5))
-    assert len(advice.notes) == 1 and advice.notes[0].startswith("the 4-step rung dropped 1 of 2 candidates while 2 of them")
+    assert len(advice.notes) == 2 and advice.notes[0].startswith("the 4-step rung dropped 1 of 2 candidates while 2 of them")
     assert f"Note: {advice.notes[0]}. " in why(advice)
+    # The last rung too: the winner's TPOT, which the limits read, rests on no finished request (unsaid before).
+    winner_done = int(advice.ranked[0].summaries[8]["requests_completed"])
+    assert winner_done < 20 and advice.notes[1] == (
+        f"1 of the 1 ranked candidates finished fewer than 20 requests in 8 steps (the winner {winner_done}):"
+        " their latency figures and the limits checked on them rest on few requests; raise advise.steps")
+    assert f"Note: {advice.notes[1]}. " in why(advice)
     assert advise_runs(H100, question(space={"workload.batch_size": [1, 8]}, steps=[4, 8], keep=0.5)).notes == []
 
 
@@ -560,3 +569,32 @@ def test_candidates_that_run_as_another_are_not_counted_as_rejected(tmp_path):
                           cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "(0 rejected, 1 the same run as another candidate; steps per rung 2: 1 met the limits)" in proc.stdout
+
+
+def test_the_shown_table_leaves_out_a_serving_flag_no_row_has():
+    """`ttft_without_prefill` flags a serving run's TTFT; every decode table showed it as a column of False."""
+    import pandas as pd
+
+    from harness.advisor.answer import shown_table
+
+    frame = pd.DataFrame({"rank": [1.0, 2.0], "candidate": ["a", "b"], "tok_s_per_device": [2.0, 1.0], "ttft_ms": [None, None],
+                          "ttft_without_prefill": [False, False], "rejected": ["", ""], "note": ["", ""]})
+    assert list(shown_table(frame, 10).columns) == ["rank", "candidate", "tok_s_per_device"]
+    served = frame.assign(ttft_ms=[5.0, 6.0], ttft_without_prefill=[True, True])
+    assert "ttft_without_prefill" in shown_table(served, 10).columns
+
+
+def test_pareto_names_in_the_right_half_run_leftwards(tmp_path, monkeypatch):
+    """The front's names were drawn rightwards from every point: the fastest-per-user ones were cut at the
+    plot's right edge ('...max_batch=3' for 32)."""
+    import matplotlib.axes
+    import numpy as np
+
+    from harness.results.comparison import pareto_plot
+
+    drawn = []
+    annotate = matplotlib.axes.Axes.annotate
+    monkeypatch.setattr(matplotlib.axes.Axes, "annotate", lambda self, text, xy, **kw: drawn.append((text, kw["ha"])) or annotate(self, text, xy, **kw))
+    pareto_plot(np.array([100.0, 80.0, 60.0]), np.array([10.0, 50.0, 100.0]), ["slow", "middle", "fast"], tmp_path / "p.png")
+    assert dict(drawn) == {"slow": "left", "middle": "left", "fast": "right"}
+

@@ -185,6 +185,8 @@ def shown_table(frame: pd.DataFrame, rows: int) -> pd.DataFrame:
     """The ranked rows, as a reader wants them: ranks as integers, columns that hold nothing left out."""
     shown = frame[frame["rank"].notna()].head(rows).drop(columns=["rejected", "note"])
     shown = shown.astype({"rank": int}).dropna(axis="columns", how="all")
+    if "ttft_without_prefill" in shown and not shown["ttft_without_prefill"].fillna(False).astype(bool).any():
+        shown = shown.drop(columns=["ttft_without_prefill"])  # a flag of serving runs' TTFT: without one, 'False' says nothing
     return shown
 
 

@@ -87,6 +87,15 @@ def advise_runs(base: list[str], advise: AdviseConfig, say: Callable[[str], None
                 advice.notes.append(note)
                 say(f"note: {note}")
         advice.ranked = alive
+        last_steps = advise.steps[-1]
+        thin = [c for c in alive if c.summaries.get(last_steps, {}).get("requests_completed", MIN_REQUESTS_FOR_PERCENTILES) < MIN_REQUESTS_FOR_PERCENTILES]
+        if thin:  # the figures the ranking and its limits read (TPOT, TTFT) rest on too few requests
+            done = int(thin[0].summaries[last_steps]["requests_completed"]) if thin[0] is alive[0] else None
+            note = (f"{len(thin)} of the {len(alive)} ranked candidates finished fewer than {MIN_REQUESTS_FOR_PERCENTILES} requests in"
+                    f" {last_steps} steps" + (f" (the winner {done})" if done is not None else "")
+                    + ": their latency figures and the limits checked on them rest on few requests; raise advise.steps")
+            advice.notes.append(note)
+            say(f"note: {note}")
     finally:
         where.close()
     if baseline is not None:

@@ -45,6 +45,20 @@ def split_arguments(argv: list[str]) -> tuple[str, list[str], list[str], str | N
     return preset, advise, run, out
 
 
+def limit_the_run_cannot_meet(advise, run) -> str:
+    """A latency limit that the run's phase has no figure for ('' when none): a TPOT limit on a prefill,
+    a TTFT limit on a decode without a request stream (its requests' first tokens)."""
+    from harness.config.schema import Phase
+
+    serving = run.workload.serving.enabled
+    if advise.tpot_ms_max is not None and run.workload.phase == Phase.prefill:
+        return f"advise.tpot_ms_max={advise.tpot_ms_max:g}: a prefill has no time per output token (its step is its TTFT: advise.ttft_ms_max)"
+    if advise.ttft_ms_max is not None and run.workload.phase == Phase.decode and not serving:
+        return (f"advise.ttft_ms_max={advise.ttft_ms_max:g}: decode steps without a request stream have no TTFT"
+                " (workload.serving.enabled=true gives one; a prefill workload's step is one)")
+    return ""
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if any(a in _HELP for a in argv):
@@ -62,6 +76,9 @@ def main(argv: list[str] | None = None) -> int:
 
     preset_path(advise.name)  # refused now, not after the search
     run = make_run(base)  # the run itself must compose: one line naming the key, before any candidate
+    unmeasured = limit_the_run_cannot_meet(advise, run)
+    if unmeasured:  # every candidate would pass it unchecked
+        raise ConfigError(unmeasured)
     if advise.baseline:
         make_run(base + list(advise.baseline))  # and so must the baseline, before a folder is made
     now = datetime.datetime.now()

@@ -203,8 +203,11 @@ def pareto_plot(per_device: np.ndarray, per_user: np.ndarray, labels: list[str],
     fig, ax = plt.subplots(figsize=(7, 4.5))
     ax.scatter(per_user, per_device, s=12, color="0.6", label="candidates")
     ax.plot(per_user[front], per_device[front], "o-", color="C0", label="Pareto front")
-    for i in front[:12]:
-        ax.annotate(labels[i], (per_user[i], per_device[i]), fontsize=6, xytext=(3, 3), textcoords="offset points")
+    low, high = ax.get_xlim()
+    for i in front[:12]:  # names in the right half run leftwards: they were cut at the plot's edge
+        right = per_user[i] > (low + high) / 2
+        ax.annotate(labels[i], (per_user[i], per_device[i]), fontsize=6, xytext=(-3 if right else 3, 3), textcoords="offset points",
+                    ha="right" if right else "left")
     ax.set_xlabel("tokens/s per user (1000 / TPOT p50)")
     ax.set_ylabel("tokens/s per device")
     ax.set_title(title, fontsize=9)
