@@ -232,7 +232,14 @@ def _check_advice_runs(launch, table) -> None:
     assert "gives" in parent.data.tags["mlflow.note.content"] and "| rank |" in parent.data.tags["mlflow.note.content"].replace("   ", " ")
     children = sorted((r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id), key=lambda r: r.data.metrics["advice/rank"])
     ranked = table[table["rank"].notna()]
-    assert [r.info.run_name for r in children] == list(ranked["candidate"])[:5]
+    assert [r.info.run_name for r in children] == [f"#{i + 1} {c}" for i, c in enumerate(ranked["candidate"][:5])]
+    # The parent's tags are the winner's choices, whose numbers it holds (it was tagged with the base run's
+    # strategy); its params ask the question, not where it was logged; the winner is the newest child
+    # (MLflow lists it first); the parent's duration is the search's.
+    assert parent.data.tags["strategy"] == children[0].data.tags["strategy"]
+    assert not any(k.startswith(("tracking.", "hydra")) or k in ("advise.workers", "advise.out") for k in parent.data.params)
+    assert children[0].info.start_time == max(r.info.start_time for r in children)
+    assert parent.info.end_time - parent.info.start_time >= 1000 * parent.data.metrics["advice/seconds"] - 1
     assert {r.info.status for r in children} == {"FINISHED"}
     assert children[0].data.metrics["headline/throughput_tok_s"] == pytest.approx(ranked["tok_s_per_device"].iloc[0], rel=1e-12)
     assert parent.data.metrics["headline/throughput_tok_s"] == children[0].data.metrics["headline/throughput_tok_s"]

@@ -19,6 +19,7 @@ from harness.base.files import write_text
 from harness.config.paths import CONF_DIR, LAUNCH_FOLDER_CONF
 from harness.config.schema import unflatten
 from harness.results.comparison import pareto_plot
+from harness.results.outputs import WHERE_THINGS_GO
 
 WRITTEN_MARK = "# Written by python -m harness.advise"
 _GROUP_KEYS = ("hardware", "workload", "strategy", "engine")
@@ -250,13 +251,14 @@ def record(advice: Advice, advise: AdviseConfig, base: list[str], names: dict[st
            preset: Path | None, leaders: int) -> AdviceRecord:
     """The advice as an MLflow parent run with its `leaders` best candidates as children."""
     frame = table(advice)
-    question = {key: value for key, _, value in (o.partition("=") for o in base)}
+    # The question, as a run's params hold one: not where files and runs go, nor how the search ran.
+    question = {key.lstrip("+~"): value for key, _, value in (o.partition("=") for o in base) if not key.lstrip("+~").startswith(WHERE_THINGS_GO)}
     for f in dataclasses.fields(advise):  # the values that ask something: the objective, and any not left at its default
         value = getattr(advise, f.name)
         default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
         if f.name == "space":
             question.update({f"advise.space.{key}": value_text(values) for key, values in value.items()})
-        elif (value != default or f.name == "objective") and f.name != "name":
+        elif (value != default or f.name == "objective") and f.name not in ("name", "out", "workers", "ray_address"):
             question[f"advise.{f.name}"] = value_text(value)
     question["advise.search"] = advice.method  # auto, resolved
     winner = advice.ranked[0] if advice.ranked else None
@@ -270,10 +272,12 @@ def record(advice: Advice, advise: AdviseConfig, base: list[str], names: dict[st
         metrics={"advice/candidates": len(frame), "advice/rejected": rejected_counts(frame)[0], "advice/seconds": advice.seconds,
                  "advice/space_size": advice.space_size},
         winner_summary=winner.summary if winner else {},
-        tags={**names, "advice_dir": str(out.absolute()), "command": command, **({"bound": winner.summary["bound"]} if winner else {})},
+        # The winner's choices (strategy, engine) with its numbers: the question's base run is not what they measure.
+        tags={**names, **(winner.run.names if winner and winner.run else {}), "advice_dir": str(out.absolute()), "command": command,
+              **({"bound": winner.summary["bound"]} if winner else {})},
         description=description,
         artifacts=artifacts,
-        leaders=[LeaderRecord(name=c.label, rank=i + 1, overrides=c.overrides, summary=c.summary, tags={**c.run.names, "bound": c.summary["bound"]})
+        leaders=[LeaderRecord(name=f"#{i + 1} {c.label}", rank=i + 1, overrides=c.overrides, summary=c.summary, tags={**c.run.names, "bound": c.summary["bound"]})
                  for i, c in enumerate(advice.ranked[:leaders]) if c.run is not None],
     )
 

@@ -47,7 +47,9 @@ def _log(tracking: TrackingConfig, record: AdviceRecord) -> str:
     client = mlflow.MlflowClient(tracking_uri=resolve_uri(tracking))
     now_ms = int(time.time() * 1000)
     tags = {**record.tags, "kind": "advice", "mlflow.note.content": record.description}
-    parent = client.create_run(experiment_id, run_name=record.name, tags=tags).info.run_id
+    # Started when the search started (its Duration is the search's, not the logging's).
+    started_ms = now_ms - int(1000 * float(record.metrics.get("advice/seconds", 0.0)))
+    parent = client.create_run(experiment_id, run_name=record.name, tags=tags, start_time=started_ms).info.run_id
     made = [parent]
     try:
         metrics = {**(_summary_metrics(record.winner_summary) if record.winner_summary else {}), **record.metrics}
@@ -55,7 +57,7 @@ def _log(tracking: TrackingConfig, record: AdviceRecord) -> str:
                          params=[Param(k, param_value(v)) for k, v in record.params.items()])
         for path in record.artifacts:
             client.log_artifact(parent, str(path))
-        for leader in record.leaders:
+        for leader in reversed(record.leaders):  # MLflow lists the newest first: the winner, made last, on top
             tags = {**leader.tags, "kind": "advice_candidate", "mlflow.parentRunId": parent, "overrides": " ".join(leader.overrides)}
             child = client.create_run(experiment_id, run_name=leader.name, tags=tags).info.run_id
             made.append(child)
