@@ -93,6 +93,9 @@ def test_a_job_that_fails_mid_sweep_leaves_the_others_results_and_a_failed_paren
     assert len(pd.read_csv(tmp_path / "sw" / "results.csv")) == 3
     final = [line for line in err.splitlines() if line.startswith("hostbound: error: 1 of 4 jobs failed")]
     assert len(final) == 1
+    # The comparison says it is not the whole sweep (it read as if it were), and which job failed and why.
+    results_md = (tmp_path / "sw" / "results.md").read_text()
+    assert f"Failed, not in this table (1 of 4 jobs): {failed[0].parent.name}: " in results_md and "workload.warmup_steps=3" in results_md
     runs = runs_in(tmp_path / "outputs" / "mlflow.db")
     parent = [status for _, status, name in runs if name.startswith("sweep ")]
     assert parent == ["FAILED"] and len(runs) == 4

@@ -120,11 +120,15 @@ class SweepTracking(Callback):
         from harness.results.comparison import comparison, load_run_dirs, plot, to_markdown
 
         table = load_run_dirs([sweep_dir])
+        failed_jobs = sorted(p.parent for p in sweep_dir.glob(f"*/{JOB_FAILED_FILE}"))
         description, plots = "", []
         if not table.empty:
             atomic_write(sweep_dir / RESULTS_CSV, lambda tmp: table.to_csv(tmp, index=False))  # every summary key of every job
             compared_table = comparison(table)
             compared = to_markdown(compared_table)
+            if failed_jobs:  # the table would read as the whole sweep
+                compared += f"\n\nFailed, not in this table ({len(failed_jobs)} of {len(failed_jobs) + len(table)} jobs): " + "; ".join(
+                    f"{job.name}: {(job / JOB_FAILED_FILE).read_text().strip().splitlines()[0]}" for job in failed_jobs) + "."
             write_text(sweep_dir / RESULTS_MD, compared + "\n")
             plots = plot(compared_table, sweep_dir)
             description = parent_description(len(table), list(config.hydra.overrides.task), compared, plots)
@@ -135,7 +139,6 @@ class SweepTracking(Callback):
                     f"  results      {sweep_dir.absolute() / RESULTS_MD} (every summary key: {RESULTS_CSV}; plots: {drawn})",
                     flush=True,
                 )
-        failed_jobs = sorted(p.parent for p in sweep_dir.glob(f"*/{JOB_FAILED_FILE}"))
         tracking = _tracking(config)
         if tracking.enabled:
             written = [sweep_dir / name for name in (RESULTS_CSV, RESULTS_MD) if (sweep_dir / name).exists()] + plots
