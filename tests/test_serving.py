@@ -94,6 +94,30 @@ def test_a_step_after_an_idle_wait_schedules_itself_and_its_side_work_was_done_i
     assert served.step_us[after_wait] == pytest.approx(served.step_us[0], rel=1e-3)
 
 
+def test_with_async_scheduling_a_request_that_arrives_during_a_step_waits_a_step_more():
+    """vLLM V1 schedules step k+1 right after submitting step k (EngineCore.step_with_batch_queue): a
+    request that arrives while k runs joins k+2, not k+1. A step with nothing running, or after a wait,
+    schedules itself with what has arrived by then (and pays its scheduling: no step did it ahead)."""
+    run = compose_run(*SERVING_H100_V1, "workload.serving.arrival_rate_rps=150", "workload.serving.max_batch=64",
+                      "workload.serving.output_len_mean=16")
+    served = batch_requests(run)
+    release, arrival = served.release_us, served.requests.arrival_us
+    step_of = np.searchsorted(release, served.admitted_us[~np.isnan(served.admitted_us)])
+    joined = arrival[~np.isnan(served.admitted_us)]
+    ahead = ~served.scheduled_here[step_of]
+    assert ahead.sum() >= 10 and (~served.scheduled_here).any() and served.scheduled_here[0]
+    # Joined a step scheduled ahead: arrived before the step before it began (they joined the next step).
+    assert np.all(joined[ahead] <= release[step_of[ahead] - 1])
+    # Without async scheduling every step schedules itself, with what has arrived by its start: here many
+    # requests join the step right after the one they arrived in.
+    inline = batch_requests(compose_run(*SERVING_H100_V1, "engine.async_scheduling=false", "workload.serving.arrival_rate_rps=150",
+                                        "workload.serving.max_batch=64", "workload.serving.output_len_mean=16"))
+    assert inline.scheduled_here.all()
+    admitted = ~np.isnan(inline.admitted_us)
+    k = np.searchsorted(inline.release_us, inline.admitted_us[admitted])
+    assert np.count_nonzero((k >= 1) & (inline.requests.arrival_us[admitted] > inline.release_us[k - 1])) >= 10
+
+
 def test_more_load_means_bigger_batches_and_more_throughput():
     light = simulate_run(compose_run(*SERVING, "workload.serving.arrival_rate_rps=5")).summary
     heavy = simulate_run(compose_run(*SERVING, "workload.serving.arrival_rate_rps=500")).summary

@@ -226,7 +226,7 @@ def engine_cost_table(workload: Workload, engine: EngineConfig | None) -> np.nda
 
 
 def engine_costs(real_batch: np.ndarray, step_tokens: np.ndarray, engine: EngineConfig | None, first_step: int = 0,
-                 idle_us: np.ndarray | None = None) -> np.ndarray:
+                 idle_us: np.ndarray | None = None, scheduled_here: np.ndarray | None = None) -> np.ndarray:
     """(steps, ENGINE_SLOTS) µs of the serving engine's work in each step (see ENGINE_SLOTS), from each
     step's sequences and tokens. `first_step`: the run's number of the first step given (it must start a
     multi-step block); a row needs only its own block and the one before (serving asks for one row at a
@@ -239,8 +239,10 @@ def engine_costs(real_batch: np.ndarray, step_tokens: np.ndarray, engine: Engine
     step does for its neighbour is priced at batches already known: the previous block's outputs at that
     block's, the next step's scheduling (`async_scheduling`) at this step's, so a step's cost never
     depends on later steps. `idle_us`: how long a serving engine sat idle, waiting for a request, before
-    each step (None: never). A step after a wait schedules itself (there was no step to do it ahead),
-    and the side work left from before the wait was done during it, as far as the wait lasted."""
+    each step (None: never); the side work left from before a wait was done during it, as far as the wait
+    lasted. `scheduled_here`: with async scheduling, the steps that scheduled themselves, nobody having
+    done it ahead (the run's first, one after a wait, one whose batch was empty when the step before
+    scheduled it; None: the first and those after a wait)."""
     steps = len(step_tokens)
     table = np.zeros((steps, len(ENGINE_SLOTS)))
     if engine is None or not engine.active:
@@ -279,7 +281,8 @@ def engine_costs(real_batch: np.ndarray, step_tokens: np.ndarray, engine: Engine
     output = per_block(engine.output)
     api = per_block(engine.api)
     if engine.async_scheduling:  # step 0 schedules itself; later steps were scheduled during the one before
-        table[:, ENGINE_SLOT["pre"]] = np.where((index == 0) | (idle > 0), scheduling, 0.0)
+        here = (index == 0) | (idle > 0) if scheduled_here is None else np.asarray(scheduled_here, dtype=bool)
+        table[:, ENGINE_SLOT["pre"]] = np.where(here, scheduling, 0.0)
         next_starts = (index + 1) % n == 0
         table[:, ENGINE_SLOT["ahead"]] = np.where(next_starts, scheduling, 0.0)
     else:

@@ -54,6 +54,7 @@ class ServingBatches:
     # tokens each step produced: its batch less the sequences done earlier in a multi-step block (None: its batch)
     generated: np.ndarray | None = None
     idle_us: np.ndarray | None = None  # how long the server waited for a request before each step
+    scheduled_here: np.ndarray | None = None  # async scheduling: the steps that scheduled themselves (engine_costs)
 
 
 def draw_requests(serving: ServingConfig, seed: int, count: int) -> Requests:
@@ -93,6 +94,8 @@ def batch_requests(run: RunConfig, progress=None) -> ServingBatches:
     release = np.zeros(steps)
     step_us = np.zeros(steps)
     idle_us = np.zeros(steps)  # how long the server waited for a request before each step
+    scheduled_here = np.ones(steps, dtype=bool)  # with async scheduling: no step before fixed its batch
+    ahead = run.engine is not None and run.engine.active and run.engine.async_scheduling
     admitted = np.full(requests.arrival_us.size, np.nan)
     finished = np.full(requests.arrival_us.size, np.nan)
     first_token = np.full(requests.arrival_us.size, np.nan)
@@ -112,7 +115,12 @@ def batch_requests(run: RunConfig, progress=None) -> ServingBatches:
     for s in range(steps):
         if not running and not waiting and next_arrival < requests.arrival_us.size:
             now = max(now, float(requests.arrival_us[next_arrival]))  # idle until the next request
-        while next_arrival < requests.arrival_us.size and requests.arrival_us[next_arrival] <= now:
+        # With async scheduling the step before fixed this step's batch right after it was submitted (vLLM
+        # V1's EngineCore.step_with_batch_queue, SGLang's overlap scheduler): a request that arrived while
+        # it ran waits a step more. An engine with nothing running, or after a wait, schedules here.
+        scheduled_here[s] = not (ahead and s > 0 and running and now == release[s - 1] + step_us[s - 1])
+        cutoff = now if scheduled_here[s] else release[s - 1]
+        while next_arrival < requests.arrival_us.size and requests.arrival_us[next_arrival] <= cutoff:
             waiting.append(next_arrival)
             next_arrival += 1
         # Multi-step scheduling (vLLM V0 --num-scheduler-steps) schedules once a block: requests join a
@@ -131,11 +139,12 @@ def batch_requests(run: RunConfig, progress=None) -> ServingBatches:
             graphs_before = graphs_before or bool(np.any(plan.mode != EAGER))
             tokens[s] = workload.tokens[0]
             first = max(0, s - s % block - block)  # from the block before this step's: its outputs are this block's side work
-            engine_us = engine_costs(batch[first : s + 1], tokens[first : s + 1], run.engine, first, idle_us[first : s + 1])[-1:]
+            engine_us = engine_costs(batch[first : s + 1], tokens[first : s + 1], run.engine, first, idle_us[first : s + 1],
+                                     scheduled_here[first : s + 1])[-1:]
             graph = Lowering(workload, run.hardware, run.strategy, run.seed, plan, run.engine, first_step=s, engine_us=engine_us).graph(np.array([0]))
         else:  # the plan of step s depends on the steps before: plan the prefix again
             workload, plan = prepare(run, batch[: s + 1], kv_len[: s + 1])
-            engine_us = engine_costs(workload.real_batch, workload.tokens, run.engine, 0, idle_us[: s + 1])
+            engine_us = engine_costs(workload.real_batch, workload.tokens, run.engine, 0, idle_us[: s + 1], scheduled_here[: s + 1])
             graph = Lowering(workload, run.hardware, run.strategy, run.seed, plan, run.engine, engine_us=engine_us).graph(np.array([s]))
         one = simulate(graph)
         step_us[s] = one.makespan_us
@@ -163,7 +172,7 @@ def batch_requests(run: RunConfig, progress=None) -> ServingBatches:
             finished[delivered[generated[delivered] >= requests.output_len[delivered]]] = now
         running = [int(r) for r in (ids[generated[ids] < requests.output_len[ids]] if block_ends else ids)]
     itl = np.concatenate(gaps) if gaps else np.zeros(0)
-    return ServingBatches(batch, kv_len, release, step_us, requests, admitted, finished, first_token, itl, produced, idle_us)
+    return ServingBatches(batch, kv_len, release, step_us, requests, admitted, finished, first_token, itl, produced, idle_us, scheduled_here)
 
 
 def serving_summary(plan: ServingBatches) -> dict:

@@ -313,7 +313,7 @@ def _simulate_prepared(run: RunConfig, prepared: PreparedRun, chunk_tasks: int) 
     release_us = serving.release_us if serving else np.zeros(workload.steps)
 
     # A serving run's engine costs follow its waits for requests, as when its steps were planned one by one.
-    engine_us = engine_costs(workload.real_batch, workload.tokens, run.engine, 0, serving.idle_us) if serving else None
+    engine_us = engine_costs(workload.real_batch, workload.tokens, run.engine, 0, serving.idle_us, serving.scheduled_here) if serving else None
     lowering = Lowering(workload, run.hardware, run.strategy, run.seed, plan, run.engine, engine_us=engine_us)
 
     def lowered_chunks() -> Iterator[tuple[np.ndarray, TaskGraph]]:
