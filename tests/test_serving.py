@@ -80,11 +80,12 @@ def test_a_step_after_an_idle_wait_schedules_itself_and_its_side_work_was_done_i
 
     run = compose_run("hardware=h100", "workload=llama31_8b_decode", "engine=vllm_v1")
     ones = np.ones(3)
-    table = engine_costs(ones, ones, run.engine, 0, idle_us=np.array([0.0, 0.0, 5e5]))
+    here = np.array([True, False, True])  # step 2 follows the wait: it schedules itself
+    table = engine_costs(ones, ones, run.engine, 0, idle_us=np.array([0.0, 0.0, 5e5]), scheduled_here=here)
     assert table[:, ENGINE_SLOT["pre"]] == pytest.approx([2148.06, 0.0, 2148.06])
     assert table[:, ENGINE_SLOT["output_side"]] == pytest.approx([0.0, 1074.03, 0.0])
     assert table[:, ENGINE_SLOT["api_side"]] == pytest.approx([0.0, 3666.6, 0.0])
-    short = engine_costs(ones, ones, run.engine, 0, idle_us=np.array([0.0, 0.0, 1000.0]))  # a wait shorter than the work
+    short = engine_costs(ones, ones, run.engine, 0, idle_us=np.array([0.0, 0.0, 1000.0]), scheduled_here=here)  # a wait shorter than the work
     assert short[2, ENGINE_SLOT["api_side"]] == pytest.approx(2666.6)
     # In a served stream: every step after a wait costs what the first step costs, not 2.1 ms less.
     served = batch_requests(compose_run(*SERVING_H100_V1, "workload.serving.arrival_rate_rps=2", "workload.serving.max_batch=4",

@@ -20,9 +20,14 @@ import datetime
 import shlex
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from harness.base.errors import EXIT_TRACKING_FAILED, ConfigError, TrackingError, fail
 from harness.base.files import check_folder
+
+if TYPE_CHECKING:  # imported where used: the command starts before they load
+    from harness.config.advise import AdviseConfig
+    from harness.config.schema import RunConfig
 
 _HELP = ("-h", "--help")
 
@@ -45,7 +50,7 @@ def split_arguments(argv: list[str]) -> tuple[str, list[str], list[str], str | N
     return preset, advise, run, out
 
 
-def limit_the_run_cannot_meet(advise, run) -> str:
+def limit_the_run_cannot_meet(advise: AdviseConfig, run: RunConfig) -> str:
     """A latency limit that the run's phase has no figure for ('' when none): a TPOT limit on a prefill,
     a TTFT limit on a decode without a request stream (its requests' first tokens)."""
     from harness.config.schema import Phase

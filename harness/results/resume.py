@@ -16,11 +16,11 @@ import shutil
 from pathlib import Path
 
 from harness.base.files import atomic_write, write_text
-from harness.results.outputs import STEPS_FILE, SUMMARY_FILE, TIMELINE_FILE, TRACE_FILE
+from harness.results.outputs import STEPS_FILE, SUMMARY_FILE, TIMELINE_FILE, TRACE_FILE, WHERE_THINGS_GO
 
 RESUMED_FILE = "RESUMED_FROM.txt"
 # Keys that say where files and runs go, or how to run: not what is simulated.
-_NOT_THE_CONFIGURATION = ("tracking.", "output.", "resume", "hydra")
+_NOT_THE_CONFIGURATION = WHERE_THINGS_GO
 
 
 def config_hash(params: dict) -> str:
@@ -30,13 +30,7 @@ def config_hash(params: dict) -> str:
 
 
 def _finished(folder: Path, digest: str) -> bool:
-    summary = folder / SUMMARY_FILE  # written last (outputs.write_outputs): its presence means finished
-    if not summary.is_file() or not (folder / STEPS_FILE).is_file():
-        return False
-    try:
-        return json.loads(summary.read_text()).get("config_hash") == digest
-    except (OSError, ValueError):  # a file from elsewhere that is not ours: not a match
-        return False
+    return (folder / STEPS_FILE).is_file() and finished_hash(folder) == digest
 
 
 def find_finished(digest: str, run_dir: Path, outputs_dir: Path) -> Path | None:
@@ -72,12 +66,13 @@ def _finished_by_digest(outputs_dir: Path) -> dict[str, list[Path]]:
 
 
 def finished_hash(folder: Path) -> str | None:
-    """The config_hash of the finished run `folder` holds; None when it holds none."""
+    """The config_hash of the finished run `folder` holds; None when it holds none (its summary.json is
+    written last, outputs.write_outputs: its presence means finished)."""
     if not (folder / SUMMARY_FILE).is_file():
         return None
     try:
         digest = json.loads((folder / SUMMARY_FILE).read_text()).get("config_hash")
-    except (OSError, ValueError, AttributeError):
+    except (OSError, ValueError, AttributeError):  # a file from elsewhere that is not ours: no run of ours
         return None
     return digest if isinstance(digest, str) else None
 

@@ -242,7 +242,7 @@ def engine_costs(real_batch: np.ndarray, step_tokens: np.ndarray, engine: Engine
     each step (None: never); the side work left from before a wait was done during it, as far as the wait
     lasted. `scheduled_here`: with async scheduling, the steps that scheduled themselves, nobody having
     done it ahead (the run's first, one after a wait, one whose batch was empty when the step before
-    scheduled it; None: the first and those after a wait)."""
+    scheduled it; None: the first)."""
     steps = len(step_tokens)
     table = np.zeros((steps, len(ENGINE_SLOTS)))
     if engine is None or not engine.active:
@@ -281,7 +281,7 @@ def engine_costs(real_batch: np.ndarray, step_tokens: np.ndarray, engine: Engine
     output = per_block(engine.output)
     api = per_block(engine.api)
     if engine.async_scheduling:  # step 0 schedules itself; later steps were scheduled during the one before
-        here = (index == 0) | (idle > 0) if scheduled_here is None else np.asarray(scheduled_here, dtype=bool)
+        here = index == 0 if scheduled_here is None else np.asarray(scheduled_here, dtype=bool)
         table[:, ENGINE_SLOT["pre"]] = np.where(here, scheduling, 0.0)
         next_starts = (index + 1) % n == 0
         table[:, ENGINE_SLOT["ahead"]] = np.where(next_starts, scheduling, 0.0)

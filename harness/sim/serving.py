@@ -118,7 +118,8 @@ def batch_requests(run: RunConfig, progress=None) -> ServingBatches:
         # With async scheduling the step before fixed this step's batch right after it was submitted (vLLM
         # V1's EngineCore.step_with_batch_queue, SGLang's overlap scheduler): a request that arrived while
         # it ran waits a step more. An engine with nothing running, or after a wait, schedules here.
-        scheduled_here[s] = not (ahead and s > 0 and running and now == release[s - 1] + step_us[s - 1])
+        idle_us[s] = now - (release[s - 1] + step_us[s - 1]) if s > 0 else 0.0
+        scheduled_here[s] = not (ahead and s > 0 and running and idle_us[s] == 0.0)
         cutoff = now if scheduled_here[s] else release[s - 1]
         while next_arrival < requests.arrival_us.size and requests.arrival_us[next_arrival] <= cutoff:
             waiting.append(next_arrival)
@@ -133,7 +134,6 @@ def batch_requests(run: RunConfig, progress=None) -> ServingBatches:
         batch[s] = ids.size
         kv_len[s] = float(np.mean(requests.prompt_len[ids] + generated[ids] + 1))
         release[s] = now
-        idle_us[s] = now - (release[s - 1] + step_us[s - 1]) if s > 0 else 0.0
         if step_by_step:  # this step alone: linear in steps (the engine's costs: from every step's sizes so far)
             workload, plan = prepare(run, batch[s : s + 1], kv_len[s : s + 1], graphs_before=graphs_before)
             graphs_before = graphs_before or bool(np.any(plan.mode != EAGER))

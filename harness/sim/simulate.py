@@ -160,7 +160,6 @@ def _refuse_kv_overflow(run: RunConfig, last: Workload) -> None:
     )
 
 
-
 def check_size(run: RunConfig, workload: Workload | None = None) -> SizeEstimate:
     """Refuse, naming workload.steps (or the op-list file), a run whose arrays cannot fit in this
     machine's memory, or whose KV cache outgrows HBM by its last step. `workload`: an op list already
@@ -245,7 +244,6 @@ def prepare_run(run: RunConfig) -> PreparedRun:
 
 
 def _prepare_run(run: RunConfig) -> PreparedRun:
-    run, _ = engine_in_effect(run)
     began = time.perf_counter()
     load_numba_target()
     watch = CompileWatch()
