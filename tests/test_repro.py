@@ -133,6 +133,24 @@ def test_experiments_compose_from_the_command_line(tmp_path):
     assert "214 ops/step, 214 launches/step" in proc.stdout  # 30 layers x 7 kernels + embedding, norm, head, sampling
 
 
+def test_tensorrt_llm_v0_6_1_gqa_decode_reads_a_kv_head_once_per_query_head():
+    """v0.6.1 has no XQA kernel: its masked MHA runs a thread block per query head, each reading the KV head
+    it shares (docs/validation.md). Every decode experiment of its tables that runs a GQA model says so;
+    a new one that forgets it would price its attention at an eighth (Llama-2-70B) of the bytes."""
+    checked = {}
+    for path in sorted((REPO_ROOT / "conf" / "experiment").glob("*trtllm*_decode.yaml")):
+        if "v0.6.1" not in path.read_text().split("defaults:")[0]:
+            continue
+        run = compose_run(f"+experiment={path.stem}")
+        card = harness.model.workload.load_card(run.workload.card)
+        gqa = card["num_key_value_heads"] < card["num_attention_heads"]
+        checked[path.stem] = (gqa, run.workload.decode_kv_reads.value)
+    gqa_reads = {name: reads for name, (gqa, reads) in checked.items() if gqa}
+    assert len(gqa_reads) == 13, sorted(gqa_reads)  # Llama-2-70B and Falcon 180B rows, A100 FP16 and H100 FP8
+    assert set(gqa_reads.values()) == {"per_query_head"}, gqa_reads
+    assert len(checked) > len(gqa_reads)  # the MHA models' experiments were looked at too
+
+
 def readme_summary(table: pd.DataFrame) -> str:
     """The README's block: the headline and the table of claims out of tolerance."""
     return f"{headline(table)}\n\n{misses_markdown(table)}\n"

@@ -60,8 +60,9 @@ class DecodeKvReads(enum.Enum):
     `shared`, once for its group of query heads (FlashAttention's and FlashInfer's GQA decode, TensorRT-LLM's
     XQA), or `per_query_head`, once for each query head: a kernel with one thread block per query head
     (TensorRT-LLM's masked MHA, "a single CUDA thread-block per head" in its gpt_attention doc), with no
-    reuse of a KV head in L2 by its query heads' blocks: a what-if and an upper bound, used by no shipped
-    experiment (docs/validation.md, "TensorRT-LLM's GQA decode"). MHA models read the same either way."""
+    reuse of a KV head in L2 by its query heads' blocks: an upper bound. TensorRT-LLM v0.6.1 had no XQA, so
+    the experiments of its GQA throughput rows use it (docs/validation.md, "TensorRT-LLM's GQA decode").
+    MHA models read the same either way."""
 
     shared = "shared"
     per_query_head = "per_query_head"
