@@ -133,6 +133,28 @@ def test_driver_calls_count_only_where_no_runtime_call_holds_them(tmp_path):
     assert (calls["wait_stream"] == -1).all() and (calls["wait_key"] == -1).all()  # none of them waits for a stream
 
 
+@pytest.mark.parametrize("driver_first", [True, False])
+def test_a_driver_call_timed_exactly_like_its_runtime_call_is_inside_it(tmp_path, driver_first):
+    """cuLaunchKernel and cudaLaunchKernel both [10,15] µs on one thread: the same host time, one launch,
+    whichever the file lists first (listed first, the driver call had been taken for the outer one and
+    kept: 2 launches a step)."""
+    runtime, driver = runtime_call("cudaLaunchKernel", 10, 5, 1), runtime_call("cuLaunchKernel", 10, 5, 2, cat="cuda_driver")
+    events = [driver, runtime] if driver_first else [runtime, driver]
+    imported = import_profile(load_profile(trace_file(tmp_path, [*events, device_task("k", 20, 3, 1)])))
+    assert imported.profile.calls["name"].tolist() == ["cudaLaunchKernel"]
+    assert measured_summary(imported)["launches_per_step"] == 1.0
+
+
+def test_slices_of_one_extent_nest_as_the_caller_says():
+    """Slices 0 and 1 both [0,10], slice 2 [2,3]: in the order given, 0 holds 1 (and 1 holds 2); with
+    slice 0 marked inner, 1 holds 0, and 0, the innermost, holds 2."""
+    start, end = np.array([0.0, 0.0, 2.0]), np.array([10.0, 10.0, 3.0])
+    assert top_level(start, end).tolist() == [True, False, False]
+    assert top_level(start, end, inner=np.array([True, False, False])).tolist() == [False, True, False]
+    order, parent = nesting_parents(start, end, np.array([True, False, False]))
+    assert order.tolist() == [1, 0, 2] and parent.tolist() == [-1, 0, 1]
+
+
 def test_a_rank_not_in_the_trace_is_refused_with_what_it_holds(tmp_path):
     with pytest.raises(ProfileError, match=r"rank 3 is not there \(the trace holds no rank, devices 0\)"):
         load_profile(trace_file(tmp_path, [LAUNCH, KERNEL]), rank=3)
@@ -325,6 +347,20 @@ def test_hta_reads_a_kernel_on_stream_1(tmp_path):
     kernel = device_task("k", 10, 5, 8, stream=1)
     peer = peer_breakdown(import_profile(load_profile(trace_file(tmp_path, [LAUNCH, kernel]))))
     assert (peer["window_ms"], peer["compute_pct"], peer["idle_pct"]) == (pytest.approx(0.005), 100.0, 0.0)
+
+
+def test_hta_figures_of_events_shorter_than_a_whole_us(tmp_path):
+    """HTA rounds fractional times to whole µs, start up and end down. One kernel [1000.0, 1000.8]: [1000,
+    1000], a window of 0 µs: no percentages (it divided by zero). Kernels [1000.2, 1000.7] and [1001.3,
+    1001.7] round to [1001, 1000] and [1002, 1001], ending before they start: each lasts 0 µs at its rounded
+    start, so the window is 1001 to 1002, 1 µs, all idle (the window had been 0 µs, or negative with
+    percentages past 100)."""
+    launch = runtime_call("cudaLaunchKernel", 995.5, 4.0, 1)
+    one = peer_breakdown(import_profile(load_profile(trace_file(tmp_path, [launch, device_task("k", 1000.0, 0.8, 1)]))))
+    assert (one["window_ms"], one["idle_pct"], one["compute_pct"], one["non_compute_pct"]) == (0.0, None, None, None)
+    two = [launch, device_task("k", 1000.2, 0.5, 1), runtime_call("cudaLaunchKernel", 996.0, 4.0, 2), device_task("k", 1001.3, 0.4, 2)]
+    peer = peer_breakdown(import_profile(load_profile(trace_file(tmp_path, two))))
+    assert (peer["window_ms"], peer["idle_pct"], peer["compute_pct"], peer["non_compute_pct"]) == (pytest.approx(0.001), 100.0, 0.0, 0.0)
 
 
 def test_an_eager_step_is_not_replayed_with_graph_replays_of_the_same_kernels(tmp_path):

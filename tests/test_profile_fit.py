@@ -462,3 +462,43 @@ def test_the_mi300x_graph_exit_is_the_one_its_piecewise_trace_measures_and_a_sib
     _, whole = gaps("tl_vllm_decode_fullgraph_amd")
     assert whole.size == 1
     assert exits.mean() == pytest.approx(float(whole[0]), rel=0.10)
+
+
+def test_allocations_most_launches_do_not_pay_are_a_one_off_not_a_per_op_cost():
+    """Five launches, each after 10 µs of framework and in 5 µs; one of them after a 500 µs allocation. The
+    median launch allocates nothing, so host.alloc_us is 0, commented with the 0.5 ms and the one call it came
+    from (the mean had made it 500 / 5 = 100 µs an op). Where most launches allocate (0, 0, 30, 30, 40: median
+    30) the mean stays, 100 / 5 = 20 µs; tiling, a cost of every op that tiles, keeps its mean (50 / 5 = 10 µs)
+    however few pay it."""
+    import pandas as pd
+
+    from harness.importers.fit import fit_machine
+
+    def ops(alloc, tiling=(0.0,) * 5):
+        return pd.DataFrame({"framework_us": [10.0] * 5, "launch_us": [5.0] * 5, "alloc_us": list(alloc), "tiling_us": list(tiling),
+                             "infer_shape_us": [0.0] * 5, "free_us": [0.0] * 5, "kind": ["vector"] * 5, "in_graph": [0] * 5})
+
+    fitted = {f.key: f for f in fit_machine(ops([0, 0, 0, 0, 500.0], [0, 0, 0, 0, 50.0]), 1, 0.0, np.zeros(0), np.zeros(0), alloc_calls=1)}
+    assert (fitted["host.alloc_us"].value, fitted["host.tiling_us"].value, fitted["host.framework_us"].value) == (0.0, 10.0, 10.0)
+    assert fitted["host.alloc_us"].note.startswith("0.5 ms a step in 1 call before 1 of 5 launches, left out as one-off")
+    common = {f.key: f.value for f in fit_machine(ops([0, 0, 30.0, 30.0, 40.0]), 1, 0.0, np.zeros(0), np.zeros(0), alloc_calls=3)}
+    assert common["host.alloc_us"] == 20.0
+
+
+def test_alexnets_cudamalloc_calls_are_left_out_of_the_fitted_alloc_cost():
+    """AlexNet's measured forward: 27 framework ops, 40 launches, five cudaMalloc calls of 32,814 µs in all
+    before 4 launches (p50 0): host.alloc_us is 0 and says so (it was 32.81 ms / 27 = 1215.33 µs an op);
+    framework (1.949 ms / 27 = 72.19 µs) and launch (0.372 ms / 27 = 13.78 µs) are as before."""
+    from harness.importers import load_profile
+    from harness.importers.fit import allocation_calls, fit_machine, repeat_launches
+    from harness.importers.measure import measured_summary
+    from harness.importers.steps import import_profile, ops_table
+    from test_profile_import import trace
+
+    imported = import_profile(load_profile(trace("hta_alexnet_a100")))
+    summary = measured_summary(imported)
+    fitted = {f.key: f for f in fit_machine(ops_table(imported), len(imported.kept), summary["host_ms_sync"], np.zeros(0), np.zeros(0),
+                                            repeats=repeat_launches(imported), alloc_calls=allocation_calls(imported))}
+    assert allocation_calls(imported) == 5 and fitted["host.alloc_us"].value == 0.0
+    assert fitted["host.alloc_us"].note.startswith("32.81 ms a step in 5 calls before 4 of 40 launches, left out as one-off")
+    assert fitted["host.framework_us"].value == pytest.approx(1949 / 27) and fitted["host.launch_us"].value == pytest.approx(372 / 27)

@@ -2,7 +2,8 @@
 
 The fuzz starts from traces the importer reads well (a Kineto trace built by hand, a real Kineto trace,
 a real torch_npu trace), gives a few events hostile values in one or two fields (NaN and infinite
-numbers as text, 2**64, negative times, wrong types, nested lists, empty names), optionally wraps the
+numbers as text, 2**64, negative times, wrong types, nested lists, empty names) and maybe one of the
+file's top-level fields the reader uses (distributedInfo, deviceProperties), optionally wraps the
 result in gzip (whole, cut short, inflating past the read limit) and runs the command on it. The rule,
 as for the config fuzz: refused in one line naming the file or the flag with exit status 2 and nothing
 written, or imported with every number of profile.json and ops.csv finite. A traceback, another exit
@@ -60,12 +61,14 @@ def hostile_traces(draw):
     size = len(_events(BASES[base]))
     changes = draw(st.lists(st.tuples(st.integers(0, size - 1), st.sampled_from(FIELDS), HOSTILE), min_size=1, max_size=3))
     replaced = draw(st.one_of(st.none(), st.sampled_from([{}, [], "events", [[1, 2]], [None], 7])))  # the whole list
+    # A top-level field the Kineto reader uses (a list as distributedInfo, a number as deviceProperties were tracebacks).
+    top = draw(st.one_of(st.none(), st.tuples(st.sampled_from(["distributedInfo", "deviceProperties"]), HOSTILE)))
     packing = draw(st.sampled_from(["plain"] * 4 + ["gzip", "gzip cut short", "gzip past the limit", "garbage after"]))  # mostly the readers
     cut = draw(st.integers(2, 60)) if packing == "gzip cut short" else draw(st.binary(min_size=1, max_size=20)) if packing == "garbage after" else None
-    return base, changes, replaced, packing, cut
+    return base, changes, replaced, packing, cut, top
 
 
-def trace_bytes(base: str, changes: list, replaced, packing: str, cut) -> tuple[bytes, int]:
+def trace_bytes(base: str, changes: list, replaced, packing: str, cut, top=None) -> tuple[bytes, int]:
     """The file a recipe makes, and the read limit (MiB) to give the command."""
     trace = json.loads(json.dumps(BASES[base]))  # a copy
     items = _events(trace)
@@ -79,6 +82,8 @@ def trace_bytes(base: str, changes: list, replaced, packing: str, cut) -> tuple[
             event[field] = value
     if replaced is not None and isinstance(trace, dict):
         trace["traceEvents"] = replaced
+    if top is not None and isinstance(trace, dict):
+        trace[top[0]] = top[1]
     data, limit_mb = json.dumps(trace, allow_nan=True).encode(), events.READ_LIMIT_MB
     if packing == "gzip":
         data = gzip.compress(data, 1)
@@ -126,7 +131,7 @@ def assert_sane_import(out: Path) -> None:
 @given(case=hostile_traces())
 def test_fuzzed_profiles_are_refused_naming_the_file_or_imported_sanely(case, tmp_path_factory):
     data, limit_mb = trace_bytes(*case)
-    described = f"{case[0]}: {case[1]!r:.200} {case[3]}"
+    described = f"{case[0]}: {case[1]!r:.200} {case[3]} {case[5]!r:.100}"
     folder = tmp_path_factory.mktemp("trace")
     trace = folder / "trace.json"
     trace.write_bytes(data)

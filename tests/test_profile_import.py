@@ -183,8 +183,11 @@ def test_explicit_step_rules():
         find_windows(gp100, "profiler")
     with pytest.raises(ProfileError, match="not a rule"):
         find_windows(gp100, "bogus")
+    # --keep 1:3 of the 5 steps found: steps 1 and 2 by their numbers in the trace (it had renumbered them
+    # 0 and 1 and dropped the others: "2 replayed of 2 found").
     im = import_profile(gp100, "from=Optimizer.zero_grad", keep=slice(1, 3))
-    assert len(im.found) == 2 and im.kept == [0, 1]
+    assert len(im.found) == 5 and im.kept == [1, 2]
+    assert im.left_out == {0: "outside --keep", 3: "outside --keep", 4: "outside --keep"}
 
 
 # ---------------------------------------------------------------- the op list and its replay
@@ -527,6 +530,14 @@ KERNEL = device_task("k", 10, 5, 9)  # LAUNCH's correlation is 8: nothing links 
         ({"traceEvents": [LAUNCH, KERNEL]}, [], "no device task is linked"),
         ({"traceEvents": [LAUNCH, KERNEL], "distributedInfo": {"rank": 0}}, ["--rank", "3"], "rank 3 is not there"),
         ({"traceEvents": [LAUNCH, KERNEL]}, ["--steps", "profiler"], "no 'ProfilerStep#N'"),
+        # Fields of the wrong type where the reader needs them (each was a traceback).
+        ({"traceEvents": [LAUNCH, KERNEL, {**LAUNCH, "cat": ["x"]}]}, [], "has cat=['x']: not text or a number"),
+        ({"traceEvents": [{**LAUNCH, "name": ["a"]}, KERNEL]}, [], "has name=['a']: not text or a number"),
+        ({"traceEvents": [LAUNCH, KERNEL], "distributedInfo": [1]}, [], "distributedInfo is [1]: not an object"),
+        ({"traceEvents": [LAUNCH, KERNEL], "deviceProperties": 5}, [], "deviceProperties is 5: not a list"),
+        # Overlapping occurrences of the step annotation (mark=NAME would put a kernel in two steps).
+        ({"traceEvents": [LAUNCH, KERNEL, *({"ph": "X", "cat": "user_annotation", "name": "f", "pid": 1, "tid": 1, "ts": ts, "dur": 10}
+                                             for ts in (0, 3))]}, ["--steps", "mark=f"], "steps must not overlap"),
     ],
 )
 def test_bad_traces_fail_in_one_line_and_write_nothing(tmp_path, content, extra, fragment):
@@ -628,7 +639,7 @@ def test_a_kept_steps_time_does_not_depend_on_which_others_are_kept(tmp_path):
     whole = import_profile(load_profile(path))
     kept = import_profile(load_profile(path), keep=slice(1, None))
     assert [(s.start_us, s.end_us) for s in whole.found] == [(0, 57), (57, 107), (107, 157)]
-    assert [(s.start_us, s.end_us) for s in kept.found] == [(57, 107), (107, 157)]
+    assert kept.kept == [1, 2] and [(kept.found[i].start_us, kept.found[i].end_us) for i in kept.kept] == [(57, 107), (107, 157)]
 
 
 def test_a_replay_keeps_a_measured_graph_exit_gap_without_task_pairs(tmp_path):
@@ -657,3 +668,113 @@ def test_device_work_no_call_issued_belongs_to_the_step_it_starts_in(tmp_path):
     found = import_profile(load_profile(path)).found
     kernels = [[(op["kernel"], op["device_us"]) for op in step.ops if op["kernel"]] for step in found]
     assert kernels == [[("A", 8.0), ("U", 30.0)], [("B", 10.0)]]
+
+
+# ---------------------------------------------------------------- reviewed: steps, host time, --keep, odd fields
+
+
+def prefix_trace(folder: Path) -> Path:
+    """Three `decode` annotations of 100 µs, 200 µs apart, each holding a 30 µs gemm (launched 10 µs in)
+    and a nested 30 µs `decode_sample` annotation with a 5 µs argmax (launched 65 µs in)."""
+    events = []
+    for s in range(3):
+        t = 1000 + 200 * s
+        events += [
+            {"ph": "X", "cat": "user_annotation", "name": "decode", "pid": 1, "tid": 1, "ts": t, "dur": 100},
+            runtime_call("cudaLaunchKernel", t + 10, 5, 2 * s + 1), device_task("gemm", t + 20, 30, 2 * s + 1),
+            {"ph": "X", "cat": "user_annotation", "name": "decode_sample", "pid": 1, "tid": 1, "ts": t + 60, "dur": 30},
+            runtime_call("cudaLaunchKernel", t + 65, 5, 2 * s + 2), device_task("argmax", t + 75, 5, 2 * s + 2),
+        ]
+    path = folder / "prefix.json"
+    path.write_text(json.dumps({"traceEvents": events}))
+    return path
+
+
+def test_mark_takes_the_annotation_of_that_name_not_every_name_it_begins(tmp_path):
+    """mark=decode is the three `decode` windows, 100 µs each (step mean 0.100 ms) with the gemm and the
+    argmax in each; the `decode_sample` inside each is not a step of its own (it was: 6 overlapping steps,
+    a mean of -0.010 ms). auto picks from=decode (3 occurrences, apart; decode_sample ties at 3 but starts
+    later): from each start to the next, 200 µs, the last to the last call (465 + 5 - 400 = 70 µs)."""
+    profile = load_profile(prefix_trace(tmp_path))
+    im = import_profile(profile, "mark=decode")
+    assert [(s.start_us, s.end_us) for s in im.found] == [(0, 100), (200, 300), (400, 500)]
+    assert [[op["kernel"] for op in s.ops if op["kernel"]] for s in im.found] == [["gemm", "argmax"]] * 3
+    assert measured_summary(im)["step_ms_mean"] == pytest.approx(0.100)
+    rule, windows = find_windows(profile)
+    assert rule == "from=decode" and [(w.start_us, w.end_us) for w in windows] == [(0, 200), (200, 400), (400, 470)]
+    assert len(find_windows(profile, "mark=decode_sample")[1]) == 3  # and the inner name still finds its own
+
+
+def test_overlapping_steps_are_refused_in_one_line(tmp_path):
+    """A `fwd` annotation [0,100] holding another `fwd` [20,50] (mark=fwd: its kernel would be in both steps),
+    and a ProfilerStep#1 [20,50] inside ProfilerStep#0 [0,100]: step 1 would start where step 0 ended
+    (100 µs) and end at 50 µs, a step of -50 µs (it was replayed so)."""
+    events = [runtime_call("cudaLaunchKernel", 30, 5, 1), device_task("k", 40, 5, 1)]
+    marks = [{"ph": "X", "cat": "user_annotation", "name": name, "pid": 1, "tid": 1, "ts": ts, "dur": dur}
+             for name, ts, dur in (("fwd", 0, 100), ("fwd", 20, 30))]
+    with pytest.raises(ProfileError, match=r"--steps mark=fwd: the 'fwd' at 20\.000 us starts before an earlier occurrence ends"):
+        find_windows(load_profile(trace_file(tmp_path, events + marks)), "mark=fwd")
+    steps = [{**m, "name": f"ProfilerStep#{k}"} for k, m in enumerate(marks)]
+    with pytest.raises(ProfileError, match=r"step 'ProfilerStep#1' ends at 50\.000 us, before the step before it ends \(100\.000 us\)"):
+        import_profile(load_profile(trace_file(tmp_path, events + steps)))
+
+
+def test_host_time_between_launches_counts_once_with_its_allocations(tmp_path):
+    """A 30 µs step: launch [2,7] of kernel a [8,9], a cudaMalloc [10,14], launch [16,19] of kernel b [25,30].
+    The issuing thread's time in disjoint pieces: framework [0,2], launch, framework [7,10], alloc, framework
+    [14,16], launch, framework [19,30] (the framework piece had spanned [7,16], the allocation in it). Per
+    category: framework 2 + 3 + 2 + 11 = 18 µs, alloc 4, launch 8 = the 30 µs step (it summed to 34).
+    Critical path: [0,8] idle, a ready at 7: host 7 (framework 2, launch 5), front end 1; [9,25] idle, b
+    ready at 19: host 10 = framework [9,10] + [14,16] 3, alloc 4, launch 3 (framework had been 7 more: 14 µs
+    of host in a 10 µs wait), front end 6; compute 1 + 5. The op list is as before: b's framework 9 - 4 = 5."""
+    events = [
+        {"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#0", "pid": 1, "tid": 1, "ts": 0, "dur": 30},
+        runtime_call("cudaLaunchKernel", 2, 5, 8), device_task("a", 8, 1, 8),
+        runtime_call("cudaMalloc", 10, 4),
+        runtime_call("cudaLaunchKernel", 16, 3, 9), device_task("b", 25, 5, 9),
+    ]
+    im = import_profile(load_profile(trace_file(tmp_path, events)))
+    assert im.found[0].main_segments == [(0, 2, "framework"), (2, 7, "launch"), (7, 10, "framework"), (10, 14, "alloc"),
+                                         (14, 16, "framework"), (16, 19, "launch"), (19, 30, "framework")]
+    measured = measured_summary(im)
+    expected = {"host_ms_framework": 0.018, "host_ms_alloc": 0.004, "host_ms_launch": 0.008, "breakdown_framework": 5 / 30,
+                "breakdown_alloc": 4 / 30, "breakdown_launch": 8 / 30, "breakdown_compute": 6 / 30, "breakdown_front_end": 7 / 30}
+    assert {key: measured[key] for key in expected} == pytest.approx(expected)
+    assert ops_table(im)[["framework_us", "alloc_us", "launch_us"]].values.tolist()[:2] == [[2.0, 0.0, 5.0], [5.0, 4.0, 3.0]]
+
+
+@pytest.mark.parametrize("name", sorted(REFERENCE))
+def test_host_time_by_category_never_exceeds_the_step(name, imported):
+    """The issuing threads' time is cut into disjoint pieces, one category each, so the categories sum to at
+    most the step (they had summed to 68.8 ms in AlexNet's 36.0 ms step, 15.0 in Ascend's 14.1, 20.6 in the
+    event-sync trace's 19.9: allocations and tiling counted as framework time too)."""
+    measured = measured_summary(imported[name])
+    host = sum(measured[f"host_ms_{c}"] for c in ("framework", "launch", "alloc", "tiling", "copy", "sync", "sync_wait"))
+    assert host <= measured["step_ms_mean"] * (1 + 1e-9)
+
+
+def test_alexnets_cudamalloc_time_is_allocation_not_framework(imported):
+    """AlexNet's measured forward (between the 3rd and 4th cudaDeviceSynchronize, by hand from the file):
+    a 36,019 µs window whose runtime calls take 34,133 µs, 63 µs of them calls that are host time of no
+    category of their own (cudaStreamIsCapturing 12, cudaEventRecord 25, cudaStreamWaitEvent 10,
+    occupancy queries 8, cudaFuncSetAttribute 5, stream priorities 3): framework 36,019 - 34,133 + 63 =
+    1,949 µs, and its five cudaMalloc 32,814 µs (framework had been 34.763 ms, the allocations again)."""
+    measured = measured_summary(imported["hta_alexnet_a100"])
+    assert measured["host_ms_framework"] == pytest.approx(1.949, abs=1e-6)
+    assert measured["host_ms_alloc"] == pytest.approx(32.814, abs=1e-6)
+    assert measured["breakdown_alloc"] > 0.8 > 0.05 > measured["breakdown_framework"]  # 0.840 and 0.009 (0.457, 0.461 before)
+
+
+def test_keep_reports_the_steps_found_and_the_kept_ones_by_their_numbers(tmp_path, capsys):
+    """Four synthetic steps, --keep 1:3: 2 replayed of 4 found, steps 1 and 2 (it said 2 of 2, steps 0 and 1);
+    the step table lists all four, 0 and 3 outside --keep."""
+    from harness.cli.profile import main as profile_main
+
+    path = tmp_path / "four.json"
+    path.write_text(json.dumps(kineto_trace(Layout(steps=4, ops=2))))
+    profile_main([str(path), "--out", str(tmp_path / "out"), "--keep", "1:3"])
+    assert "steps        2 replayed of 4 found (profiler)" in capsys.readouterr().out
+    record = json.loads((tmp_path / "out" / "profile.json").read_text())
+    assert (record["steps_found"], record["steps_replayed"]) == (4, [1, 2])
+    assert [(s["step"], s["replayed"], s["left_out"]) for s in record["steps"]] == [
+        (0, False, "outside --keep"), (1, True, ""), (2, True, ""), (3, False, "outside --keep")]

@@ -43,7 +43,7 @@ from harness.base.files import check_folder
 from harness.importers import READ_LIMIT_MB, load_profile
 from harness.config.paths import CONF_DIR, LAUNCH_FOLDER_CONF
 from harness.importers.fit import (
-    base_preset, device_fits, fit_machine, front_end_gaps_us, graph_task_gaps_us, kernel_and_exit_gap_us, module_own_us, preset_yaml,
+    allocation_calls, base_preset, device_fits, fit_machine, front_end_gaps_us, graph_task_gaps_us, kernel_and_exit_gap_us, module_own_us, preset_yaml,
     repeat_launches, shaped_ops, without_profiler,
 )
 from harness.importers.steps import Imported, import_profile, ops_table
@@ -292,7 +292,7 @@ def write_fit(
         base = args.base
     fitted = fit_machine(
         table, len(imported.kept), summary.get("host_ms_sync", 0.0), eager_gaps, graph_gaps, module_own_us(imported), exit_gaps,
-        repeat_launches(imported),
+        repeat_launches(imported), allocation_calls(imported),
     )
     if not fitted:
         fail(f"{args.trace}: no kernel launch in the replayed steps: nothing to fit a machine from")

@@ -203,12 +203,15 @@ def checked_stamp(path: Path, event: dict) -> int:
     return whole
 
 
-def nesting_parents(start: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def nesting_parents(start: np.ndarray, end: np.ndarray, inner: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """(order, parent) of slices on one thread: `order` sorts them by start (longest first at equal
-    starts); parent[k] is the position in that order of the innermost slice containing slice
-    order[k], or -1. Slices on a thread nest (Chrome trace rules); partial overlaps are cut at the
-    parent's end."""
-    order = np.lexsort((-end, start))
+    starts; of slices with the same extent, those `inner` marks after the others, else in the order
+    given); parent[k] is the position in that order of the innermost slice containing slice order[k],
+    or -1. Slices on a thread nest (Chrome trace rules); partial overlaps are cut at the parent's end."""
+    # Two slices with one extent say nothing of which holds the other: the caller's `inner` decides (a
+    # driver call timed exactly like the runtime call that made it is inside it, whichever the file lists first).
+    tie = np.zeros(start.size, dtype=np.int8) if inner is None else np.asarray(inner, dtype=np.int8)
+    order = np.lexsort((tie, -end, start))
     parent = np.full(order.size, -1, dtype=np.int64)
     stack: list[int] = []
     s, e = start[order], end[order]
@@ -237,9 +240,9 @@ def innermost(start: np.ndarray, end: np.ndarray, at: np.ndarray) -> np.ndarray:
     return found
 
 
-def top_level(start: np.ndarray, end: np.ndarray) -> np.ndarray:
-    """Whether each slice (of one thread) is not nested in another."""
-    order, parent = nesting_parents(start, end)
+def top_level(start: np.ndarray, end: np.ndarray, inner: np.ndarray | None = None) -> np.ndarray:
+    """Whether each slice (of one thread) is not nested in another (`inner`: see nesting_parents)."""
+    order, parent = nesting_parents(start, end, inner)
     outer = np.zeros(start.size, dtype=bool)
     outer[order[parent < 0]] = True
     return outer

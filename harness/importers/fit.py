@@ -9,7 +9,11 @@ fitted from: how many calls, and their spread):
   framework ops, `cpu_op` events, to name each launch's), the trace's total over those ops. A PyTorch-profiler trace
   folds shape inference, allocation and freeing into the framework op (`framework_us` is then all of
   a kernel's host work before its launch call: the Python of an `nn.Module` forward included, unless
-  the trace holds the module calls, below); torch_npu traces split them.
+  the trace holds the module calls, below); torch_npu traces split them. A device memory allocation
+  the runtime shows (cudaMalloc: the caching allocator growing its pool) is a one-off: where most
+  launches have none (the median is 0; AlexNet's five cudaMalloc calls, 32.8 ms, came before 4 of its 40
+  launches), `host.alloc_us` is that median, 0, and its comment gives the total, the calls it came
+  from, and that it was left out as one-off.
 * `host.module_us`: the own time of an nn.Module call (`with_modules=True`: the call's time outside the
   framework ops and module calls it holds), which `framework_us` then leaves out (the kernels=unfused
   op sequences pay it per module call); 0 where the trace holds none, their Python being in `framework_us`;
@@ -47,13 +51,16 @@ import numpy as np
 import pandas as pd
 
 from harness.config.schema import DeviceConfig
-from harness.importers.events import CALL_LAUNCH, TASK_KERNEL, ProfileError
+from harness.importers.events import CALL_ALLOC, CALL_LAUNCH, TASK_KERNEL, ProfileError
 from harness.importers.steps import Imported
 from harness.model.device import KIND_CUBE, block_dim, core_peak_flop_per_us
 from harness.model.ops import HOST_COSTS
 
 # Host stages of a kernel's launch, as the op list (ops.csv) holds them: <stage>_us per op.
 LAUNCH_STAGES = HOST_COSTS[: HOST_COSTS.index("own")]
+# Host stages whose time most launches do not pay is a one-off, not a cost of each op: device memory
+# allocation (a caching allocator calls cudaMalloc only while its pool grows).
+ONE_OFF_STAGES = ("alloc",)
 # The hardware preset a device name belongs to (case-insensitive substrings, first match).
 PRESET_OF_DEVICE = (("mi300", "mi300x"), ("a100", "a100"), ("h200", "h200"), ("h100", "h100"), ("b200", "b200"), ("ascend", "atlas_a2"), ("910b", "atlas_a2"))
 
@@ -149,9 +156,14 @@ def repeat_launches(imported: Imported) -> int:
     return int(len(named) - named["op_id"].nunique())
 
 
+def allocation_calls(imported: Imported) -> int:
+    """The device memory allocation calls (cudaMalloc, aclrtMalloc...) of the replayed steps."""
+    return int(sum((imported.found[i].calls["kind"] == CALL_ALLOC).sum() for i in imported.kept))
+
+
 def fit_machine(
     ops: pd.DataFrame, steps: int, sync_host_ms: float, eager_gaps: np.ndarray, graph_gaps: np.ndarray, module_us: np.ndarray | None = None,
-    exit_gaps: np.ndarray | None = None, repeats: int = 0,
+    exit_gaps: np.ndarray | None = None, repeats: int = 0, alloc_calls: int | None = None,
 ) -> list[Fitted]:
     """The fitted values from the replayed steps (`ops`: their op list, ops.csv's rows, `steps` of them),
     the host time of their synchronisation calls per step (measured without their wait for the device),
@@ -162,7 +174,9 @@ def fit_machine(
     a framework op and one launch in the model: an op's extra launches are part of its cost. A graph's
     launch (one call for many tasks, and the host work before it) is no op's: it is fitted as
     `graph.replay_launch_us` (counted as a launch, a graph-only trace's 882 µs cudaGraphLaunch became
-    every eager kernel's launch cost); a trace of graph launches alone fits no per-op host stage."""
+    every eager kernel's launch cost); a trace of graph launches alone fits no per-op host stage. A stage
+    of ONE_OFF_STAGES that most launches do not pay is fitted as its median, 0, and commented with its total
+    and `alloc_calls` (allocation_calls: the calls it came from) as left out."""
     graph_launch = (ops["launch_us"].fillna(0) > 0) & ops["in_graph"].fillna(0).astype(bool)
     graph_rows, per_op = ops[graph_launch], ops[~graph_launch]
     launched = per_op[per_op["launch_us"].fillna(0) > 0]
@@ -185,9 +199,17 @@ def fit_machine(
             note += f", less {module_us.sum() / 1e3 / steps:.4g} ms of nn.Module calls' own Python (host.module_us)"
             total_us = max(0.0, total_us - float(module_us.sum()))
         value = total_us / n
+        per_launch = launched[f"{stage}_us"].fillna(0.0).to_numpy()
+        if stage in ONE_OFF_STAGES and total_us > 0 and np.median(per_launch) == 0:
+            # A mean would charge every op a share of a few calls' time (AlexNet: 32.8 ms of cudaMalloc over 27
+            # ops, 1215 us an op): in a prediction of other models and batch sizes it is no op's cost.
+            calls = f"{alloc_calls} call{'s' if alloc_calls != 1 else ''}" if alloc_calls else "its calls"
+            note = (f"{total_us / 1e3 / steps:.4g} ms a step in {calls} before {int((per_launch > 0).sum())} of {len(per_launch)} launches,"
+                    " left out as one-off: most launches have none (the median)")
+            value = float(np.median(per_launch))
         if total_us > 0:
             included = ", module calls' Python included" if stage == "framework" and module_us.size else ""
-            note += f"; per launch{included} {_spread(launched[f'{stage}_us'].fillna(0.0).to_numpy())}"
+            note += f"; per launch{included} {_spread(per_launch)}"
         fitted.append(Fitted(f"host.{stage}_us", value, note))
     if n > 0 and module_us.size:
         note = f"own time of {module_us.size / steps:.0f} nn.Module calls a step (outside the ops and modules they hold); {_spread(module_us)}"

@@ -8,7 +8,11 @@ sync or stream-wait waited for: `wait_on_stream`, `wait_on_cuda_event_record_cor
 A task and its launch share `args.correlation` (a graph launch shares it with all its kernels).
 
 Driver calls nested in a runtime call on the same thread (cuLaunchKernel inside cudaLaunchKernel)
-are the same host time seen twice: only the outer call is kept.
+are the same host time seen twice: only the outer call is kept (a driver call timed exactly like a
+runtime call is inside it, whichever the file lists first).
+
+A field of the wrong type where the reader needs it (`cat` or `name` not text or a number,
+`distributedInfo` not an object, `deviceProperties` not a list) stops the import with one line naming it.
 """
 from __future__ import annotations
 
@@ -111,6 +115,20 @@ def _times(values: list, origin: int) -> np.ndarray:
     return np.asarray(values, dtype=np.float64) - origin
 
 
+def _shown(value: Any) -> str:
+    """A field's value for a one-line message (at most 40 characters of it)."""
+    return repr(value) if len(repr(value)) <= 40 else repr(value)[:37] + "..."
+
+
+def _check_scalar(path: Path, event: dict, field: str) -> None:
+    """Refuses (one line naming the file, the event and the field) a `cat` or `name` that is not text
+    or a number; None (no name) passes, as an empty name."""
+    value = event.get(field)
+    if value is None or type(value) in (str, int, float, bool):
+        return
+    raise ProfileError(f"{path}: event at ts={_shown(event.get('ts'))} has {field}={_shown(value)}: not text or a number")
+
+
 class _Group(list):
     """The events of one kind, gathered in the single pass over the trace; columns on demand."""
 
@@ -154,6 +172,10 @@ def read_kineto(path: Path, data: Any, rank: Optional[int]) -> Profile:
         cat = e.get("cat")
         if cat is None:
             continue
+        if type(cat) is not str:
+            _check_scalar(path, e, "cat")  # a list or an object cannot name a category (nor be looked up)
+        if type(e.get("name")) not in (str, int, float):
+            _check_scalar(path, e, "name")
         group = route.get(cat) or route.get(str(cat).lower())
         if group is ops and str(e.get("name", "")).startswith(STEP_MARK):
             group = marks
@@ -181,7 +203,10 @@ def read_kineto(path: Path, data: Any, rank: Optional[int]) -> Profile:
     device_args = device.args()
     device_of = np.array([_int(a.get("device"), _int(p, 0)) for a, p in zip(device_args, device.column("pid"))], dtype=np.int64)
     counts = Counter(device_of.tolist())
-    file_rank = _int((data.get("distributedInfo") or {}).get("rank") if isinstance(data, dict) else None, default=None)
+    distributed = (data.get("distributedInfo") or {}) if isinstance(data, dict) else {}
+    if not isinstance(distributed, dict):
+        raise ProfileError(f"{path}: distributedInfo is {_shown(distributed)}: not an object (Kineto writes {{\"rank\": R, ...}})")
+    file_rank = _int(distributed.get("rank"), default=None)
     if rank is None or rank == file_rank:
         chosen_device = counts.most_common(1)[0][0]
     elif rank in counts:
@@ -228,6 +253,8 @@ def read_kineto(path: Path, data: Any, rank: Optional[int]) -> Profile:
             if column in table:
                 table[column] -= shift
     names = (data.get("deviceProperties") or [{}]) if isinstance(data, dict) else [{}]
+    if not isinstance(names, list):
+        raise ProfileError(f"{path}: deviceProperties is {_shown(names)}: not a list (Kineto writes one object per device)")
     described = [p for p in names if isinstance(p, dict)]
     device_name = next((str(p.get("name", "")) for p in described if _int(p.get("id")) == chosen_device), "")
     if not device_name and len(described) == 1:
@@ -289,7 +316,7 @@ def _calls(calls: _Group, ops: _Group, op_start: np.ndarray, op_end: np.ndarray,
     if driver.any():
         for tid in np.unique(thread[driver]):
             on = np.flatnonzero(thread == tid)
-            keep[on] = top_level(start[on], end[on]) | ~driver[on]
+            keep[on] = top_level(start[on], end[on], inner=driver[on]) | ~driver[on]
     op = np.full(len(calls), "", dtype=object)
     op_id = np.full(len(calls), -1, dtype=np.int64)
     if ops:
@@ -346,15 +373,19 @@ def _framework_ops(ops: _Group) -> pd.DataFrame:
 def _peer_rows(rows: list[tuple], host_start: dict, origin: int, shift: float, rounding: bool) -> pd.DataFrame:
     """Device-side rows as HolisticTraceAnalysis 0.5 reads them (for `measure.peer_breakdown`): every
     duration event with a `stream` arg; times rounded to whole µs (start up, end down) when the file
-    has fractional (or missing) timestamps, as HTA does; each row's runtime start is that of the host
-    event sharing its correlation (any host event: HTA links graph launches and copies too)."""
+    has fractional (or missing) timestamps, as HTA does, except that an event within one µs (1000.2 to
+    1000.7: HTA makes it end at 1000, before it starts at 1001) lasts 0 µs at its rounded start; each
+    row's runtime start is that of the host event sharing its correlation (any host event: HTA links
+    graph launches and copies too)."""
     table = pd.DataFrame(rows, columns=["name", "cat", "ts", "dur", "stream", "correlation"])
     ts = table["ts"].astype(np.float64).to_numpy()
     dur = table["dur"].astype(np.float64).to_numpy()
     end = ts + dur
     if rounding:
-        end = np.floor(end)
         ts = np.ceil(ts)
+        # Not before its start: a negative duration would take time off the busy union and push the
+        # window below zero (percentages over 100).
+        end = np.maximum(np.floor(end), ts)
     table["start_us"] = ts - origin - shift
     table["end_us"] = end - origin - shift
     launched = {k: float(v) - origin - shift for k, v in host_start.items()}

@@ -73,7 +73,9 @@ def _step_measures(step: StepOps) -> dict:
     host_wait = device_wait = 0.0
     segments = np.array([(s, e) for s, e, _ in step.main_segments] or np.zeros((0, 2)))
     segment_category = [SEGMENT_CATEGORY[c] for _, _, c in step.main_segments]
-    segment_end = segments[:, 1] if len(segments) else np.zeros(0)
+    # Segments are in start order (step_ops); the furthest end reached so far is sorted even where two
+    # threads' segments overlap, so a search over it finds the first segment that can reach a time.
+    segment_reach = np.maximum.accumulate(segments[:, 1]) if len(segments) else np.zeros(0)
     for gap_start, gap_end in edges:
         if gap_end <= gap_start:
             continue
@@ -95,10 +97,10 @@ def _step_measures(step: StepOps) -> dict:
         host_wait += waited_host
         device_wait += rest
         path["external" if external else "front_end"] += rest
-        if waited_host > 0:  # on the host: what the issuing threads did meanwhile (segments run in time order)
+        if waited_host > 0:  # on the host: what the issuing threads did meanwhile (segments in start order)
             lo, hi = gap_start, gap_start + waited_host
             covered = 0.0
-            k = int(np.searchsorted(segment_end, lo, side="right"))
+            k = int(np.searchsorted(segment_reach, lo, side="right"))
             while k < len(segments) and segments[k, 0] < hi:
                 part = max(0.0, min(segments[k, 1], hi) - max(segments[k, 0], lo))
                 path[segment_category[k]] += part
@@ -224,7 +226,8 @@ def peer_breakdown(imported: Imported) -> dict | None:
     `get_idle_time_breakdown` (per stream, gaps between consecutive device tasks: host wait when the
     next task's launch call started after the previous task ended, kernel wait when the gap is under
     30 µs, other otherwise; summed over streams), recomputed on the same file. None when HTA does not
-    read the format (torch_npu's list-form trace_view.json)."""
+    read the format (torch_npu's list-form trace_view.json); the percentages are None when the window
+    is empty (every device event rounds to the same whole µs: nothing to take a share of)."""
     rows = imported.profile.peer_rows
     if rows is None or rows.empty:
         return None
@@ -249,12 +252,16 @@ def peer_breakdown(imported: Imported) -> dict | None:
         waits["host_wait"] += float(gap[host].sum())
         waits["kernel_wait"] += float(gap[kernel].sum())
         waits["other"] += float(gap[~host & ~kernel].sum())
+
+    def share(part: float) -> float | None:
+        return float(np.round(100.0 * part / window, 2)) if window > 0 else None
+
     return {
         "tool": "HolisticTraceAnalysis 0.5 definitions, recomputed",
         "window_ms": window / US_PER_MS,
-        "idle_pct": float(np.round(100.0 * idle / window, 2)),
-        "compute_pct": float(np.round(100.0 * compute / window, 2)),
-        "non_compute_pct": float(np.round(100.0 * (window - compute - idle) / window, 2)),
+        "idle_pct": share(idle),
+        "compute_pct": share(compute),
+        "non_compute_pct": share(window - compute - idle),
         "idle_host_wait_us": waits["host_wait"],
         "idle_kernel_wait_us": waits["kernel_wait"],
         "idle_other_us": waits["other"],

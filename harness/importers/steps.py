@@ -15,8 +15,12 @@ Steps (`--steps`, default `auto`, first rule that applies):
              end steps;
   from=NAME  from each occurrence of annotation NAME to the next (auto: the most repeated annotation
              whose occurrences do not overlap);
-  mark=NAME  each occurrence of annotation NAME is a step (its extent);
+  mark=NAME  each occurrence of annotation NAME is a step (its extent); occurrences that overlap are
+             refused;
   whole      the whole trace is one step.
+An annotation NAME is one named NAME or NAME#... (`Optimizer.step#SGD.step` for `Optimizer.step`), not
+every name NAME begins (`decode_sample` is not `decode`). A step that would end before it starts (its
+window inside the one before) is refused.
 Windows without device work are dropped. The harness replays steps that list the same ops, so the
 steps kept are the largest group with identical op sequences (ties: the group holding the latest
 step); the others are reported as left out.
@@ -131,10 +135,11 @@ def find_windows(profile: Profile, rule: str = "auto") -> tuple[str, list[Window
     on_threads = marks[marks["thread"].isin(issuing_threads)] if len(marks) else marks
 
     def marked(name: str) -> pd.DataFrame:
-        return on_threads[on_threads["name"].str.startswith(name)].sort_values("start_us")
+        return on_threads[annotation_named(on_threads["name"], name)].sort_values("start_us")
 
     if rule in ("auto", "profiler"):
-        steps = marked(STEP_MARK)
+        # ProfilerStep#0, #1, ...: the one name that is matched by its prefix alone.
+        steps = on_threads[on_threads["name"].str.startswith(STEP_MARK)].sort_values("start_us")
         if len(steps) or rule == "profiler":
             if not len(steps):
                 raise ProfileError(f"{profile.path}: --steps profiler: no '{STEP_MARK}N' annotation in the trace")
@@ -200,6 +205,15 @@ def find_windows(profile: Profile, rule: str = "auto") -> tuple[str, list[Window
         chosen = marked(name)
         if not len(chosen):
             raise ProfileError(f"{profile.path}: --steps {rule}: no annotation named {name!r} on a thread that launches work")
+        # Each occurrence is a step: one inside another would hand the inner one's kernels to both steps.
+        starts, ends = chosen["start_us"].to_numpy(), chosen["end_us"].to_numpy()
+        inside = np.flatnonzero(starts[1:] < np.maximum.accumulate(ends)[:-1])
+        if inside.size:
+            k = int(inside[0]) + 1
+            raise ProfileError(
+                f"{profile.path}: --steps {rule}: the {chosen['name'].iloc[k]!r} at {starts[k]:.3f} us starts before an earlier"
+                f" occurrence ends: steps must not overlap (try --steps from={name})"
+            )
         return rule, [Window(r.name, r.start_us, r.end_us) for r in chosen.itertuples()]
     if rule.startswith("from="):
         name = rule.split("=", 1)[1]
@@ -210,17 +224,35 @@ def find_windows(profile: Profile, rule: str = "auto") -> tuple[str, list[Window
     if rule == "auto":
         repeated = _repeated_mark(on_threads)
         if repeated is not None:
+            # The occurrences _repeated_mark counted and found apart (NAME and NAME#..., as from=NAME reads them).
             return f"from={repeated}", _from_marks(marked(repeated), on_threads, last_call)
     if rule not in ("auto", "whole"):
         raise ProfileError(f"{profile.path}: --steps {rule!r}: not a rule (auto, profiler, graph, sync, mark=NAME, from=NAME, whole)")
     return "whole", [Window("whole trace", first_call, max(last_call, last_task))]
 
 
+def annotation_named(names: pd.Series, name: str) -> pd.Series:
+    """Which annotations `--steps mark=NAME` / `from=NAME` mean: NAME itself, or NAME#<anything> (PyTorch
+    names an optimizer's step `Optimizer.step#SGD.step`); not every name NAME begins (`decode` is not the
+    `decode_sample` nested in it)."""
+    return (names == name) | names.str.startswith(name + "#")
+
+
 def _repeated_mark(marks: pd.DataFrame) -> Optional[str]:
-    """The annotation that occurs most often (at least twice) without its occurrences overlapping."""
+    """The annotation that occurs most often (at least twice) without its occurrences overlapping (as
+    `from=NAME` reads NAME: with any NAME#... annotations)."""
     best, best_count, best_first = None, 1, np.inf
-    for name, group in marks.groupby("name", sort=False):
-        group = group.sort_values("start_us")
+    rows_of = marks.groupby("name", sort=False).indices
+    # The names each name stands for: itself, and every NAME#... (found from the '#'s of the longer names,
+    # not by testing each name against all others: a trace may hold thousands of distinct annotations).
+    family: dict[str, list[str]] = {str(name): [name] for name in rows_of}
+    for name in rows_of:
+        text = str(name)
+        for at in [i for i, ch in enumerate(text) if ch == "#"]:
+            if text[:at] in family:
+                family[text[:at]].append(name)
+    for name, members in family.items():
+        group = marks.iloc[np.concatenate([rows_of[m] for m in members])].sort_values("start_us")
         if len(group) < 2 or np.any(group["start_us"].to_numpy()[1:] < group["end_us"].to_numpy()[:-1]):
             continue
         first = float(group["start_us"].iloc[0])
@@ -347,12 +379,25 @@ def step_ops(profile: Profile, index: TraceIndex, window: Window, issued_anywher
     segments: list[tuple[float, float, str]] = []
     cursor = window.start_us
     alloc_us = tiling_us = sync_wait = launch_lane = 0.0
+    in_gap: list[tuple[float, float]] = []  # the allocation and tiling segments since the cursor
+
+    def framework_pieces(start: float, end: float) -> None:
+        """Framework segments over [start, end] less the allocations and tiling queries in it, which have
+        segments of their own (host time counted once: the segments are disjoint)."""
+        for a, b in sorted(in_gap):
+            if b <= start or a >= end:
+                continue
+            if a > start:
+                segments.append((start, a, "framework"))
+            start = max(start, b)
+        if end > start:
+            segments.append((start, end, "framework"))
+        in_gap.clear()
 
     def take_gap(until: float) -> dict:
         nonlocal alloc_us, tiling_us
         gap = max(0.0, until - cursor)
-        if gap > 0:
-            segments.append((cursor, cursor + gap, "framework"))
+        framework_pieces(cursor, cursor + gap)
         inside = alloc_us + tiling_us
         scale = min(1.0, gap / inside) if inside > 0 else 0.0
         costs = {"framework_us": gap - inside * scale, "alloc_us": alloc_us * scale, "tiling_us": tiling_us * scale}
@@ -382,10 +427,12 @@ def step_ops(profile: Profile, index: TraceIndex, window: Window, issued_anywher
         if kind == CALL_ALLOC:
             alloc_us += c.end_us - c.start_us
             segments.append((c.start_us, c.end_us, "alloc"))
+            in_gap.append((c.start_us, c.end_us))
             continue
         if kind == CALL_TILING:
             tiling_us += c.end_us - c.start_us
             segments.append((c.start_us, c.end_us, "tiling"))
+            in_gap.append((c.start_us, c.end_us))
             continue
         if kind == CALL_RECORD:
             if c.key >= 0:
@@ -453,7 +500,10 @@ def step_ops(profile: Profile, index: TraceIndex, window: Window, issued_anywher
         # the gap before the next op.
     if window.end_us > cursor:
         host_op("[host]", {"framework_us": 0.0, "alloc_us": 0.0, "tiling_us": 0.0}, window.end_us - cursor, [], "host", cursor)
-        segments.append((cursor, window.end_us, "framework"))
+        framework_pieces(cursor, window.end_us)
+    # In start order for the measures' walk (a call on a second issuing thread may start inside a gap
+    # already cut into segments).
+    segments.sort()
     return StepOps(window, ops, np.array(task_ids, dtype=np.int64), calls, segments, sync_wait, launch_lane)
 
 
@@ -508,21 +558,27 @@ def import_profile(profile: Profile, rule: str = "auto", keep: Optional[slice] =
         devices = [op["end_us"] for op in step.ops if not np.isnan(op["end_us"])]
         step.start_us = max(step.window.start_us, previous_end)
         step.end_us = max([step.window.end_us, *devices])
+        if step.end_us < step.start_us:  # its window lies inside the step before: a negative step time, its ops in both
+            raise ProfileError(
+                f"{profile.path}: --steps {applied}: step {step.window.label!r} ends at {step.end_us:.3f} us, before the step before it"
+                f" ends ({step.start_us:.3f} us): steps must not overlap"
+            )
         previous_end = step.end_us
         step.signature = signature(step)
-    if keep is not None:
-        kept = found[keep]
-        if not kept:
-            raise ProfileError(f"{profile.path}: --keep leaves no step (the trace has steps 0..{len(found) - 1})")
-        found = kept
+    # --keep picks among the steps found, which keep their numbers (the step table, steps_found and
+    # steps_replayed speak of the trace's steps, not of the slice's).
+    candidates = list(range(len(found)))[keep] if keep is not None else list(range(len(found)))
+    if not candidates:
+        raise ProfileError(f"{profile.path}: --keep leaves no step (the trace has steps 0..{len(found) - 1})")
     groups: dict[tuple, list[int]] = {}
-    for i, step in enumerate(found):
-        groups.setdefault(step.signature, []).append(i)
+    for i in sorted(candidates):
+        groups.setdefault(found[i].signature, []).append(i)
     kept = max(groups.values(), key=lambda members: (len(members), members[-1]))
-    left_out = {
+    left_out = {i: "outside --keep" for i in range(len(found)) if i not in candidates}
+    left_out.update({
         i: f"its ops differ from step {kept[0]}'s ({len(found[i].ops)} ops against {len(found[kept[0]].ops)})"
-        for i in range(len(found)) if i not in kept
-    }
+        for i in candidates if i not in kept
+    })
     imported = Imported(profile, applied, found, kept, left_out)
     imported.streams = harness_streams(profile, [found[i] for i in kept])
     for i in kept:
