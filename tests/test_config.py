@@ -208,15 +208,63 @@ def test_preflight_turns_hydra_errors_into_one_line_exit_2(override, fragments, 
         ("tracking.uri=ftp://host/x", "tracking.uri='ftp://host/x': unknown scheme 'ftp' (use sqlite:///PATH, http(s)://HOST:PORT, postgresql://…, mysql://…)"),
         # Hydra takes a long key for a config group's file name: too long for the file system.
         ("workload." + "x" * 260 + "=1", "workload." + "x" * 51 + "… (269 characters): no such key"),
+        # `+` adds a key the schema lacks: it was dropped and the run went on (batch 1).
+        ("+workload.batchsize=64", "workload.batchsize=64: no such key (did you mean workload.batch_size?)"),
+        ("+hardware.device.ai_core=4", "hardware.device.ai_core=4: no such key (did you mean hardware.device.ai_cores?)"),
+        ("-m +workload.batchsize=1,2", "workload.batchsize=1: no such key (did you mean workload.batch_size?)"),
+        # A group given null or nothing: Hydra named neither, or listed its whole search path.
+        ("workload=null", "workload=null: a config group needs a preset, not null; choose from deepseek_v3, "),
+        ("hardware=null", "hardware=null: a config group needs a preset, not null; choose from a100, atlas_a2,"),
+        ("hardware=", "hardware=: names no hardware preset; choose from a100, atlas_a2,"),
+        # A bad item of a sweep is named, not the whole list.
+        ("-m workload.batch_size=1,abc", "workload.batch_size=abc: must be an integer"),
+        # One parent run, one experiment: a sweep of tracking.* put the parent in the first one only.
+        ("-m tracking.experiment=expA,expB", "tracking.experiment=expA,expB: tracking.* says where a sweep's runs go"),
+        # The basic sweeper has no values for an interval: Hydra's traceback came after the folder was made.
+        ("-m workload.batch_size=interval(1,4)",
+         "workload.batch_size=interval(1,4): an interval needs an optimising sweeper (hydra/sweeper=optuna); list the values"),
+        # Two jobs in one folder overwrote each other: 4 jobs, 2 rows in results.csv, exit 0.
+        ("-m hydra.sweep.subdir=${hydra.runtime.choices.strategy} strategy=eager,async workload.batch_size=1,8",
+         "hydra.sweep.subdir=${hydra.runtime.choices.strategy}: jobs 0 (strategy=eager workload.batch_size=1) and 1"
+         " (strategy=eager workload.batch_size=8) both resolve to eager, where one would overwrite the other"),
     ],
 )
-def test_errors_say_what_was_written_and_what_was_meant(override, line, capsys):
+def test_errors_say_what_was_written_and_what_was_meant(override, line, capsys, tmp_path):
     with pytest.raises(SystemExit) as exit_info:
         preflight(override.split())
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith(f"hostbound: error: {line}")
     assert "$VALUE" not in err and "search path" not in err
+    assert list(tmp_path.iterdir()) == []  # refused before a run or sweep folder was made
+
+
+def test_a_key_added_with_plus_is_checked_on_the_typed_fast_path():
+    """`+key=value` puts a key the dataclass lacks into a config composed on run_schema; OmegaConf.to_object
+    dropped it without a word. A free-form Dict field (card_overrides) takes any key still."""
+    from omegaconf import OmegaConf
+
+    from harness.config.compose import compose_config, to_run_config
+    from harness.config.schema import RunConfig
+
+    for override, line in [
+        ("+workload.batchsize=64", "workload.batchsize=64: no such key (did you mean workload.batch_size?)"),
+        ("+workload.serving.extra.a=1", "workload.serving.extra.a=1: no such key"),
+        ("+seeds=3", "seeds=3: no such key (did you mean seed?)"),
+    ]:
+        cfg = compose_config([override])
+        assert OmegaConf.get_type(cfg) is RunConfig  # the fast path
+        with pytest.raises(ConfigError) as exc:
+            to_run_config(cfg)
+        assert str(exc.value).startswith(line), str(exc.value)
+    run = to_run_config(compose_config(["+workload.card_overrides.num_hidden_layers=2"]))
+    assert run.workload.card_overrides == {"num_hidden_layers": 2}
+
+
+@pytest.mark.parametrize("subdir", ["${hydra.job.override_dirname}", "${hydra:runtime.choices.strategy}_${hydra.job.override_dirname}", "${hydra.job.num}_x"])
+def test_a_sweep_subdir_that_differs_per_job_passes(subdir, capsys):
+    preflight(["-m", f"hydra.sweep.subdir={subdir}", "strategy=eager,async", "workload.batch_size=1,8", "workload.steps=2"])
+    assert capsys.readouterr().err == ""
 
 
 def test_experiment_may_be_named_without_the_plus(capsys):

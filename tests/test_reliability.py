@@ -345,6 +345,26 @@ def test_a_trace_too_large_for_memory_is_refused_naming_the_file(tmp_path, monke
         check_run(run)
 
 
+@pytest.mark.parametrize("repeat,warmup,steps", [(1, 8, "4 step(s)"), (1, 4, "4 step(s)"), (2, 8, "4 step(s)")])
+def test_warmup_past_a_trace_csvs_steps_is_refused_not_cut(repeat, warmup, steps, tmp_path):
+    """A CSV's `step` column sets the steps, not workload.steps: a warm-up as long as them was cut to
+    steps - 1 without a word (4 steps, warmup_steps=8: 1 step measured, summary.json said warmup 8).
+    Refused as workload.steps' own limit is, naming the key and the file's steps, before a folder."""
+    path = tmp_path / "ops4.csv"
+    path.write_text("step,name,kind,device_us\n" + "".join(f"{s},mm,cube,100\n{s},add,vector,10\n" for s in range(4)))
+    folder = tmp_path / "run"
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), pytest.raises(SystemExit) as exc:
+        preflight(["workload=trace", f"workload.path={path}", f"workload.warmup_steps={warmup}", f"workload.repeat={repeat}",
+                   f"hydra.run.dir={folder}"])
+    assert exc.value.code == EXIT_BAD_INPUT
+    lines = err.getvalue().strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"hostbound: error: workload.warmup_steps={warmup}: must be < the {steps} of workload.path="), lines
+    assert not folder.exists()
+    run = compose_run("workload=trace", f"workload.path={path}", "workload.warmup_steps=3", f"workload.repeat={repeat}")
+    check_run(run)  # the last step measured: runs
+
+
 def test_trace_json_is_capped(monkeypatch):
     import harness.results.outputs as outputs
     from harness.sim.simulate import simulate_run

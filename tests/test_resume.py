@@ -170,3 +170,46 @@ def test_resuming_many_jobs_reads_each_earlier_summary_once(tmp_path, monkeypatc
         assert find_finished(digest, tmp_path / "sweep" / f"{i}", tmp_path / "outputs") == tmp_path / "outputs" / "runs" / f"r{i}"
     assert find_finished("f" * 16, tmp_path / "sweep" / "x", tmp_path / "outputs") is None
     assert len(reads) == 2 * len(digests)  # the index (40) and each match checked again (40), not 40 × 40
+
+
+def test_the_configuration_hash_covers_the_files_a_run_reads(tmp_path, monkeypatch):
+    """The config names a trace CSV or a model card, but an edited file under the same name is another
+    run: a CSV edited and rerun with resume=true copied the old run's numbers. The CSV by its bytes, the
+    card by its content (a comment edited there is the same card)."""
+    import shutil
+
+    import harness.config.paths as paths
+
+    csv = tmp_path / "ops.csv"
+    csv.write_text("step,name,kind,device_us\n0,mm,cube,100\n1,mm,cube,100\n")
+    trace = {"workload.card": None, "workload.path": str(csv), "seed": 0}
+    before = config_hash(trace)
+    assert config_hash(trace) == before
+    csv.write_text("step,name,kind,device_us\n0,mm,cube,1000\n1,mm,cube,1000\n")
+    assert config_hash(trace) != before
+
+    cards = tmp_path / "workloads"
+    cards.mkdir()
+    shutil.copy(paths.WORKLOADS_DIR / "llama2_7b.yaml", cards / "llama2_7b.yaml")
+    monkeypatch.setattr(paths, "WORKLOADS_DIR", cards)
+    card = {"workload.card": "llama2_7b", "workload.path": None, "seed": 0}
+    before = config_hash(card)
+    text = (cards / "llama2_7b.yaml").read_text()
+    (cards / "llama2_7b.yaml").write_text("# a comment\n" + text)
+    assert config_hash(card) == before
+    (cards / "llama2_7b.yaml").write_text(text.replace("num_hidden_layers: 32", "num_hidden_layers: 16"))
+    assert config_hash(card) != before
+
+
+def test_resume_simulates_an_edited_trace_csv_again(tmp_path, monkeypatch):
+    """End to end: the same overrides over an edited CSV are simulated, not copied from the earlier run."""
+    monkeypatch.chdir(tmp_path)
+    csv = tmp_path / "ops.csv"
+    csv.write_text("step,name,kind,device_us\n" + "".join(f"{s},mm,cube,100\n{s},add,vector,10\n" for s in range(4)))
+    overrides = ["workload=trace", f"workload.path={csv}", "output.timeline_steps=0", "tracking.enabled=false"]
+    params = {"workload.card": None, "workload.path": str(csv), "seed": 0}
+    first = execute(compose_run(*overrides), tmp_path / "outputs" / "runs" / "a", params)
+    csv.write_text(csv.read_text().replace(",100\n", ",1000\n"))
+    again = execute(compose_run(*overrides, "resume=true"), tmp_path / "outputs" / "runs" / "b", params, outputs_dir=tmp_path / "outputs")
+    assert again.resumed_from is None
+    assert again.summary["throughput_tok_s"] < first.summary["throughput_tok_s"] / 5

@@ -463,3 +463,32 @@ def test_a_jobs_recorded_overrides_are_a_single_runs():
 
     assert recorded_overrides(("tracking.enabled=False", "workload.serving.enabled=True", "resume=True", "strategy=acl_graph")) == (
         "tracking.enabled=false workload.serving.enabled=true strategy=acl_graph")
+
+
+def test_a_job_failed_then_fixed_and_resumed_counts_once_and_only_its_own_numbers(tmp_path):
+    """A job refused on resume (its CSV edited: its folder holds the earlier file's run) is failed, and its
+    folder's summary.json, another configuration's, stays out of results.csv (it went in, and the job was
+    counted both failed and finished: "1 of 3 jobs"). Resumed once the file is restored, the job is no
+    longer failed (its JOB_FAILED.txt stayed and failed the finished sweep)."""
+    rows = "step,name,kind,device_us\n" + "".join(f"{s},mm,cube,{{us}}\n{s},add,vector,10\n" for s in range(4))
+    (tmp_path / "a.csv").write_text(rows.format(us=100))
+    (tmp_path / "b.csv").write_text(rows.format(us=200))
+    sweep = ["-m", "workload=trace", "workload.path=a.csv,b.csv", "tracking.enabled=false", "output.print_summary=false", "hydra.sweep.dir=sw"]
+    assert run_cli(*sweep, cwd=tmp_path, timeout=300).returncode == 0
+    job_a = next((tmp_path / "sw").glob("0_*"))
+    kept = (job_a / "summary.json").read_bytes()
+
+    (tmp_path / "a.csv").write_text(rows.format(us=1000))
+    edited = run_cli(*sweep, "resume=true", cwd=tmp_path, timeout=300)
+    assert edited.returncode == 2, edited.stderr[-2000:]
+    final = [line for line in edited.stderr.splitlines() if "jobs failed" in line]
+    assert len(final) == 1 and final[0].startswith("hostbound: error: 1 of 2 jobs failed, results.csv holds the 1 that finished"), final
+    results = pd.read_csv(tmp_path / "sw" / "results.csv")
+    assert [os.path.basename(d) for d in results["run_dir"]] == [next((tmp_path / "sw").glob("1_*")).name]
+    assert (job_a / "JOB_FAILED.txt").is_file() and (job_a / "summary.json").read_bytes() == kept  # nothing lost
+
+    (tmp_path / "a.csv").write_text(rows.format(us=100))
+    fixed = run_cli(*sweep, "resume=true", cwd=tmp_path, timeout=300)
+    assert fixed.returncode == 0, fixed.stderr[-2000:]
+    assert not list((tmp_path / "sw").rglob("JOB_FAILED.txt"))
+    assert len(pd.read_csv(tmp_path / "sw" / "results.csv")) == 2 and "Failed" not in (tmp_path / "sw" / "results.md").read_text()

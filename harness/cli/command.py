@@ -11,6 +11,7 @@ import itertools
 import logging
 import math
 import os
+import re
 import signal
 import sys
 import threading
@@ -172,6 +173,12 @@ def preflight(argv: list[str]) -> None:
             f"{overrides[position]}: several values make a sweep: add -m (python -m harness -m {' '.join(overrides)});"
             f" for a list write {key}=[...]"
         )
+    for position, key, _ in sweeps:
+        if key.lstrip("+~").split(".")[0] == "tracking":
+            # One parent run holds a sweep's jobs, in the experiment and store the sweep itself was composed
+            # with (the first value): the others' jobs were logged under a parent of another experiment.
+            fail(f"{overrides[position]}: tracking.* says where a sweep's runs go, one place for the whole sweep:"
+                 " give one value (run one sweep per value)")
     if total > len(variants):
         print(f"hostbound: note: {total} combinations: each value of each axis is checked before the sweep;"
               " a combination that fails stops only its own job", file=sys.stderr)
@@ -194,7 +201,8 @@ def preflight(argv: list[str]) -> None:
             except HarnessError as exc:
                 fail(str(exc))
             except Exception as exc:
-                fail(one_line(exc, overrides))
+                # the job's single values: a bad item of a sweep is named, not the whole list (`=1,abc`)
+                fail(one_line(exc, variant))
         hydra_overrides = [o for o in overrides if o.lstrip("+~").startswith("hydra.") or o.lstrip("+~").startswith("hydra/")]
         key = "hydra.sweep.dir" if _is_multirun(argv) else "hydra.run.dir"
         try:
@@ -205,6 +213,11 @@ def preflight(argv: list[str]) -> None:
             fail(one_line(exc, overrides))
         if _is_multirun(argv):
             check_launcher(cfg)
+            try:
+                check_intervals(overrides, cfg)
+                check_job_folders(loader, config_name, overrides, hydra_overrides, cfg)
+            except HarnessError as exc:
+                fail(str(exc))
     try:
         check_output_folder(key, folder, resuming)
         if resuming and _is_multirun(argv):
@@ -215,6 +228,61 @@ def preflight(argv: list[str]) -> None:
         fail(str(exc))
     except Exception as exc:
         fail(one_line(exc, overrides))
+
+
+_BASIC_SWEEPER = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"
+
+
+def check_intervals(overrides: list[str], cfg: DictConfig) -> None:
+    """`interval(a,b)` is a range an optimising sweeper draws from: the basic sweeper has no list of values
+    for it, and Hydra said so in a 16-line traceback, after the sweep's folder and a FAILED parent run."""
+    from hydra.core.override_parser.types import ValueType
+
+    sweeper = str(OmegaConf.select(cfg, "hydra.sweeper._target_", default="") or "")
+    if sweeper and sweeper != _BASIC_SWEEPER:
+        return
+    for override in OverridesParser.create().parse_overrides(overrides):
+        if override.value_type == ValueType.INTERVAL_SWEEP and not override.is_hydra_override():
+            raise ConfigError(f"{override.input_line}: an interval needs an optimising sweeper (hydra/sweeper=optuna); list the values")
+
+
+def all_combinations(overrides: list[str]):
+    """(every job's single-valued override list, its swept values), in the basic sweeper's order (its job numbers)."""
+    base, sweeps = _sweep_axes(overrides)
+    for chosen in itertools.product(*[[f"{key}={value}" for value in values] or [""] for _, key, values in sweeps]):
+        job = list(base)
+        for (position, _, _), override in zip(sweeps, chosen):
+            job[position] = override
+        yield [o for o in job if o], [o for o in chosen if o]
+
+
+def check_job_folders(loader, config_name: str, overrides: list[str], hydra_overrides: list[str], cfg: DictConfig) -> None:
+    """Each job of a sweep has a folder of its own: a hydra.sweep.subdir that resolves to the same folder
+    for two jobs (`${hydra.runtime.choices.strategy}` over batch sizes) made them overwrite each other's
+    files, and results.csv held one row of the two. A subdir that names the job's number is unique as is;
+    any other is resolved for every combination (~3 ms each, composed from the cache)."""
+    node = cfg.hydra.sweep._get_node("subdir")
+    raw = str(node._value()) if node is not None else ""
+    if re.search(r"hydra[.:]job\.(num|id)\b", raw):
+        return
+    if str(OmegaConf.select(cfg, "hydra.sweeper._target_", default="") or "") not in ("", _BASIC_SWEEPER):
+        return  # an optimiser's jobs are its trials, not the product of the axes
+    pattern = raw.replace("${hydra:", "${hydra.")  # the same node: the composed config holds hydra's (no HydraConfig here)
+    seen: dict[str, tuple[int, list[str]]] = {}
+    for num, (job, swept) in enumerate(all_combinations(overrides)):
+        job_cfg = compose_job(loader, config_name, job + hydra_overrides)
+        with open_dict(job_cfg.hydra):
+            job_cfg.hydra.job.num = num
+            job_cfg.hydra.job.id = num
+            job_cfg.hydra.sweep.subdir = pattern
+        subdir = os.path.normpath(str(OmegaConf.select(job_cfg, "hydra.sweep.subdir")))
+        if subdir in seen:
+            first, earlier = seen[subdir]
+            raise ConfigError(
+                f"hydra.sweep.subdir={raw}: jobs {first} ({' '.join(earlier)}) and {num} ({' '.join(swept)}) both resolve to"
+                f" {subdir}, where one would overwrite the other: give each job its own folder (e.g. add ${{hydra.job.num}})"
+            )
+        seen[subdir] = (num, swept)
 
 
 # Launchers whose plugin comes with an extra (pyproject.toml), by the module their config's _target_ names.
@@ -350,6 +418,10 @@ def _run_job(cfg: DictConfig) -> float:
     from harness.cli.job import execute
     from harness.base.files import WriteError
 
+    if HydraConfig.get().mode == RunMode.MULTIRUN:  # a job run again: its failure of before is not this run's
+        from harness.sweep.callbacks import clear_failed_job
+
+        clear_failed_job(Path(HydraConfig.get().runtime.output_dir))
     try:
         run = to_run_config(cfg)
         run.output.timeline_steps = run.output.steps_drawn(in_sweep=HydraConfig.get().mode == RunMode.MULTIRUN)

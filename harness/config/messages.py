@@ -61,10 +61,37 @@ def config_keys() -> list[str]:
     return sorted(set(flatten(OmegaConf.to_container(OmegaConf.structured(RunConfig)))) | set(groups))
 
 
+def no_such_key(key: str, value: object = None, overrides: Sequence[str] = (), unknown: str | None = None) -> str:
+    """`key=value: no such key` with the key meant (or, for a word at the top, the config groups).
+    `unknown`: the part of `key` the schema lacks, where it adds a whole dict (`workload.extra` of
+    `workload.extra.a=1`): the key to spell-check."""
+    unknown = unknown or key
+    hint = did_you_mean(unknown, config_keys())
+    if not hint and "." not in unknown:  # a word at the top, like model=...: say what the groups are
+        groups = sorted(p.name for p in CONF_DIR.iterdir() if p.is_dir() and p.name not in ("hydra", "experiment", "advise"))
+        hint = f"; the config groups are {', '.join(groups)} (e.g. workload=llama2_7b_decode), and +experiment=NAME"
+    return f"{_written(key, overrides, '...' if value is None else str(value))}: no such key{hint}"
+
+
 _TYPE_WORDS = {"Integer": "an integer", "Float": "a number", "Boolean": "true or false", "String": "text"}
 
 
 def _explain(raw: str, overrides: Sequence[str]) -> Optional[str]:
+    if "Config group override must be a string or a list. Got NoneType" in raw:
+        # `workload=null`: Hydra names neither the group nor the value
+        for override in overrides:
+            name, equals, value = override.partition("=")
+            group = name.lstrip("+~")
+            if equals and value.strip().strip("'\"").lower() in ("null", "none", "~") and group_options(group):
+                return f"{group}={value}: a config group needs a preset, not null; choose from {', '.join(group_options(group))}"
+        return "a config group was given null: name a preset (e.g. workload=llama2_7b_decode)"
+    if m := re.search(r"Could not find '(?P<group>[\w/]+)/'", raw):
+        # `hardware=`: an empty name (Hydra listed its whole search path)
+        group = m["group"]
+        options = group_options(group)
+        if not options:
+            return None
+        return f"{group}=: names no {group} preset; choose from {', '.join(options)}"
     if m := re.search(r"Could not find '(?P<group>[\w/]+)/(?P<value>[^']+)'", raw):
         group, value = m["group"], m["value"]
         options = group_options(group)
@@ -77,12 +104,7 @@ def _explain(raw: str, overrides: Sequence[str]) -> Optional[str]:
         written = next((o for o in overrides if o.lstrip("+~").partition("=")[0] == key), f"{key}=...")
         return f"{written[:60]}… ({len(key)} characters): no such key"
     if m := re.search(r"Key '[^']+' not in '\w+'; full_key: (?P<key>\S+)", raw):
-        key = m["key"]
-        hint = did_you_mean(key, config_keys())
-        if not hint and "." not in key:  # a word at the top, like model=...: say what the groups are
-            groups = sorted(p.name for p in CONF_DIR.iterdir() if p.is_dir() and p.name not in ("hydra", "experiment", "advise"))
-            hint = f"; the config groups are {', '.join(groups)} (e.g. workload=llama2_7b_decode), and +experiment=NAME"
-        return f"{_written(key, overrides, '...')}: no such key{hint}"
+        return no_such_key(m["key"], None, overrides)
     if m := re.search(r"Value '(?P<value>.*?)' of type '\w+' could not be converted to (?P<to>\w+); full_key: (?P<key>[^;\s]+)", raw):
         return f"{_written(m['key'], overrides, m['value'])}: must be {_TYPE_WORDS.get(m['to'], m['to'])}"
     if m := re.search(r"Value '(?P<value>.*?)' is not a valid bool \(type \w+\); full_key: (?P<key>[^;\s]+)", raw):

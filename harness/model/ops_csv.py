@@ -278,7 +278,12 @@ def read_ops_csv(path: str | Path, cfg: WorkloadConfig) -> Workload:
         host_cost = np.stack([grid(c, np.nan) for c in COST_COLUMNS] + [grid("host_us", np.nan)], axis=-1)
     waits = grid("not_before_us", np.nan) if "not_before_us" in numbers else None
     copies = max(1, cfg.repeat)
-    run_cfg = dataclasses.replace(cfg, steps=steps * copies, warmup_steps=min(cfg.warmup_steps, steps * copies - 1))
+    if cfg.warmup_steps >= steps * copies:
+        # As workload.steps' own limit does: refused, not cut to what fits (a 4-step CSV with warmup_steps=8
+        # measured 1 step of 4 while its summary.json said warmup 8).
+        played = f"{steps} step(s) of {where}" + (f" played workload.repeat={copies} times" if copies > 1 else "")
+        raise ConfigError(f"workload.warmup_steps={cfg.warmup_steps}: must be < the {played}, or no step is measured")
+    run_cfg = dataclasses.replace(cfg, steps=steps * copies)
     if copies > 1:  # the file's steps played `repeat` times
         per_step = {key: np.tile(value, (copies, 1)) for key, value in per_step.items()}
     workload = from_op_arrays(

@@ -10,6 +10,7 @@ source; either way the run is not simulated or logged again, so an interrupted s
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import shutil
@@ -24,9 +25,72 @@ _NOT_THE_CONFIGURATION = WHERE_THINGS_GO
 
 
 def config_hash(params: dict) -> str:
-    """16 hex digits identifying what a run simulates (the flattened resolved config, seed included)."""
+    """16 hex digits identifying what a run simulates (the flattened resolved config, seed included, and
+    the files it reads: input_digests)."""
     kept = {k: v for k, v in params.items() if not k.startswith(_NOT_THE_CONFIGURATION)}
+    kept.update(input_digests(params))
     return hashlib.sha256(json.dumps(kept, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def input_digests(params: dict) -> dict[str, str]:
+    """Digests of the files a run reads beside its config: the config names them, but an edited file
+    under the same name is another run (an op-list CSV edited and rerun with resume=true copied the old
+    run's numbers). The model card (workloads/<card>.yaml) by its content, so that a comment edited there
+    leaves the hash, and the runs it finds, alone; a trace workload's CSV (used when no card is set, as
+    the run uses it) by its bytes. A file that is not there adds nothing: the run itself refuses it."""
+    card, path = params.get("workload.card"), params.get("workload.path")
+    if card:
+        digest = _card_digest(str(card))
+        return {"workload.card:content": digest} if digest else {}
+    if path:
+        digest = _file_digest(str(path))
+        return {"workload.path:bytes": digest} if digest else {}
+    return {}
+
+
+def _stamp(path: Path) -> tuple | None:
+    try:
+        stat = path.stat()
+    except OSError:
+        return None
+    return (str(path.absolute()), stat.st_mtime_ns, stat.st_size, stat.st_ino)
+
+
+def _card_digest(name: str) -> str | None:
+    from harness.config.paths import WORKLOADS_DIR
+
+    stamp = _stamp(WORKLOADS_DIR / f"{name}.yaml")
+    return _card_content_digest(stamp) if stamp is not None else None
+
+
+def _file_digest(path: str) -> str | None:
+    stamp = _stamp(Path(path))
+    return _bytes_digest(stamp) if stamp is not None else None
+
+
+# Keyed by (path, modification time, size, inode): a sweep's jobs over one file read it once, and a file
+# edited (or replaced) in between is read again.
+@functools.lru_cache(maxsize=64)
+def _bytes_digest(stamp: tuple) -> str | None:
+    digest = hashlib.sha256()
+    try:
+        with open(stamp[0], "rb") as file:
+            for chunk in iter(lambda: file.read(1 << 20), b""):
+                digest.update(chunk)
+    except OSError:
+        return None
+    return digest.hexdigest()
+
+
+@functools.lru_cache(maxsize=64)
+def _card_content_digest(stamp: tuple) -> str | None:
+    from omegaconf import OmegaConf
+
+    try:
+        content = OmegaConf.to_container(OmegaConf.load(stamp[0]), resolve=True)
+    except Exception:  # not YAML: the run says so; its bytes tell it apart meanwhile
+        return _bytes_digest(stamp)
+    return hashlib.sha256(json.dumps(content, sort_keys=True, default=str).encode()).hexdigest()
 
 
 def _finished(folder: Path, digest: str) -> bool:

@@ -36,6 +36,30 @@ JOB_FAILED_FILE = "JOB_FAILED.txt"  # in a job's folder: the one line that stopp
 
 
 
+def clear_failed_job(job_dir: Path) -> None:
+    """A job starting again (resume=true after the input was fixed) is not the job that failed: its old
+    JOB_FAILED.txt kept it out of results.csv, counted it failed beside its new summary.json and failed
+    the sweep that had just finished it."""
+    try:
+        (job_dir / JOB_FAILED_FILE).unlink(missing_ok=True)
+    except OSError:  # not ours to remove (a folder we cannot write): the job's own write says so
+        pass
+
+
+def failed_job_dirs(sweep_dir: Path) -> list[Path]:
+    """The folders of the jobs that failed (their JOB_FAILED.txt, at any depth: hydra.sweep.subdir may
+    nest), absolute."""
+    return sorted(p.parent.absolute() for p in sweep_dir.rglob(JOB_FAILED_FILE))
+
+
+def _first_line(path: Path) -> str:
+    try:
+        lines = path.read_text().strip().splitlines()
+    except OSError:  # removed meanwhile
+        return "failed"
+    return lines[0] if lines else "failed"
+
+
 def mark_failed_job(job_dir: Path, reason: str) -> None:
     """A job of a sweep stopped on bad input: say so in its folder and on stderr, and let the sweep go on
     (its end writes results.csv for the jobs that finished, marks the parent run FAILED, exits 2)."""
@@ -119,16 +143,25 @@ class SweepTracking(Callback):
         Progress("hostbound sweep").done()
         from harness.results.comparison import comparison, load_run_dirs, plot, to_markdown
 
+        failed_jobs = failed_job_dirs(sweep_dir)
         table = load_run_dirs([sweep_dir])
-        failed_jobs = sorted(p.parent for p in sweep_dir.glob(f"*/{JOB_FAILED_FILE}"))
+        if failed_jobs and not table.empty:
+            # A failed job's folder may hold a summary.json all the same: another configuration's, that
+            # resume=true refused to overwrite. It is not this job's result: out of the table, and each
+            # job counted once (failed), not once failed and once finished.
+            table = table[~table["run_dir"].isin({str(job) for job in failed_jobs})].reset_index(drop=True)
         description, plots = "", []
+        failures = "; ".join(f"{job.name}: {_first_line(job / JOB_FAILED_FILE)}" for job in failed_jobs)
+        if table.empty and failed_jobs:
+            # No job finished: results.md says so (its table of before would read as this launch's);
+            # an earlier launch's results.csv is left as it was.
+            write_text(sweep_dir / RESULTS_MD, f"No job finished. Failed ({len(failed_jobs)} of {len(failed_jobs)} jobs): {failures}.\n")
         if not table.empty:
             atomic_write(sweep_dir / RESULTS_CSV, lambda tmp: table.to_csv(tmp, index=False))  # every summary key of every job
             compared_table = comparison(table)
             compared = to_markdown(compared_table)
             if failed_jobs:  # the table would read as the whole sweep
-                compared += f"\n\nFailed, not in this table ({len(failed_jobs)} of {len(failed_jobs) + len(table)} jobs): " + "; ".join(
-                    f"{job.name}: {(job / JOB_FAILED_FILE).read_text().strip().splitlines()[0]}" for job in failed_jobs) + "."
+                compared += f"\n\nFailed, not in this table ({len(failed_jobs)} of {len(failed_jobs) + len(table)} jobs): {failures}."
             write_text(sweep_dir / RESULTS_MD, compared + "\n")
             plots = plot(compared_table, sweep_dir)
             description = parent_description(len(table), list(config.hydra.overrides.task), compared, plots)
@@ -144,10 +177,11 @@ class SweepTracking(Callback):
             written = [sweep_dir / name for name in (RESULTS_CSV, RESULTS_MD) if (sweep_dir / name).exists()] + plots
             self._finish_tracking(sweep_dir, tracking, len(table), failed=bool(failed_jobs), description=description, artifacts=written)
         if failed_jobs:
-            first = (failed_jobs[0] / JOB_FAILED_FILE).read_text().strip()
+            first = _first_line(failed_jobs[0] / JOB_FAILED_FILE)
+            held = f"results.csv holds the {len(table)} that finished" if len(table) else "none finished"
             print(
-                f"hostbound: error: {len(failed_jobs)} of {len(failed_jobs) + len(table)} jobs failed, results.csv holds the"
-                f" {len(table)} that finished (first: {failed_jobs[0].name}: {first})",
+                f"hostbound: error: {len(failed_jobs)} of {len(failed_jobs) + len(table)} jobs failed, {held}"
+                f" (first: {failed_jobs[0].name}: {first})",
                 file=sys.stderr,
             )
             raise SystemExit(EXIT_BAD_INPUT)
