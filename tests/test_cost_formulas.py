@@ -13,7 +13,7 @@ import pytest
 
 from conftest import compose_run
 from harness.config.schema import DeviceConfig, LinkConfig, OpSpec
-from harness.model.device import KIND_COMM, KIND_CUBE, block_dim, collective_us, copy_time_us, core_peak_flop_per_us, device_times
+from harness.model.device import KIND_COMM, KIND_CUBE, block_dim, collective_us, fewest_in_node, copy_time_us, core_peak_flop_per_us, device_times
 from harness.base.errors import ConfigError
 from harness.model.ops import COMM_ALL_GATHER, COMM_ALL_REDUCE, COMM_ALL_TO_ALL, COMM_NONE, check_memory
 from harness.sim.simulate import simulate_run
@@ -42,7 +42,9 @@ MB_196 = 1.96e6  # bytes per rank: 10 µs over the scale-up link, 78.4 µs betwe
         (COMM_ALL_TO_ALL, 4, MB_196, 0.5 + 10.0 * 3 / 4),  # 8
         (COMM_ALL_TO_ALL, 8, MB_196, 0.5 + 10.0 * 7 / 8),  # 9.25
         (COMM_ALL_TO_ALL, 4, 10 * MB_196, 0.5 + 100.0 * 3 / 4),  # 75.5
-        (COMM_ALL_TO_ALL, 16, MB_196, 1.5 + MB_196 * 15 / 16 / 25_000),  # across nodes: 75
+        # Across two nodes of 8, each rank sends 7/16 of S to in-node peers (4.375 µs at 196 GB/s) while 8/16
+        # go over the network (39.2 µs at 25 GB/s): the slower share, not all 15/16 at the network's rate (75).
+        (COMM_ALL_TO_ALL, 16, MB_196, 1.5 + MB_196 * 8 / 16 / 25_000),  # 40.7
         # Not a collective, or one rank alone: nothing to move.
         (COMM_NONE, 8, MB_196, 0.0),
         (COMM_ALL_REDUCE, 1, MB_196, 0.0),
@@ -53,6 +55,21 @@ MB_196 = 1.96e6  # bytes per rank: 10 µs over the scale-up link, 78.4 µs betwe
 def test_collective_transfer_times(comm, ranks, nbytes, expected_us):
     got = collective_us(np.array([comm]), np.array([ranks]), np.array([[nbytes]]), LINK)
     assert got.tolist() == [[pytest.approx(expected_us, rel=1e-12)]]
+
+
+def test_an_all_to_all_across_nodes_sends_in_node_and_over_the_network_at_once():
+    """The member with the fewest in-node peers sets the time. TP 4 on nodes of 6: ranks 4-7 span two
+    nodes, 2 and 2, so rank 4 sends 1/4 of S in its node and 2/4 over the network: 1.5 + max(2.5, 39.2).
+    12 ranks on nodes of 8: ranks 8-11 share a node with no one else of their group (4 of 12 in-node),
+    sending 8/12 over the network: 1.5 + max(2.5, 52.27). On nodes of 4, 8 ranks: 4 in-node, 4/8 out."""
+    def a2a(ranks, per_node):
+        link = dataclasses.replace(LINK, devices_per_node=per_node)
+        return collective_us(np.array([COMM_ALL_TO_ALL]), np.array([ranks]), np.array([[MB_196]]), link)[0, 0]
+
+    assert a2a(4, 6) == pytest.approx(1.5 + MB_196 * 2 / 4 / 25_000)  # 40.7
+    assert a2a(12, 8) == pytest.approx(1.5 + MB_196 * 8 / 12 / 25_000)  # 53.77
+    assert a2a(8, 4) == pytest.approx(1.5 + MB_196 * 4 / 8 / 25_000)  # 40.7
+    assert fewest_in_node(16, 8) == 8 and fewest_in_node(4, 6) == 2 and fewest_in_node(12, 8) == 4 and fewest_in_node(8, 8) == 8
 
 
 def test_a_group_of_one_node_stays_on_the_scale_up_link():

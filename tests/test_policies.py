@@ -11,6 +11,7 @@ import pytest
 from conftest import compose_run
 from harness.config.schema import OpKind, OpSpec, StrategyConfig
 from harness.base.errors import ConfigError
+from harness.model.ops import FLAG_ROUTED
 from harness.sim.policies import BUILD, EAGER, REPLAY, _padding_waste, fuse, pad_up, prepare
 from harness.sim.simulate import simulate_run
 from harness.model.workload import build_workload
@@ -199,6 +200,34 @@ def test_syncs_are_dropped_only_when_a_graph_replays(tmp_path):
 def test_host_scheduling_with_shape_buckets_pads_the_batch():
     workload, plan = plan_of(compose_run("strategy.shape_buckets=true", "workload.batch_size=5", "workload.steps=2"), [5, 5])
     assert workload.batch.tolist() == [8, 8] and workload.real_batch.tolist() == [5, 5] and plan.mode.tolist() == [E, E]
+
+
+def test_a_graphs_padding_rows_read_no_kv_cache():
+    """Llama-3.1-8B at batch 33 with 8,192 tokens of context, padded into a 40-graph on an H100: attention
+    reads the 33 real sequences' caches, 33 x (8,192 + s + 1) tokens x 8 KV heads x (128 + 128) x 2 bytes a
+    layer (1.107 GB), not 40 sequences' (vLLM gives padding rows no cache blocks); the projections multiply
+    all 40 rows (4,096 x 4,096 x 2 FLOPs a row for o_proj)."""
+    run = compose_run("hardware=h100", "workload=llama31_8b_decode", "strategy=cuda_graph", "workload.batch_size=33",
+                      "workload.context_len=8192", "workload.steps=3")
+    workload, plan = prepare(run, np.full(3, 33), None)
+    attention, o_proj = workload.op_names.index("layers.0.attention"), workload.op_names.index("layers.0.o_proj")
+    assert workload.batch.tolist() == [40] * 3 and plan.mode.tolist() == [B, R, R]
+    kv_tokens = 33 * (8192 + np.arange(3) + 1)
+    assert workload.cache_bytes[:, attention].tolist() == (kv_tokens * 8 * 256 * 2.0).tolist()
+    assert workload.flops[:, attention].tolist() == (2.0 * 32 * 256 * kv_tokens).tolist()
+    assert workload.flops[:, o_proj].tolist() == [40 * 4096 * 4096 * 2.0] * 3
+
+
+def test_a_step_above_every_kept_size_multiplies_its_real_expert_rows():
+    """A graph run pads each expert's rows to a power of two only on the steps it replays or captures; a
+    step too large for any graph runs eagerly at its real shapes: its device time is an eager run's."""
+    overrides = ("hardware=h100", "workload=qwen3_30b_decode", "workload.steps=2")
+    mixed, plan = prepare(compose_run(*overrides, "strategy=cuda_graph"), np.array([24, 600]), None)
+    eager, _ = prepare(compose_run(*overrides, "strategy=eager"), np.array([24, 600]), None)
+    assert plan.mode.tolist() == [B, E]
+    routed = (mixed.flags & FLAG_ROUTED) > 0
+    assert np.any(routed) and mixed.flops[1].tolist() == eager.flops[1].tolist()
+    assert mixed.flops[0, routed].sum() > eager.flops[0, routed].sum()  # the graph step: 24 x 8 = 192 picks, 256 rows
 
 
 def test_kv_lengths_pad_up_to_whole_blocks():

@@ -13,10 +13,15 @@ they cost one PCIe transfer.
 
 Collectives: fixed cost + the textbook cost on the link the group needs: the scale-up link (HCCS,
 NVLink) when the group fits in one node, the inter-node network otherwise. With p ranks and S bytes
-per rank: ring all-reduce 2(p−1) hops of S/p; all-gather (p−1) hops of S; all-to-all sends
-S(p−1)/p over a full mesh in one round.
+per rank: ring all-reduce 2(p−1) hops of S/p; all-gather (p−1) hops of S (a ring is paced by its
+slowest hop: a group that spans nodes pays the network for every hop); all-to-all sends S(p−1)/p over a
+full mesh in one round, to peers in its node over the scale-up link and to the others over the network
+at the same time (the slower share sets the time).
 """
 from __future__ import annotations
+
+import functools
+import math
 
 import numpy as np
 
@@ -61,6 +66,22 @@ def fixed_cost_us(kind: np.ndarray, device: DeviceConfig) -> np.ndarray:
     )
 
 
+@functools.lru_cache(maxsize=256)
+def fewest_in_node(ranks: int, devices_per_node: int) -> int:
+    """The fewest members of a group (itself included) that any member has in its own node, groups being
+    consecutive ranks: 8 of 16 on two nodes of 8; 2 for TP 4 on nodes of 6 (ranks 4-7 span two)."""
+    if ranks <= 1 or devices_per_node <= 0:
+        return max(ranks, 1)
+    period = math.lcm(ranks, devices_per_node)
+    fewest = ranks
+    for start in range(0, period, ranks):
+        first, last = start // devices_per_node, (start + ranks - 1) // devices_per_node
+        for node in range(first, last + 1):
+            members = min(start + ranks, (node + 1) * devices_per_node) - max(start, node * devices_per_node)
+            fewest = min(fewest, members)
+    return fewest
+
+
 def collective_us(comm: np.ndarray, ranks: np.ndarray, nbytes: np.ndarray, link: LinkConfig) -> np.ndarray:
     """Transfer time of collectives (without the fixed kernel cost), broadcasting over steps."""
     p = ranks.astype(np.float64)
@@ -72,7 +93,12 @@ def collective_us(comm: np.ndarray, ranks: np.ndarray, nbytes: np.ndarray, link:
     safe_p = np.maximum(p, 1.0)
     all_reduce = 2 * (p - 1) * (hop_us + nbytes / safe_p / bytes_per_us)
     all_gather = (p - 1) * (hop_us + nbytes / bytes_per_us)
-    all_to_all = np.where(p > 1, hop_us + nbytes * (p - 1) / safe_p / bytes_per_us, 0.0)  # one rank keeps its own data
+    # A full mesh sends to in-node peers and to the rest at once: the slower share sets the time (one rank
+    # keeps its own data; the member with the fewest in-node peers sends the most over the network).
+    local = np.vectorize(fewest_in_node, otypes=[np.float64])(np.maximum(ranks, 1).astype(np.int64), link.devices_per_node)
+    scaleup_per_us = link.scaleup_gbps * 1e9 / US_PER_S
+    mesh_us = np.maximum(nbytes * (local - 1) / safe_p / scaleup_per_us, nbytes * (p - local) / safe_p / bytes_per_us)
+    all_to_all = np.where(p > 1, hop_us + mesh_us, 0.0)
     return np.select(
         [comm == COMM_ALL_REDUCE, comm == COMM_ALL_GATHER, comm == COMM_ALL_TO_ALL],
         [all_reduce, all_gather, all_to_all],

@@ -163,12 +163,14 @@ def mix_keys(key, value):
 def shape_keys(template_ids: np.ndarray, tokens: np.ndarray, varying: np.ndarray, batch: np.ndarray, dynamic: np.ndarray) -> np.ndarray:
     """(steps, templates) int64 keys: equal exactly when an op's input shapes are equal.
 
-    `varying` (steps × 1 or steps × templates) is what a dynamic op's shapes follow besides the batch.
+    `varying` (steps × 1 or steps × templates) is what a dynamic op's shapes follow besides the batch;
+    `dynamic` (templates, or steps × templates where a step's padding makes an op static on it) which do.
     """
     varying = np.broadcast_to(np.asarray(varying, dtype=np.float64), (tokens.shape[0], template_ids.shape[0]))
     key = mix_keys(template_ids.astype(np.int64)[None, :] + 1, tokens.astype(np.int64)[:, None])
     key = mix_keys(key, batch.astype(np.int64)[:, None])
-    return mix_keys(key, np.where(dynamic[None, :], varying.astype(np.int64), -1))
+    dynamic = dynamic if dynamic.ndim == 2 else dynamic[None, :]
+    return mix_keys(key, np.where(dynamic, varying.astype(np.int64), -1))
 
 
 def from_static_ops(cfg: WorkloadConfig, rows: list[dict], per_step: Optional[dict] = None) -> Workload:

@@ -91,6 +91,9 @@ class Shapes:
     devices_per_node: int = 8
     kv_fp8: bool = False  # workload.kv_cache_dtype=fp8
     kv_read_per_query_head: bool = False  # workload.decode_kv_reads=per_query_head
+    # Rows with a KV cache per step: `batch` unless a graph pads it, whose padding rows attend over nothing
+    # (vLLM gives them sequence length 0 in V1, 1 in V0, and no cache blocks).
+    kv_rows: Optional[np.ndarray] = None
     extra: dict = field(default_factory=dict)
 
     def __getattr__(self, name: str):  # card numbers by name: s.hidden_size, s.vocab_size, ...
@@ -98,6 +101,11 @@ class Shapes:
         if name in card:
             return card[name]
         raise AttributeError(name)
+
+    @property
+    def attended_kv_tokens(self) -> np.ndarray:
+        """Cached tokens decode attention reads per step: each real sequence's KV length."""
+        return (self.batch if self.kv_rows is None else self.kv_rows) * self.kv
 
     @property
     def act(self) -> int:
@@ -227,10 +235,11 @@ def _collective(comm: int, ranks: int, nbytes) -> Optional[Cost]:
 
 
 def _attention(s: Shapes) -> Cost:
-    """GQA/MHA attention of this rank's heads. Decode reads the whole KV cache of every sequence."""
+    """GQA/MHA attention of this rank's heads. Decode reads the whole KV cache of every real sequence (a
+    graph's padding rows have none)."""
     d, dv = s.head_dim, s.v_head_dim
     if s.decode:
-        kv_tokens = s.batch * s.kv
+        kv_tokens = s.attended_kv_tokens
         kv_heads_read = max(s.heads, s.kv_heads) if s.kv_read_per_query_head else s.kv_heads
         cache_read = kv_tokens * kv_heads_read * (d + dv) * s.kv_width
         return Cost(
@@ -262,7 +271,7 @@ def _mla_attention(s: Shapes) -> Cost:
     latent = s.kv_lora_rank + s.qk_rope_head_dim
     per_token_flops = 2.0 * s.heads * (latent + s.kv_lora_rank)
     if s.decode:
-        kv_tokens = s.batch * s.kv
+        kv_tokens = s.attended_kv_tokens
         return Cost(
             OpKind.cube,
             flops=per_token_flops * kv_tokens,
@@ -302,9 +311,10 @@ def _moe(s: Shapes) -> dict:
     # the gate): vllm-ascend#16049 measures a batch of 12 padded to 16 at +11.4 % a step on Qwen3-30B-A3B.
     active = experts_local * (1.0 - (1.0 - 1.0 / experts_local) ** picks)
     received = picks
-    if s.extra.get("moe_pad"):  # shape bucketing: per-expert token counts padded up to a power of two
+    pad = s.extra.get("moe_pad")
+    if pad is not None and np.any(pad):  # static shapes: per-expert token counts padded up to a power of two
         # Padding rows inside the experts already hit: more rows to multiply, no more weights to read.
-        received = 2.0 ** np.ceil(np.log2(np.maximum(picks, 1.0)))
+        received = np.where(pad, 2.0 ** np.ceil(np.log2(np.maximum(picks, 1.0))), picks)
     # rows: what the rank's expert slices multiply, counted in whole experts' rows (received / shard)
     return {"local": experts_local, "sent": tokens_moe, "received": received, "active": active, "shard": shard,
             "rows": received / shard}
@@ -614,7 +624,8 @@ def _op_sequence_groups(card: dict, kernels: str = "fused") -> list[tuple[list, 
 
 def _shapes(
     card: dict, phase: Phase, context_len: int, batch: np.ndarray, tp: int, dp: int, ep: int, quant: bool, devices_per_node: int,
-    kv: Optional[np.ndarray] = None, moe_pad: bool = False, kv_fp8: bool = False, kv_read_per_query_head: bool = False,
+    kv: Optional[np.ndarray] = None, moe_pad: bool | np.ndarray = False, kv_fp8: bool = False, kv_read_per_query_head: bool = False,
+    kv_rows: Optional[np.ndarray] = None,
 ) -> Shapes:
     decode = phase == Phase.decode
     if kv is None:
@@ -635,7 +646,8 @@ def _shapes(
         devices_per_node=devices_per_node,
         kv_fp8=kv_fp8,
         kv_read_per_query_head=kv_read_per_query_head,
-        extra={"moe_pad": moe_pad},
+        kv_rows=None if kv_rows is None else np.asarray(kv_rows, dtype=np.float64),
+        extra={"moe_pad": np.broadcast_to(np.asarray(moe_pad, dtype=bool), batch.shape)},
     )
 
 
@@ -658,21 +670,25 @@ def build_workload(
     devices_per_node: int = 8,
     batch: Optional[np.ndarray] = None,
     kv_len: Optional[np.ndarray] = None,
-    moe_pad: bool = False,
+    moe_pad: bool | np.ndarray = False,
     engine_layer_us: float = 0.0,
     module_us: float = 0.0,
     graphs: bool = False,
+    kv_rows: Optional[np.ndarray] = None,
 ) -> Workload:
     """Ops of every step with their costs, for the simulated rank.
 
     `batch` and `kv_len` (per step; default: `batch_size` sequences whose KV grows by one per step)
-    come from the serving loop when the batch changes step by step. `moe_pad` pads per-expert token
-    counts to powers of two, which makes routed ops' shapes static (shape bucketing).
+    come from the serving loop when the batch changes step by step. `moe_pad` (for every step, or per
+    step) pads per-expert token counts to powers of two, which makes routed ops' shapes static (shape
+    bucketing, a graph's replay); a step run eagerly multiplies its real counts.
     `engine_layer_us` adds the serving engine's own model code per decoder layer (eager mode) as a
     host op at the start of every layer; `module_us` (hardware.host.module_us) prices the nn.Module calls
     of a card's unfused op sequence (kernels=unfused), a host op at the start of each part. `graphs`: the
     strategy captures or sinks the step as a graph, so an unfused sequence's KV cache is static under
     workload.kv_cache=auto (a graph needs fixed shapes; HF's DynamicCache changes them every step).
+    `kv_rows` (per step): the rows of a padded `batch` that hold a KV cache, the real sequences; decode
+    attention reads only theirs.
     """
     if batch is None:
         batch = np.full(cfg.steps, cfg.batch_size, dtype=np.int64)
@@ -682,7 +698,8 @@ def build_workload(
             raise ConfigError(f"workload.kernels=unfused: card {cfg.card!r} lists no unfused (HF transformers eager) op sequence")
         check_head_split(card, cfg.card, cfg.tp)
         static_kv = cfg.kv_cache == KvCache.static or (cfg.kv_cache == KvCache.auto and graphs)
-        return _from_card(card, cfg, np.asarray(batch, dtype=np.int64), devices_per_node, kv_len, moe_pad, engine_layer_us, module_us, static_kv)
+        return _from_card(card, cfg, np.asarray(batch, dtype=np.int64), devices_per_node, kv_len, moe_pad, engine_layer_us, module_us, static_kv,
+                          kv_rows)
     if cfg.path is not None:
         return read_ops_csv(cfg.path, cfg)
     return from_static_ops(cfg, [
@@ -704,12 +721,13 @@ def check_head_split(card: dict, name: str, tp: int) -> None:
 
 
 def _from_card(
-    card: dict, cfg: WorkloadConfig, batch: np.ndarray, devices_per_node: int, kv_len: Optional[np.ndarray], moe_pad: bool,
-    engine_layer_us: float = 0.0, module_us: float = 0.0, static_kv: bool = False,
+    card: dict, cfg: WorkloadConfig, batch: np.ndarray, devices_per_node: int, kv_len: Optional[np.ndarray], moe_pad: bool | np.ndarray,
+    engine_layer_us: float = 0.0, module_us: float = 0.0, static_kv: bool = False, kv_rows: Optional[np.ndarray] = None,
 ) -> Workload:
     s = _shapes(
         card, cfg.phase, cfg.context_len, batch, cfg.tp, cfg.dp, cfg.ep, cfg.quant == Quant.w8a8, devices_per_node, kv_len, moe_pad,
         kv_fp8=cfg.kv_cache_dtype == KvCacheDtype.fp8, kv_read_per_query_head=cfg.decode_kv_reads == DecodeKvReads.per_query_head,
+        kv_rows=kv_rows,
     )
     s.extra["engine_layer_us"] = engine_layer_us
     s.extra["module_us"] = module_us
@@ -776,10 +794,11 @@ def _from_card(
         | np.array([c.int8 for c in used], dtype=bool) * FLAG_INT8
     ).astype(np.uint8)
     # Attention-like ops change with the KV tokens; routed (MoE) ops with the routing, i.e. every step
-    # in decode unless their token counts are padded to buckets.
-    routed_t = np.array([c.routed for c in used], dtype=bool) & s.decode & (not moe_pad)
-    varying = np.where(routed_t[None, :], np.arange(steps)[:, None] + 1, np.rint(s.kv * s.batch)[:, None])
-    shape_key_t = shape_keys(np.arange(len(costs)), s.tokens, varying, s.batch, dynamic_t & ~(np.array([c.routed for c in used]) & moe_pad))
+    # in decode unless their token counts are padded to buckets (on the steps that pad them).
+    padded_steps = s.extra["moe_pad"][:, None]
+    routed = np.array([c.routed for c in used], dtype=bool)[None, :]
+    varying = np.where(routed & s.decode & ~padded_steps, np.arange(steps)[:, None] + 1, np.rint(s.kv * s.batch)[:, None])
+    shape_key_t = shape_keys(np.arange(len(costs)), s.tokens, varying, s.batch, dynamic_t[None, :] & ~(routed & padded_steps))
     kv_per_token = _kv_bytes_per_token(card, s)
     memory = MemoryPlan(
         weights_gb=weights / BYTES_PER_GB,

@@ -175,11 +175,8 @@ def graphs_memory_gb(run: RunConfig, step: Workload) -> float:
     return count * run.hardware.graph.graph_mem_mib * MIB / 1e9
 
 
-def prepare(
-    run: RunConfig, batch: np.ndarray, kv_len: np.ndarray | None, graphs_before: bool = False
-) -> tuple[Workload, StepPlan]:
-    """The workload as the strategy runs it (padded, fused) and the plan of every step. `graphs_before`:
-    steps before these ran graphs (serving prepares one step at a time): routed ops then stay padded."""
+def prepare(run: RunConfig, batch: np.ndarray, kv_len: np.ndarray | None) -> tuple[Workload, StepPlan]:
+    """The workload as the strategy runs it (padded, fused) and the plan of every step."""
     cfg, strategy, hardware = run.workload, run.strategy, run.hardware
     dpn = hardware.link.devices_per_node
     build_options = run_build_options(run)
@@ -189,10 +186,10 @@ def prepare(
         """The workload at padded sizes; `real` itself when nothing is padded (an op list from a file or
         the config has no sizes to pad: it is the same list whatever the batch; a dense model has no
         routed token counts to pad)."""
-        moe_pad = moe_pad and bool(np.any(real.flags & FLAG_ROUTED))
-        if cfg.card is None or (not moe_pad and np.array_equal(batch, real.batch) and np.array_equal(kv_len, real.kv_len)):
+        moe_pad = np.asarray(moe_pad, dtype=bool) & bool(np.any(real.flags & FLAG_ROUTED))
+        if cfg.card is None or (not np.any(moe_pad) and np.array_equal(batch, real.batch) and np.array_equal(kv_len, real.kv_len)):
             return real
-        return build_workload(cfg, dpn, batch=batch, kv_len=kv_len, moe_pad=moe_pad, **build_options)
+        return build_workload(cfg, dpn, batch=batch, kv_len=kv_len, moe_pad=moe_pad, kv_rows=real.batch, **build_options)
 
     buckets_on = strategy.shape_buckets and cfg.phase.value == "decode"
     kv_padded = pad_up(real.kv_len, strategy.kv_block) if buckets_on else real.kv_len
@@ -273,10 +270,10 @@ def prepare(
             info["graph_syncs_dropped"] = syncs
             info.setdefault("graph_note", f"{syncs} blocking sync(s) per step dropped inside the graph (assumed removable)")
 
-    # Inside graphs, routed (MoE) ops run at static shapes: token counts padded like the buckets do.
-    in_graphs = graphs_before or bool(np.any(mode != EAGER))
-    moe_pad = buckets_on or in_graphs
-    workload = probe if graph_on and not fallback and graph.mode != GraphMode.capture and moe_pad == buckets_on else (
+    # Inside graphs, routed (MoE) ops run at static shapes: token counts padded like the buckets do. A
+    # step run eagerly (above the largest kept size, past the budget) multiplies its real token counts.
+    moe_pad = buckets_on | (mode != EAGER)
+    workload = probe if graph_on and not fallback and graph.mode != GraphMode.capture and np.all(moe_pad == buckets_on) else (
         padded_workload(padded, kv_padded, moe_pad))
     workload.real_batch = real.batch
     # Padding rows hold no KV cache (vLLM gives a graph's padding rows a dummy slot, no blocks): the cache

@@ -23,7 +23,7 @@ from harness.sim.kernel import simulate
 from harness.model.device import US_PER_S
 from harness.sim.lowering import Lowering, engine_costs, engine_in_effect
 from harness.sim.metrics import MIN_SAMPLES_FOR_P99
-from harness.sim.policies import EAGER, prepare
+from harness.sim.policies import prepare
 
 SERVING_STREAM = 1  # generator stream of the request draws: (seed, 1); host jitter uses (seed, 0, step)
 MIN_REQUESTS_FOR_PERCENTILES = MIN_SAMPLES_FOR_P99  # fewer completed requests: the summary says its latency figures are thin
@@ -108,7 +108,6 @@ def batch_requests(run: RunConfig, progress=None) -> ServingBatches:
     next_arrival = 0
     now = 0.0
     step_by_step = steps_plan_alone(run.strategy)
-    graphs_before = False
     tokens = np.zeros(steps)
     produced = np.zeros(steps, dtype=np.int64)
     block = run.engine.multi_step if run.engine is not None and run.engine.active else 1
@@ -135,8 +134,7 @@ def batch_requests(run: RunConfig, progress=None) -> ServingBatches:
         kv_len[s] = float(np.mean(requests.prompt_len[ids] + generated[ids] + 1))
         release[s] = now
         if step_by_step:  # this step alone: linear in steps (the engine's costs: from every step's sizes so far)
-            workload, plan = prepare(run, batch[s : s + 1], kv_len[s : s + 1], graphs_before=graphs_before)
-            graphs_before = graphs_before or bool(np.any(plan.mode != EAGER))
+            workload, plan = prepare(run, batch[s : s + 1], kv_len[s : s + 1])
             tokens[s] = workload.tokens[0]
             first = max(0, s - s % block - block)  # from the block before this step's: its outputs are this block's side work
             engine_us = engine_costs(batch[first : s + 1], tokens[first : s + 1], run.engine, first, idle_us[first : s + 1],
