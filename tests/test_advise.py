@@ -576,6 +576,8 @@ def test_candidates_that_run_as_another_are_not_counted_as_rejected(tmp_path):
                           cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "(0 rejected, 1 the same run as another candidate; steps per rung 2: 1 met the limits)" in proc.stdout
+    # The progress line on stderr counts them the same way (it called the duplicate "rejected before simulating").
+    assert "hostbound advise: 2 candidates (1 the same run as another candidate); simulating on" in proc.stderr, proc.stderr
 
 
 def test_the_shown_table_leaves_out_a_serving_flag_no_row_has():

@@ -705,6 +705,20 @@ def test_mark_takes_the_annotation_of_that_name_not_every_name_it_begins(tmp_pat
     assert len(find_windows(profile, "mark=decode_sample")[1]) == 3  # and the inner name still finds its own
 
 
+def test_a_name_no_annotation_has_takes_the_numbered_ones_it_begins(tmp_path):
+    """Steps annotated decode_step_0, decode_step_1, decode_step_2 (numbered without '#'): mark=decode_step_
+    names none of them exactly, so it takes every name it begins, three steps of 100 µs."""
+    events = json.loads(prefix_trace(tmp_path).read_text())["traceEvents"]
+    decodes = [e for e in events if e.get("name") == "decode"]
+    for k, event in enumerate(decodes):
+        event["name"] = f"decode_step_{k}"
+    path = tmp_path / "numbered.json"
+    path.write_text(json.dumps({"traceEvents": events}))
+    im = import_profile(load_profile(path), "mark=decode_step_")
+    assert [(s.start_us, s.end_us) for s in im.found] == [(0, 100), (200, 300), (400, 500)]
+    assert measured_summary(im)["step_ms_mean"] == pytest.approx(0.100)
+
+
 def test_overlapping_steps_are_refused_in_one_line(tmp_path):
     """A `fwd` annotation [0,100] holding another `fwd` [20,50] (mark=fwd: its kernel would be in both steps),
     and a ProfilerStep#1 [20,50] inside ProfilerStep#0 [0,100]: step 1 would start where step 0 ended

@@ -61,7 +61,13 @@ def advise_runs(base: list[str], advise: AdviseConfig, say: Callable[[str], None
             advice.candidates = [Candidate(overrides=combo) for combo in combinations(advise.space)]
             prepare(advice.candidates, base, advise, {})
             alive = [c for c in advice.candidates if not c.rejected]
-            say(f"{size} candidates, {size - len(alive)} rejected before simulating; simulating on {_where_text(where)}")
+            same = sum(c.runs_as_another for c in advice.candidates)
+            # Worded as the summary at the end words them: a duplicate is not simulated, but breaks no limit.
+            skipped = ", ".join(part for part in (
+                f"{size - len(alive) - same} rejected before simulating" if size - len(alive) > same else "",
+                f"{same} the same run as another candidate" if same else "",
+            ) if part)
+            say(f"{size} candidates" + (f" ({skipped})" if skipped else "") + f"; simulating on {_where_text(where)}")
             first_rung = None
         else:
             say(f"{size:,} candidates: Optuna's TPE sampler picks {advise.trials} of them to simulate on {_where_text(where)}")

@@ -260,7 +260,8 @@ def check_job_folders(loader, config_name: str, overrides: list[str], hydra_over
     """Each job of a sweep has a folder of its own: a hydra.sweep.subdir that resolves to the same folder
     for two jobs (`${hydra.runtime.choices.strategy}` over batch sizes) made them overwrite each other's
     files, and results.csv held one row of the two. A subdir that names the job's number is unique as is;
-    any other is resolved for every combination (~3 ms each, composed from the cache)."""
+    any other is resolved for every combination (~3-6 ms each, composed from the cache: seconds for a
+    sweep of a thousand jobs, once, before the first)."""
     node = cfg.hydra.sweep._get_node("subdir")
     raw = str(node._value()) if node is not None else ""
     if re.search(r"hydra[.:]job\.(num|id)\b", raw):

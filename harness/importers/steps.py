@@ -19,8 +19,9 @@ Steps (`--steps`, default `auto`, first rule that applies):
              refused;
   whole      the whole trace is one step.
 An annotation NAME is one named NAME or NAME#... (`Optimizer.step#SGD.step` for `Optimizer.step`), not
-every name NAME begins (`decode_sample` is not `decode`). A step that would end before it starts (its
-window inside the one before) is refused.
+every name NAME begins (`decode_sample` is not `decode`); only where no annotation is so named, every
+name NAME begins (numbered steps: `decode_step_` for `decode_step_0`, `decode_step_1`, ...). A step that
+would end before it starts (its window inside the one before) is refused.
 Windows without device work are dropped. The harness replays steps that list the same ops, so the
 steps kept are the largest group with identical op sequences (ties: the group holding the latest
 step); the others are reported as left out.
@@ -135,7 +136,10 @@ def find_windows(profile: Profile, rule: str = "auto") -> tuple[str, list[Window
     on_threads = marks[marks["thread"].isin(issuing_threads)] if len(marks) else marks
 
     def marked(name: str) -> pd.DataFrame:
-        return on_threads[annotation_named(on_threads["name"], name)].sort_values("start_us")
+        named = annotation_named(on_threads["name"], name)
+        if not named.any():  # numbered without '#' (decode_step_0, decode_step_1, ...): NAME is what they begin with
+            named = on_threads["name"].str.startswith(name)
+        return on_threads[named].sort_values("start_us")
 
     if rule in ("auto", "profiler"):
         # ProfilerStep#0, #1, ...: the one name that is matched by its prefix alone.

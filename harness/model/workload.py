@@ -91,8 +91,9 @@ class Shapes:
     devices_per_node: int = 8
     kv_fp8: bool = False  # workload.kv_cache_dtype=fp8
     kv_read_per_query_head: bool = False  # workload.decode_kv_reads=per_query_head
-    # Rows with a KV cache per step: `batch` unless a graph pads it, whose padding rows attend over nothing
-    # (vLLM gives them sequence length 0 in V1, 1 in V0, and no cache blocks).
+    # Rows with a KV cache per step: `batch` unless padded (to a graph's size, or a shape bucket), whose padding
+    # rows attend over nothing (vLLM gives them sequence length 0 in V1, 1 in V0, and no cache blocks; an
+    # attention kernel given each row's actual length, as Ascend's FusedInferAttentionScore is, skips them).
     kv_rows: Optional[np.ndarray] = None
     extra: dict = field(default_factory=dict)
 
@@ -235,8 +236,8 @@ def _collective(comm: int, ranks: int, nbytes) -> Optional[Cost]:
 
 
 def _attention(s: Shapes) -> Cost:
-    """GQA/MHA attention of this rank's heads. Decode reads the whole KV cache of every real sequence (a
-    graph's padding rows have none)."""
+    """GQA/MHA attention of this rank's heads. Decode reads the whole KV cache of every real sequence (the
+    padding rows of a graph or a shape bucket have none)."""
     d, dv = s.head_dim, s.v_head_dim
     if s.decode:
         kv_tokens = s.attended_kv_tokens

@@ -78,8 +78,7 @@ def draw_requests(serving: ServingConfig, seed: int, count: int) -> Requests:
 def steps_plan_alone(strategy: StrategyConfig) -> bool:
     """Whether a step's plan can be made from that step alone. It depends on the steps before it only
     through the tiling cache's contents and graph sink's graphs, built in program order; capture graphs
-    are made at start-up, and whether graphs ran before decides only whether routed ops stay padded
-    (carried from step to step)."""
+    are made at start-up, and a step pads its routed ops by its own mode."""
     return not strategy.tiling_cache and strategy.graph.mode != GraphMode.sink
 
 
