@@ -161,6 +161,27 @@ def test_layers_point_down_and_nothing_cycles():
     assert violations(read_tree(REPO_ROOT)) == []
 
 
+def test_the_architecture_map_names_every_module_in_its_layer():
+    """docs/architecture.md's map is where a newcomer finds a module: each harness/<layer>/<module>.py is
+    named on its layer's lines (advisor/, fit.py, busy.py and advice_runs.py were missing)."""
+    text = (REPO_ROOT / "docs" / "architecture.md").read_text()
+    block = text.split("```", 2)[1]
+    lines_of: dict[str, str] = {}
+    layer = None
+    for line in block.splitlines():
+        head = line[:11].strip(" │")
+        if head:
+            layer = head
+        if layer is not None:
+            lines_of[layer] = lines_of.get(layer, "") + line
+    missing = []
+    for name, _ in LAYERS[:-1]:
+        for path in sorted((REPO_ROOT / "harness" / name).glob("*.py")):
+            if path.name != "__init__.py" and path.name not in lines_of.get(name, ""):
+                missing.append(f"{name}/{path.name}")
+    assert not missing, missing
+
+
 def test_importing_the_package_changes_nothing():
     """No work at import time beyond definitions: importing every module below the entry points leaves
     Hydra's config loader and the environment as they were (the entry point, a sweep's callback and the
