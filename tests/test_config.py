@@ -211,6 +211,8 @@ def test_preflight_turns_hydra_errors_into_one_line_exit_2(override, fragments, 
         # `+` adds a key the schema lacks: it was dropped and the run went on (batch 1).
         ("+workload.batchsize=64", "workload.batchsize=64: no such key (did you mean workload.batch_size?)"),
         ("+hardware.device.ai_core=4", "hardware.device.ai_core=4: no such key (did you mean hardware.device.ai_cores?)"),
+        # A leaf like no key beside it: the keys that are there, not the parent's own name (it said "did you mean engine?").
+        ("engine=vllm_v1 +engine.x=1", "engine.x=1: no such key; engine has "),
         ("-m +workload.batchsize=1,2", "workload.batchsize=1: no such key (did you mean workload.batch_size?)"),
         # A group given null or nothing: Hydra named neither, or listed its whole search path.
         ("workload=null", "workload=null: a config group needs a preset, not null; choose from deepseek_v3, "),

@@ -66,7 +66,15 @@ def no_such_key(key: str, value: object = None, overrides: Sequence[str] = (), u
     `unknown`: the part of `key` the schema lacks, where it adds a whole dict (`workload.extra` of
     `workload.extra.a=1`): the key to spell-check."""
     unknown = unknown or key
-    hint = did_you_mean(unknown, config_keys())
+    keys = config_keys()
+    parent, _, leaf = unknown.rpartition(".")
+    siblings = [k[len(parent) + 1:] for k in keys if parent and k.startswith(parent + ".") and "." not in k[len(parent) + 1:]]
+    if siblings:  # spelt against the keys beside it: engine.x is no misspelt `engine`
+        close = difflib.get_close_matches(leaf, siblings, n=1, cutoff=0.6)
+        shown = ", ".join(siblings[:12]) + (", …" if len(siblings) > 12 else "")
+        hint = f" (did you mean {parent}.{close[0]}?)" if close else f"; {parent} has {shown}"
+    else:
+        hint = did_you_mean(unknown, keys)
     if not hint and "." not in unknown:  # a word at the top, like model=...: say what the groups are
         groups = sorted(p.name for p in CONF_DIR.iterdir() if p.is_dir() and p.name not in ("hydra", "experiment", "advise"))
         hint = f"; the config groups are {', '.join(groups)} (e.g. workload=llama2_7b_decode), and +experiment=NAME"
