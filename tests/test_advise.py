@@ -607,3 +607,29 @@ def test_pareto_names_in_the_right_half_run_leftwards(tmp_path, monkeypatch):
     pareto_plot(np.array([100.0, 80.0, 60.0]), np.array([10.0, 50.0, 100.0]), ["slow", "middle", "fast"], tmp_path / "p.png")
     assert dict(drawn) == {"slow": "left", "middle": "left", "fast": "right"}
 
+
+
+def test_an_advice_over_a_key_added_with_plus_is_logged_without_the_plus(tmp_path):
+    """MLflow refuses a param key with `+`: `advise.space.+workload.card_overrides.num_hidden_layers` failed
+    the advice's logging (exit 3, its parent run FAILED)."""
+    import mlflow
+
+    from harness.advisor.answer import param_key
+
+    assert param_key("+workload.card_overrides.num_hidden_layers") == "workload.card_overrides.num_hidden_layers"
+    assert param_key("~a.+b") == "a.b" and param_key("strategy") == "strategy"
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    proc = subprocess.run(
+        [sys.executable, "-m", "harness.advise", "hardware=h100", "workload=llama2_7b_decode", "advise=max_throughput", "advise.steps=[2]",
+         'advise.space={strategy:[eager],"+workload.card_overrides.num_hidden_layers":[2,4]}', "advise.workers=1", "advise.out=adv",
+         f"tracking.uri={store}"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    client = mlflow.MlflowClient(tracking_uri=store)
+    runs = client.search_runs([client.get_experiment_by_name("hostbound").experiment_id])
+    parent = next(r for r in runs if r.data.tags.get("kind") == "advice")
+    assert parent.info.status == "FINISHED" and parent.data.params["advise.space.workload.card_overrides.num_hidden_layers"] == "[2,4]"
+    children = [r for r in runs if r.data.tags.get("kind") == "advice_candidate"]
+    assert children and {r.info.status for r in children} == {"FINISHED"}
+    assert all("workload.card_overrides.num_hidden_layers" in r.data.params for r in children)

@@ -338,3 +338,153 @@ def test_a_runs_metrics_are_logged_headline_first_throughput_leading():
         "headline/throughput_tok_s", "headline/step_ms_p50", "headline/median_tpot_ms",
         "advice/rank", "other/device_busy", "path_share/launch", "time_share/compute"]
 
+
+
+def finished_folder(folder: Path) -> Path:
+    folder.mkdir(parents=True)
+    (folder / "summary.json").write_text('{"hardware": "h100", "workload": "w", "strategy": "eager", "bound": "host", "throughput_tok_s": 5.0}')
+    pd.DataFrame({"step": [0], "latency_ms": [1.0], "measured": [True]}).to_parquet(folder / "steps.parquet")
+    return folder
+
+
+@pytest.mark.parametrize("name", ["o'brien", 'say "hi"', "it's \"both\" a\\b", "plain"])
+def test_a_folder_with_quotes_in_its_path_is_logged_once(tmp_path, capsys, name):
+    """MLflow's filter has no escapes: `o\\'brien` matched nothing and the folder was logged again each time."""
+    import mlflow
+
+    from harness.tracking.store import main
+
+    folder = finished_folder(tmp_path / name)
+    finished_folder(tmp_path / (name + "x"))  # a longer path the broad search also finds
+    store = sqlite_uri(tmp_path / "mlflow.db")
+    assert main(["log", str(tmp_path / (name + "x")), "--uri", store]) == 0
+    assert main(["log", str(folder), "--uri", store]) == 0
+    assert main(["log", str(folder), "--uri", store]) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == f"{folder}: already in {store}"
+    client = mlflow.MlflowClient(tracking_uri=store)
+    experiment = client.get_experiment_by_name("hostbound").experiment_id
+    assert sorted(run.data.tags["run_dir"] for run in client.search_runs([experiment])) == sorted([str(folder), str(folder) + "x"])
+
+
+@pytest.mark.parametrize(
+    "uri, said",
+    [
+        # A driver's password in the query is as secret as user:password@, and every record would keep it.
+        ("postgresql+psycopg2://mlflow@127.0.0.1:1/mlflow?password=s3cret", "holds a password (in its query)"),
+        ("mysql://u@h/db?charset=utf8&PASSWD=s3cret", "holds a password (in its query)"),
+        # In-memory stores said "logged" and kept nothing.
+        ("sqlite://", "an in-memory sqlite database keeps nothing"),
+        ("sqlite:///:memory:", "an in-memory sqlite database keeps nothing"),
+        ("sqlite:///file::memory:?cache=shared&uri=true", "an in-memory sqlite database keeps nothing"),
+    ],
+)
+def test_a_uri_with_a_password_in_its_query_or_an_in_memory_store_is_refused_in_one_line(uri, said):
+    from harness.config.schema import ConfigError
+
+    with pytest.raises(ConfigError) as refused:
+        TrackingConfig(uri=uri)
+    text = str(refused.value)
+    assert text.startswith("tracking.uri=") and said in text and "\n" not in text and "s3cret" not in text
+
+
+def test_the_log_command_refuses_a_password_in_the_uris_query_with_exit_2(tmp_path, capsys):
+    from harness.base.errors import EXIT_BAD_INPUT
+    from harness.tracking.store import main
+
+    folder = finished_folder(tmp_path / "run")
+    assert main(["log", str(folder), "--uri", "postgresql://u@127.0.0.1:1/db?password=s3cret"]) == EXIT_BAD_INPUT
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "tracking.uri=" in err and "s3cret" not in err
+
+
+def test_the_report_reads_each_run_folder_once_its_newest_finished_run_and_no_parents(tmp_path):
+    """A FAILED run, a folder logged twice and the parent runs of a sweep and an advice were rows of their own
+    (an advice's parent as a run with speedup nan)."""
+    import mlflow
+
+    from harness.tracking.read import load_mlflow
+
+    store = f"sqlite:///{tmp_path / 'store.db'}"
+    client = mlflow.MlflowClient(tracking_uri=store)
+    experiment = client.create_experiment("hostbound")
+    made = [  # (run_dir, kind, status, throughput), oldest first
+        ("/runs/a", None, "FINISHED", 1.0), ("/runs/a", None, "FINISHED", 2.0), ("/runs/b", None, "FAILED", 3.0),
+        ("/runs/c", None, "FINISHED", 4.0), (None, "sweep", "FINISHED", 5.0), (None, "advice", "FINISHED", 6.0),
+    ]
+    for number, (run_dir, kind, status, throughput) in enumerate(made):
+        tags = {**NAMES, "bound": "host", **({"run_dir": run_dir} if run_dir else {}), **({"kind": kind} if kind else {})}
+        run = client.create_run(experiment, tags=tags, start_time=1_700_000_000_000 + number * 1000).info.run_id
+        client.log_metric(run, "headline/throughput_tok_s", throughput)
+        client.set_terminated(run, status=status)
+    table = load_mlflow(store)
+    assert sorted(zip(table["run_dir"], table["throughput_tok_s"])) == [("/runs/a", 2.0), ("/runs/c", 4.0)]
+
+
+def test_a_database_store_that_is_down_costs_a_run_its_timeout_not_minutes(tmp_path):
+    """MLflow made a database store's engine ~10 times with backoff: a run against a database that was down
+    waited ~100 s per store call (3 min 24 s a run) whatever tracking.timeout_s said."""
+    import socket
+    import time
+
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    tracking = TrackingConfig(uri=f"postgresql+psycopg2://mlflow@127.0.0.1:{port}/mlflow", timeout_s=1)
+    folder = run_folder(tmp_path)
+    started = time.monotonic()
+    with pytest.raises(TrackingError, match="tracking failed, the run's files are kept"):
+        log_run_or_mark(tracking, folder, {"bound": "host"}, pd.DataFrame({"step": [], "latency_ms": [], "measured": []}), {}, NAMES)
+    assert time.monotonic() - started < 10 and (folder / FAILED_FILE).is_file()
+
+
+def test_each_connection_to_a_database_store_waits_the_tracking_timeout():
+    """A database host that drops packets held a run for the driver's own connect wait (psycopg2: the OS's)."""
+    from types import SimpleNamespace
+
+    from harness.tracking.store import _bounded_connect, mlflow_module
+
+    mlflow_module()
+    bound_requests(TrackingConfig(timeout_s=2.5))
+    for driver, expected in (("psycopg2", {"connect_timeout": 3}), ("pysqlite", {})):
+        params: dict = {}
+        _bounded_connect(SimpleNamespace(driver=driver), None, [], params)
+        assert params == expected
+    params = {"connect_timeout": 30}  # the URI's own value wins
+    _bounded_connect(SimpleNamespace(driver="psycopg2"), None, [], params)
+    assert params == {"connect_timeout": 30}
+    import mlflow.store.db.utils
+
+    assert mlflow.store.db.utils.MAX_RETRY_COUNT == 1
+
+
+def test_a_folder_given_through_a_symlink_is_the_folder_itself(tmp_path, capsys):
+    import mlflow
+
+    from harness.tracking.store import main
+
+    folder = finished_folder(tmp_path / "run")
+    (tmp_path / "link").symlink_to(folder)
+    store = sqlite_uri(tmp_path / "mlflow.db")
+    assert main(["log", str(folder), "--uri", store]) == 0
+    assert main(["log", str(tmp_path / "link"), "--uri", store]) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == f"{folder}: already in {store}"
+    client = mlflow.MlflowClient(tracking_uri=store)
+    assert len(client.search_runs([client.get_experiment_by_name("hostbound").experiment_id])) == 1
+
+
+def test_a_run_logged_through_a_symlink_is_found_by_its_real_folder(tmp_path, capsys):
+    """The other way round: the run logged under a path through a link (as Hydra's output_dir keeps it,
+    links and all) and `log` given the real folder: one run, its run_dir tag the real folder."""
+    import mlflow
+
+    from harness.tracking.store import log_folder, main
+
+    folder = finished_folder(tmp_path / "run")
+    (tmp_path / "link").symlink_to(folder)
+    store = sqlite_uri(tmp_path / "mlflow.db")
+    assert log_folder(TrackingConfig(uri=store), tmp_path / "link") is not None  # as the run itself logs it
+    assert main(["log", str(folder), "--uri", store]) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == f"{folder}: already in {store}"
+    client = mlflow.MlflowClient(tracking_uri=store)
+    runs = client.search_runs([client.get_experiment_by_name("hostbound").experiment_id])
+    assert [run.data.tags["run_dir"] for run in runs] == [str(folder.resolve())]

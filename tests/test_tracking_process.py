@@ -126,3 +126,30 @@ def test_the_logging_process_takes_sigterm_by_its_own_handler(logging_process):
     if done[0] == 0:
         os.kill(logging_process.pid, signal.SIGKILL)
     assert done[0] == logging_process.pid and os.waitstatus_to_exitcode(done[1]) in (1, 128 + signal.SIGTERM)
+
+
+def test_a_store_that_failed_to_open_is_not_asked_again_when_the_run_is_logged(logging_process, tmp_path):
+    """A server that accepts and never answers cost a run twice tracking.timeout_s: the open, then the log."""
+    import contextlib
+    import socket
+    import time
+
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen(8)  # accepts connections (the kernel does), never answers
+        tracking = TrackingConfig(uri=f"http://127.0.0.1:{server.getsockname()[1]}", experiment="early", timeout_s=2)
+        started = time.monotonic()
+        early.open_store(tracking)
+        folder = finished_folder(tmp_path)
+        with pytest.raises(TrackingError) as failed:
+            early.log_run_or_mark(tracking, folder, {"throughput_tok_s": 1.0, "bound": "host"}, {"step": np.arange(1),
+                                  "latency_ms": np.ones(1), "measured": np.ones(1, dtype=bool)}, {}, NAMES, "")
+        took = time.monotonic() - started
+        server.setblocking(False)
+        asked = 0  # connections the store was asked on: the open's only (the log's made a second)
+        with contextlib.suppress(BlockingIOError):
+            while True:
+                server.accept()[0].close()
+                asked += 1
+    assert "no answer in time" in str(failed.value) and (folder / FAILED_FILE).is_file()
+    assert asked == 1 and took < 2 * tracking.timeout_s + 2, (asked, took)

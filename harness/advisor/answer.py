@@ -252,12 +252,12 @@ def record(advice: Advice, advise: AdviseConfig, base: list[str], names: dict[st
     """The advice as an MLflow parent run with its `leaders` best candidates as children."""
     frame = table(advice)
     # The question, as a run's params hold one: not where files and runs go, nor how the search ran.
-    question = {key.lstrip("+~"): value for key, _, value in (o.partition("=") for o in base) if not key.lstrip("+~").startswith(WHERE_THINGS_GO)}
+    question = {param_key(key): value for key, _, value in (o.partition("=") for o in base) if not param_key(key).startswith(WHERE_THINGS_GO)}
     for f in dataclasses.fields(advise):  # the values that ask something: the objective, and any not left at its default
         value = getattr(advise, f.name)
         default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
         if f.name == "space":
-            question.update({f"advise.space.{key}": value_text(values) for key, values in value.items()})
+            question.update({f"advise.space.{param_key(key)}": value_text(values) for key, values in value.items()})
         elif (value != default or f.name == "objective") and f.name not in ("name", "out", "workers", "ray_address"):
             question[f"advise.{f.name}"] = value_text(value)
     question["advise.search"] = advice.method  # auto, resolved
@@ -280,6 +280,13 @@ def record(advice: Advice, advise: AdviseConfig, base: list[str], names: dict[st
         leaders=[LeaderRecord(name=f"#{i + 1} {c.label}", rank=i + 1, overrides=c.overrides, summary=c.summary, tags={**c.run.names, "bound": c.summary["bound"]})
                  for i, c in enumerate(advice.ranked[:leaders]) if c.run is not None],
     )
+
+
+def param_key(key: str) -> str:
+    """An override's key as an MLflow param's: Hydra's `+`/`~` (add, delete) taken off each part. MLflow
+    refuses a key with `+` in it (`advise.space.+workload.card_overrides.num_hidden_layers` failed the whole
+    advice's logging, exit 3)."""
+    return ".".join(part.strip().lstrip("+~") for part in key.split("."))
 
 
 def run_command_of(name: str) -> str:

@@ -491,8 +491,9 @@ class TrackingConfig:
         check_field(self, bool(self.experiment.strip()), "experiment", "must name an experiment")
         if self.uri is not None:
             if credentials_in(self.uri):  # every record of the run would keep it: summary, .hydra/, logs, MLflow
+                what = "a password (in its query)" if password_in_query(self.uri) else "a user name and password"
                 raise ConfigError(
-                    f"tracking.uri={redacted(self.uri)!r}: holds a user name and password, which every record of the run would keep;"
+                    f"tracking.uri={redacted(self.uri)!r}: holds {what}, which every record of the run would keep;"
                     " give them to MLflow as MLFLOW_TRACKING_USERNAME / MLFLOW_TRACKING_PASSWORD (a database: its own"
                     " password file or environment, e.g. PGPASSFILE) and write the URI without them"
                 )
@@ -506,6 +507,8 @@ class TrackingConfig:
                 self, scheme in TRACKING_SCHEMES, "uri",
                 f"unknown scheme {scheme!r} (use sqlite:///PATH, http(s)://HOST:PORT, postgresql://…, mysql://…)",
             )
+            # An in-memory database is gone when the process ends: the run said "logged" and nothing was kept.
+            check_field(self, not in_memory(self.uri), "uri", "an in-memory sqlite database keeps nothing once the run ends: use sqlite:///PATH/mlflow.db")
             database = sqlite_path(self.uri)
             # MLflow retries a folder for minutes, whatever tracking.timeout_s says: refused before the run.
             check_field(self, database is None or not database.is_dir(), "uri", "names a folder: a sqlite store is a file, e.g. sqlite:///PATH/mlflow.db")
@@ -517,23 +520,55 @@ TRACKING_SCHEMES = ("sqlite", "postgresql", "mysql", "mssql", "http", "https", "
 FOLDER_STORES = ("file", "")
 
 
+# Query keys a database driver takes a password from (`postgresql://u@h/db?password=…`): as secret as
+# `user:password@`, and kept by the same records.
+PASSWORD_QUERY_KEYS = ("password", "passwd")
+
+
+def password_in_query(uri: str) -> bool:
+    """Whether a URI's query names a password (PASSWORD_QUERY_KEYS, any case)."""
+    from urllib.parse import parse_qsl, urlsplit
+
+    try:
+        query = urlsplit(uri).query
+    except ValueError:
+        return False
+    return any(key.strip().lower() in PASSWORD_QUERY_KEYS for key, _ in parse_qsl(query, keep_blank_values=True))
+
+
 def credentials_in(uri: str) -> bool:
-    """Whether a URI carries a password (`scheme://user:password@host…`)."""
+    """Whether a URI carries a password (`scheme://user:password@host…`, or `?password=…`)."""
     from urllib.parse import urlsplit
 
     try:
-        return urlsplit(uri).password is not None
+        return urlsplit(uri).password is not None or password_in_query(uri)
     except ValueError:  # not a URL (a folder): nothing to hide
         return False
 
 
+def in_memory(uri: str) -> bool:
+    """Whether a sqlite URI names an in-memory database (`sqlite://`, `sqlite:///:memory:`, `?mode=memory`),
+    which MLflow writes to and forgets when the process ends."""
+    if tracking_scheme(uri) != "sqlite":
+        return False
+    from urllib.parse import parse_qsl, unquote
+
+    rest, _, query = uri.split(":", 1)[1].partition("?")
+    path = unquote(rest.removeprefix("///")) if rest.startswith("///") else None  # sqlite:// (no path): in memory
+    memory_mode = any(k.lower() == "mode" and v.lower() == "memory" for k, v in parse_qsl(query, keep_blank_values=True))
+    return path in (None, "", ":memory:", "file::memory:") or memory_mode
+
+
 def redacted(uri: str) -> str:
-    """The URI with its password as `***` (to name it in a message)."""
-    from urllib.parse import urlsplit
+    """The URI with its password as `***` (to name it in a message), in its user info and its query."""
+    from urllib.parse import parse_qsl, urlencode, urlsplit
 
     parts = urlsplit(uri)
+    if password_in_query(uri):
+        query = [(k, "***" if k.strip().lower() in PASSWORD_QUERY_KEYS else v) for k, v in parse_qsl(parts.query, keep_blank_values=True)]
+        parts = parts._replace(query=urlencode(query, safe="*"))
     if parts.password is None:
-        return uri
+        return parts.geturl()
     host = parts.hostname or ""
     port = f":{parts.port}" if parts.port else ""
     return parts._replace(netloc=f"{parts.username}:***@{host}{port}").geturl()

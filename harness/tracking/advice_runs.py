@@ -13,7 +13,7 @@ import contextlib
 import math
 import time
 
-from harness.advisor.answer import AdviceRecord
+from harness.advisor.answer import AdviceRecord, param_key
 from harness.base.errors import TrackingError
 from harness.base.stopping import store_call
 from harness.config.schema import TrackingConfig
@@ -62,7 +62,7 @@ def _log(tracking: TrackingConfig, record: AdviceRecord) -> str:
             child = client.create_run(experiment_id, run_name=leader.name, tags=tags).info.run_id
             made.append(child)
             metrics = {**_summary_metrics(leader.summary), "advice/rank": leader.rank}
-            params = {k: v for k, _, v in (o.partition("=") for o in leader.overrides)}
+            params = {param_key(k): v for k, _, v in (o.partition("=") for o in leader.overrides)}  # MLflow refuses `+` in a key
             client.log_batch(child, metrics=[Metric(k, v, now_ms, 0) for k, v in _finite(metrics).items()],
                              params=[Param(k, param_value(v)) for k, v in params.items()])
             client.set_terminated(child, status="FINISHED")

@@ -174,6 +174,7 @@ def _serve(sock: socket.socket) -> NoReturn:
 
         signal.signal(signal.SIGTERM, lambda signum, frame: stop_with(SystemExit(128 + signum)))
 
+        failed_open: tuple | None = None  # (the tracking config, why) of an open that failed
         while True:
             try:
                 kind, payload = _receive(sock)
@@ -183,10 +184,15 @@ def _serve(sock: socket.socket) -> NoReturn:
                 try:
                     store.bound_requests(payload)
                     store.ensure_experiment(payload)
-                except Exception:  # said when the run is logged: ensure_experiment is tried again then
-                    pass
+                except Exception as exc:  # said when the run is logged, without asking the store again
+                    # A store that did not answer the open cost the run tracking.timeout_s already; trying
+                    # again when logging doubled that (a database that is down: minutes). The run is marked
+                    # with this reason instead, as a sweep's later jobs are (FAILED_ENV).
+                    failed_open = (payload, f"tracking.uri={store.resolve_uri(payload)}: {store.short_reason(exc)}")
             elif kind == "log":
                 tracking = payload[0]
+                if failed_open is not None and failed_open[0] == tracking:
+                    os.environ[store.FAILED_ENV] = failed_open[1]
                 try:
                     run_id = store.log_run_or_mark(*payload)
                     reply: tuple = ("logged", run_id, store.resolve_uri(tracking))

@@ -16,11 +16,18 @@ def load_mlflow(uri: str, experiment: str = "hostbound", parent: str | None = No
     found = mlflow.get_experiment_by_name(experiment)
     if found is None:
         raise SystemExit(f"hostbound report: error: no experiment {experiment!r} in {uri}")
-    query = f"tags.mlflow.parentRunId = '{parent}'" if parent else ""
-    runs = mlflow.search_runs([found.experiment_id], filter_string=query)
+    # FINISHED only: a run that failed while logging (kept FAILED, then logged again whole) was a second row.
+    query = "attributes.status = 'FINISHED'" + (f" and tags.mlflow.parentRunId = '{parent}'" if parent else "")
+    runs = mlflow.search_runs([found.experiment_id], filter_string=query, order_by=["attributes.start_time DESC"])
     if runs.empty:
         return runs
-    runs = runs[runs.get("tags.kind", pd.Series(index=runs.index, dtype=object)).ne("sweep")]
+    # A sweep's or an advice's parent run holds no run of its own (an advice's was a row with speedup nan).
+    runs = runs[~runs.get("tags.kind", pd.Series(index=runs.index, dtype=object)).isin(["sweep", "advice"])]
+    # One row per run folder, its newest run: a folder logged twice (by hand, or a store that lost track) is one run.
+    run_dirs = runs.get("tags.run_dir", pd.Series(index=runs.index, dtype=object))
+    runs = runs[run_dirs.isna() | ~run_dirs.duplicated(keep="first")]
+    if runs.empty:
+        return runs
     out = pd.DataFrame({k: runs.get(f"tags.{k}") for k in KEYS + ["bound", "overrides", "notes", "run_dir"]})
     out["notes"] = out["notes"].fillna("")
     # What ran (batch, steps, seed, ...) is in the params, as text: the same columns a run folder's table has.

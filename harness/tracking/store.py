@@ -61,11 +61,27 @@ def mlflow_module():
         from sqlalchemy.engine import Engine
 
         event.listen(Engine, "before_cursor_execute", _bounded_busy_wait, retval=True)
+        event.listen(Engine, "do_connect", _bounded_connect)
+        import mlflow.store.db.utils as db_utils
+
+        # MLflow makes a database store's engine up to 10 times with backoff (~100 s against a database that
+        # is down, twice a run: opening and logging): one try, each connection waiting tracking.timeout_s.
+        db_utils.MAX_RETRY_COUNT = 1
     return mlflow
 
 
 _MLFLOW_BUSY_WAIT = "PRAGMA busy_timeout = 20000;"  # MLflow 3.17's, for every session on a sqlite store
 _busy_wait_ms = 5000  # tracking.timeout_s, set by bound_requests
+# The connect-timeout argument (whole seconds) of the database drivers that take one: a database host that
+# drops packets held a run for the driver's own wait (none for psycopg2: the OS's, minutes).
+_CONNECT_TIMEOUT_ARG = {"psycopg2": "connect_timeout", "psycopg": "connect_timeout", "pymysql": "connect_timeout", "mysqldb": "connect_timeout"}
+
+
+def _bounded_connect(dialect, conn_rec, cargs, cparams) -> None:
+    """Each new connection to a database store waits at most tracking.timeout_s (a value in the URI wins)."""
+    argument = _CONNECT_TIMEOUT_ARG.get(str(getattr(dialect, "driver", "")).lower())
+    if argument:
+        cparams.setdefault(argument, max(1, math.ceil(_busy_wait_ms / 1000)))
 
 
 def _bounded_busy_wait(conn, cursor, statement: str, parameters, context, executemany):
@@ -409,7 +425,9 @@ def log_run(
     experiment_id = ensure_experiment(tracking)
     metrics = {k: float(v) for k, v in summary.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
     metrics = {metric_name(k): v for k, v in metrics.items() if math.isfinite(v)}
-    tags = {**names, "bound": summary["bound"], "run_dir": str(run_dir)}
+    # The folder with its links resolved: the run's own logging and a later `log` through another path to it
+    # (a symlink) name it the same, so already_logged finds it either way.
+    tags = {**names, "bound": summary["bound"], "run_dir": str(Path(run_dir).resolve())}
     if overrides:  # the same record of what was swept that a run folder keeps (.hydra/overrides.yaml)
         tags["overrides"] = overrides
     notes = run_notes(summary)
@@ -594,12 +612,26 @@ def already_logged(tracking: TrackingConfig, run_dir: Path) -> bool:
     experiment = client.get_experiment_by_name(tracking.experiment)
     if experiment is None:
         return False
-    escaped = str(run_dir).replace("'", "\\'")
-    runs = client.search_runs(
-        # FINISHED only: a run cut off while logging (FAILED, KILLED) is logged again, whole
-        [experiment.experiment_id], filter_string=f"tags.run_dir = '{escaped}' and attributes.status = 'FINISHED'", max_results=1
-    )
-    return len(runs) > 0
+    wanted = str(Path(run_dir).resolve())  # as the run_dir tag holds it
+    # MLflow's filter parser has no escapes (`\\'` is kept as two characters, so a folder named `o'brien`
+    # never matched and was logged again on every resume): a value is quoted with the quote it lacks; one
+    # with both is searched by its prefix up to the first quote and compared here.
+    if "'" not in wanted or '"' not in wanted:
+        quote = '"' if "'" in wanted else "'"
+        condition, exact = f"tags.run_dir = {quote}{wanted}{quote}", True
+    else:
+        prefix = re.split(r"['\"\\]", wanted, maxsplit=1)[0]  # and before a backslash: PostgreSQL's LIKE escape
+        condition, exact = f"tags.run_dir LIKE '{prefix}%'", False
+    # FINISHED only: a run cut off while logging (FAILED, KILLED) is logged again, whole
+    query = f"{condition} and attributes.status = 'FINISHED'"
+    token = None
+    while True:
+        runs = client.search_runs([experiment.experiment_id], filter_string=query, max_results=1 if exact else 1000, page_token=token)
+        if any(run.data.tags.get("run_dir") == wanted for run in runs):
+            return True
+        token = runs.token
+        if exact or not token:
+            return False
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -615,7 +647,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         tracking = TrackingConfig(uri=args.uri, experiment=args.experiment, artifacts=ArtifactPolicy(args.artifacts), timeout_s=args.timeout_s)
-        folders = [folder for given in args.run_dirs for folder in run_folders(given.absolute())]
+        # resolve(), not absolute(): a folder given through a symlink is the folder its run_dir tag names,
+        # not a second run of it.
+        folders = [folder for given in args.run_dirs for folder in run_folders(given.resolve())]
         for folder in folders:
             read_run_dir(folder)  # every folder is a finished run's before anything is logged
     except HarnessError as exc:
