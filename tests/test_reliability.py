@@ -34,7 +34,8 @@ from harness.base.errors import EXIT_BAD_INPUT, EXIT_WRITE_FAILED, ConfigError
 from harness.base.files import atomic_write
 from harness.cli.job import execute
 from harness.model.ops_csv import COLUMN_LIMITS, INT_COLUMNS
-from harness.tracking.store import EXIT_TRACKING_FAILED, FAILED_FILE
+from harness.base.errors import EXIT_TRACKING_FAILED
+from harness.tracking.store import FAILED_FILE
 from harness.model.workload import load_card
 
 FUZZ_EXAMPLES = int(os.environ.get("HOSTBOUND_FUZZ_EXAMPLES", "30"))

@@ -220,7 +220,7 @@ def test_logging_folders_later_checks_them_all_before_logging_any(tmp_path, caps
     import mlflow
 
     from harness.base.errors import EXIT_BAD_INPUT
-    from harness.tracking.store import main
+    from harness.tracking.log_command import main
 
     for job, summary in (("good", '{"hardware": "h100", "workload": "w", "strategy": "eager", "throughput_tok_s": 5.0}'), ("bad", "{")):
         (tmp_path / job).mkdir()
@@ -352,7 +352,7 @@ def test_a_folder_with_quotes_in_its_path_is_logged_once(tmp_path, capsys, name)
     """MLflow's filter has no escapes: `o\\'brien` matched nothing and the folder was logged again each time."""
     import mlflow
 
-    from harness.tracking.store import main
+    from harness.tracking.log_command import main
 
     folder = finished_folder(tmp_path / name)
     finished_folder(tmp_path / (name + "x"))  # a longer path the broad search also finds
@@ -389,7 +389,7 @@ def test_a_uri_with_a_password_in_its_query_or_an_in_memory_store_is_refused_in_
 
 def test_the_log_command_refuses_a_password_in_the_uris_query_with_exit_2(tmp_path, capsys):
     from harness.base.errors import EXIT_BAD_INPUT
-    from harness.tracking.store import main
+    from harness.tracking.log_command import main
 
     folder = finished_folder(tmp_path / "run")
     assert main(["log", str(folder), "--uri", "postgresql://u@127.0.0.1:1/db?password=s3cret"]) == EXIT_BAD_INPUT
@@ -460,7 +460,7 @@ def test_each_connection_to_a_database_store_waits_the_tracking_timeout():
 def test_a_folder_given_through_a_symlink_is_the_folder_itself(tmp_path, capsys):
     import mlflow
 
-    from harness.tracking.store import main
+    from harness.tracking.log_command import main
 
     folder = finished_folder(tmp_path / "run")
     (tmp_path / "link").symlink_to(folder)
@@ -477,7 +477,8 @@ def test_a_run_logged_through_a_symlink_is_found_by_its_real_folder(tmp_path, ca
     links and all) and `log` given the real folder: one run, its run_dir tag the real folder."""
     import mlflow
 
-    from harness.tracking.store import log_folder, main
+    from harness.tracking.log_command import main
+    from harness.tracking.store import log_folder
 
     folder = finished_folder(tmp_path / "run")
     (tmp_path / "link").symlink_to(folder)
@@ -488,3 +489,46 @@ def test_a_run_logged_through_a_symlink_is_found_by_its_real_folder(tmp_path, ca
     client = mlflow.MlflowClient(tracking_uri=store)
     runs = client.search_runs([client.get_experiment_by_name("hostbound").experiment_id])
     assert [run.data.tags["run_dir"] for run in runs] == [str(folder.resolve())]
+
+
+def test_a_sweep_logged_later_gets_its_parent_run_and_live_names_once(tmp_path, capsys):
+    """A sweep run without a store, logged later: its jobs were runs of their own (no parent run, no
+    results, named presets first), which `report --parent` could not find. Now as a live sweep logs
+    them: one parent (kind sweep, FINISHED, results attached), the jobs its children named by what the
+    sweep varies first; a second `log` adds nothing."""
+    import mlflow
+
+    from conftest import run_cli
+    from harness.tracking.log_command import main
+    from harness.tracking.store import PARENT_FILE
+
+    made = run_cli("-m", "strategy=eager,async", "workload.steps=3", "tracking.enabled=false", "output.timeline_steps=0",
+                   "output.print_summary=false", f"hydra.sweep.dir={tmp_path / 'sw'}", cwd=tmp_path, timeout=300)
+    assert made.returncode == 0, made.stderr[-2000:]
+    assert not (tmp_path / "sw" / PARENT_FILE).exists()
+    store = sqlite_uri(tmp_path / "later.db")
+    assert main(["log", str(tmp_path / "sw"), "--uri", store]) == 0
+    assert capsys.readouterr().out.count("logged as run") == 2
+    client = mlflow.MlflowClient(tracking_uri=store)
+    experiment = client.get_experiment_by_name("hostbound").experiment_id
+
+    def runs():
+        return client.search_runs([experiment])
+
+    parents = [run for run in runs() if run.data.tags.get("kind") == "sweep"]
+    assert len(parents) == 1
+    parent = parents[0]
+    assert parent.info.status == "FINISHED" and parent.data.tags["sweep_dir"] == str(tmp_path / "sw")
+    assert parent.info.run_name == "sweep llama2_7b_decode·atlas_a2·steps=3 · strategy=eager,async · sw"
+    assert parent.data.params == {"strategy": "eager,async", "workload.steps": "3"}
+    assert parent.data.metrics["jobs"] == 2.0
+    assert {"results.csv", "results.md"} <= {a.path for a in client.list_artifacts(parent.info.run_id)}
+    jobs = [run for run in runs() if run.data.tags.get("kind") != "sweep"]
+    assert sorted(run.info.run_name for run in jobs) == ["async·llama2_7b_decode·atlas_a2·steps=3", "eager·llama2_7b_decode·atlas_a2·steps=3"]
+    assert all(run.data.tags.get("mlflow.parentRunId") == parent.info.run_id for run in jobs)
+    # Again, the sweep's folder or one of its jobs (also with the folder's parent-run file gone): nothing new.
+    assert main(["log", str(tmp_path / "sw"), "--uri", store]) == 0
+    (tmp_path / "sw" / PARENT_FILE).unlink(missing_ok=True)
+    assert main(["log", str(jobs[0].data.tags["run_dir"]), "--uri", store]) == 0
+    assert "logged as run" not in capsys.readouterr().out
+    assert sorted(run.info.run_id for run in runs()) == sorted([parent.info.run_id, *(run.info.run_id for run in jobs)])

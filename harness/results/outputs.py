@@ -27,6 +27,17 @@ MAX_TRACE_EVENTS = 500_000
 # Override keys that only say where files and runs go, never what ran: no view compares runs by them.
 WHERE_THINGS_GO = ("tracking.", "output.", "hydra", "resume")
 
+# A sweep's folder: its comparison of the jobs, and the mark a job that failed leaves in its own folder.
+RESULTS_CSV = "results.csv"
+RESULTS_MD = "results.md"
+JOB_FAILED_FILE = "JOB_FAILED.txt"  # in a job's folder: the one line that stopped it
+
+
+def failed_job_dirs(sweep_dir: Path) -> list[Path]:
+    """The folders of the jobs that failed (their JOB_FAILED.txt, at any depth: hydra.sweep.subdir may
+    nest), absolute."""
+    return sorted(p.parent.absolute() for p in sweep_dir.rglob(JOB_FAILED_FILE))
+
 log = logging.getLogger(__name__)
 
 

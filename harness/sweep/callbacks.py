@@ -26,13 +26,12 @@ from harness.base.errors import EXIT_BAD_INPUT, EXIT_TRACKING_FAILED
 from harness.base.files import atomic_write, write_text
 from harness.base.progress import Progress
 from harness.base.stopping import SweepStopped, say_stopped, stop_with, store_call
+from harness.results.outputs import JOB_FAILED_FILE, RESULTS_CSV, RESULTS_MD, failed_job_dirs
 from harness.tracking.store import PARENT_FILE, SWEPT_FILE
+from harness.tracking.sweep_runs import parent_description, sweep_name, swept_keys_of
 
 log = logging.getLogger(__name__)
 
-RESULTS_CSV = "results.csv"
-RESULTS_MD = "results.md"
-JOB_FAILED_FILE = "JOB_FAILED.txt"  # in a job's folder: the one line that stopped it
 
 
 
@@ -44,12 +43,6 @@ def clear_failed_job(job_dir: Path) -> None:
         (job_dir / JOB_FAILED_FILE).unlink(missing_ok=True)
     except OSError:  # not ours to remove (a folder we cannot write): the job's own write says so
         pass
-
-
-def failed_job_dirs(sweep_dir: Path) -> list[Path]:
-    """The folders of the jobs that failed (their JOB_FAILED.txt, at any depth: hydra.sweep.subdir may
-    nest), absolute."""
-    return sorted(p.parent.absolute() for p in sweep_dir.rglob(JOB_FAILED_FILE))
 
 
 def _first_line(path: Path) -> str:
@@ -275,44 +268,3 @@ def finish_stopped_sweep(stopped: SweepStopped) -> None:
     signal (harness.base.stopping.exit_now)."""
     _end_parent_run("KILLED")
     say_stopped("finished jobs keep their folders (resume=true finishes the rest)")
-
-
-def swept_keys_of(overrides: list[str]) -> set[str]:
-    """The keys a sweep's command line varies (`strategy`, `workload.batch_size`), without +/~."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
-    return {
-        o.get_key_element().lstrip("+~")
-        for o in OverridesParser.create().parse_overrides(overrides)
-        if o.is_sweep_override() and not o.is_hydra_override()
-    }
-
-
-def parent_description(jobs: int, overrides: list[str], compared_markdown: str, plots: list[Path]) -> str:
-    """The parent run's description (Markdown, on its page in the MLflow UI): the command, the comparison
-    table the sweep printed, and where the rest is."""
-    import shlex
-
-    files = ", ".join(f"`{name}`" for name in (RESULTS_MD, RESULTS_CSV, *(p.name for p in plots)))
-    return (  # the table first: the UI shows a description's first lines until "Show more"
-        f"{compared_markdown}\n\n**{jobs} jobs** of `{shlex.join(['python', '-m', 'harness', '-m', *overrides])}`, each a run"
-        f" nested under this one. Artifacts: {files} ({RESULTS_CSV}: every summary key of every job)."
-    )
-
-
-def sweep_name(overrides: list[str], folder: str, choices: dict | None = None) -> str:
-    """A parent run's name: what its jobs share, then what they vary, e.g. `sweep atlas_a2·steps=4 ·
-    strategy=eager,async × batch_size=1,8 · 03-10-00_1234` (the folder tells apart two sweeps of the same
-    values). `choices`: the presets Hydra chose (hydra.runtime.choices)."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
-    from harness.tracking.store import name_parts
-
-    parsed = OverridesParser.create().parse_overrides(overrides)
-    sweeps = [o for o in parsed if o.is_sweep_override() and not o.is_hydra_override()]
-    swept = [f"{o.get_key_element().lstrip('+~').rsplit('.', 1)[-1]}={o.input_line.split('=', 1)[1]}" for o in sweeps]
-    keys = frozenset(swept_keys_of(overrides))
-    shared = {k: str(v) for k, v in (choices or {}).items() if k not in keys}  # the presets every job runs
-    single = " ".join(o.input_line for o in parsed if not (o.is_sweep_override() or o.is_hydra_override()))
-    fixed = name_parts(shared, single)[1]
-    return f"sweep {'·'.join(fixed) or 'of the defaults'} · {' × '.join(swept) or 'of one job'} · {folder}"[:250]

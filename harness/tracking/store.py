@@ -37,8 +37,7 @@ from omegaconf import OmegaConf
 
 from harness.config.messages import one_line
 from harness.config.schema import ArtifactPolicy, TrackingConfig, flatten, sqlite_path, unflatten
-from harness.base.errors import EXIT_BAD_INPUT, EXIT_TRACKING_FAILED, HarnessError, TrackingError, one_line_text
-from harness.base.commands import CommandParser
+from harness.base.errors import HarnessError, TrackingError
 from harness.base.files import write_text
 from harness.results.outputs import STEPS_FILE, SUMMARY_FILE, TRACE_FILE, WHERE_THINGS_GO, read_steps, run_notes, short_setting
 from harness.sim.outcome import WHAT_RAN_KEYS, WHAT_RAN_PARAMS
@@ -413,9 +412,11 @@ def artifact_files(run_dir: Path, policy: ArtifactPolicy) -> list[Path]:
 
 
 def log_run(
-    tracking: TrackingConfig, run_dir: Path, summary: dict, steps: Mapping[str, np.ndarray], params: dict, names: dict, overrides: str = ""
+    tracking: TrackingConfig, run_dir: Path, summary: dict, steps: Mapping[str, np.ndarray], params: dict, names: dict, overrides: str = "",
+    *, parent: str | None = None, swept: frozenset[str] | None = None,
 ) -> str:
-    """Log one run; returns its MLflow run id."""
+    """Log one run; returns its MLflow run id. `parent` and `swept`: its sweep's parent run and swept keys,
+    when known (the log command reads them from the sweep's folder); otherwise Hydra's context says."""
     mlflow = mlflow_module()
     from mlflow.entities import Metric, Param
     from mlflow.store.artifact.artifact_repository_registry import get_artifact_repository
@@ -437,7 +438,7 @@ def log_run(
     left = sorted({entry.name for entry in run_dir.iterdir()} - {entry.name for entry in logged})
     if left:
         tags["files_only_in_run_dir"] = " ".join(left)
-    parent = parent_run_id()
+    parent = parent or parent_run_id()
     if parent:
         tags["mlflow.parentRunId"] = parent  # shows the job nested under its sweep in the UI
     # One client, one batch (params, summary metrics and step series together; MLflow splits it into
@@ -446,7 +447,8 @@ def log_run(
         client = mlflow.MlflowClient(tracking_uri=resolve_uri(tracking))
         tags = resolve_tags(tags)  # user and source, as mlflow.start_run adds them
         started_ms, ended_ms = run_times_ms(run_dir, float(summary.get("sim_wall_s", 0.0)))
-        created = client.create_run(experiment_id, start_time=started_ms, run_name=run_name(names, overrides, swept_keys()), tags=tags).info
+        name = run_name(names, overrides, swept_keys() if swept is None else swept)
+        created = client.create_run(experiment_id, start_time=started_ms, run_name=name, tags=tags).info
         run_id = created.run_id
         try:
             now_ms = int(time.time() * 1000)
@@ -583,14 +585,18 @@ def read_run_dir(run_dir: Path) -> tuple[dict, dict[str, np.ndarray], dict, dict
     return measured, steps, params, names, str(summary.get("overrides", ""))
 
 
-def log_folder(tracking: TrackingConfig, run_dir: Path, logged_as: Path | None = None) -> str | None:
+def log_folder(tracking: TrackingConfig, run_dir: Path, logged_as: Path | None = None, sweep=None) -> str | None:
     """Log a finished run's folder unless the store holds it (under `logged_as`, where it first ran, or
-    its own path); returns the new run's id, or None. Clears the folder's TRACKING_FAILED.txt."""
+    its own path); returns the new run's id, or None. Clears the folder's TRACKING_FAILED.txt. `sweep`
+    (harness.tracking.sweep_runs.LoggedSweep): the sweep whose job it is, logged later: the job is named
+    and nested as the live sweep would have (its parent run found in the store, or made)."""
     bound_requests(tracking)
     mlflow_module()
     with store_call(), mlflow_log_into(run_dir):
         if any(already_logged(tracking, folder) for folder in {run_dir, logged_as or run_dir}):
             run_id = None
+        elif sweep is not None:
+            run_id = log_run(tracking, run_dir, *read_run_dir(run_dir), parent=sweep.parent_run(tracking), swept=sweep.swept)
         else:
             run_id = log_run(tracking, run_dir, *read_run_dir(run_dir))
     (run_dir / FAILED_FILE).unlink(missing_ok=True)
@@ -605,6 +611,18 @@ def run_folders(path: Path) -> list[Path]:
     return jobs or [path]
 
 
+def tag_condition(tag: str, wanted: str) -> tuple[str, bool]:
+    """(an MLflow filter on `tags.<tag>` = `wanted`, whether it is exact). MLflow's filter parser has no
+    escapes (`\\'` is kept as two characters, so a folder named `o'brien` never matched and was logged
+    again on every resume): a value is quoted with the quote it lacks; one with both is searched by its
+    prefix up to the first quote, and the caller compares the runs found."""
+    if "'" not in wanted or '"' not in wanted:
+        quote = '"' if "'" in wanted else "'"
+        return f"tags.{tag} = {quote}{wanted}{quote}", True
+    prefix = re.split(r"['\"\\]", wanted, maxsplit=1)[0]  # and before a backslash: PostgreSQL's LIKE escape
+    return f"tags.{tag} LIKE '{prefix}%'", False
+
+
 def already_logged(tracking: TrackingConfig, run_dir: Path) -> bool:
     mlflow = mlflow_module()
 
@@ -613,15 +631,7 @@ def already_logged(tracking: TrackingConfig, run_dir: Path) -> bool:
     if experiment is None:
         return False
     wanted = str(Path(run_dir).resolve())  # as the run_dir tag holds it
-    # MLflow's filter parser has no escapes (`\\'` is kept as two characters, so a folder named `o'brien`
-    # never matched and was logged again on every resume): a value is quoted with the quote it lacks; one
-    # with both is searched by its prefix up to the first quote and compared here.
-    if "'" not in wanted or '"' not in wanted:
-        quote = '"' if "'" in wanted else "'"
-        condition, exact = f"tags.run_dir = {quote}{wanted}{quote}", True
-    else:
-        prefix = re.split(r"['\"\\]", wanted, maxsplit=1)[0]  # and before a backslash: PostgreSQL's LIKE escape
-        condition, exact = f"tags.run_dir LIKE '{prefix}%'", False
+    condition, exact = tag_condition("run_dir", wanted)
     # FINISHED only: a run cut off while logging (FAILED, KILLED) is logged again, whole
     query = f"{condition} and attributes.status = 'FINISHED'"
     token = None
@@ -632,35 +642,3 @@ def already_logged(tracking: TrackingConfig, run_dir: Path) -> bool:
         token = runs.token
         if exact or not token:
             return False
-
-
-def main(argv: list[str] | None = None) -> int:
-    """`python -m harness.tracking log RUN_DIR ...`: log finished runs whose tracking failed (or ran off)."""
-    parser = CommandParser(prog="python -m harness.tracking", description="Log finished run folders to MLflow.")
-    sub = parser.add_subparsers(dest="command", required=True)
-    log_parser = sub.add_parser("log", help="log run folders (skips those the store already holds)")
-    log_parser.add_argument("run_dirs", nargs="+", type=Path, help="run folders, or sweep folders (their jobs)")
-    log_parser.add_argument("--uri", help="tracking URI (default: sqlite:///outputs/mlflow.db here)")
-    log_parser.add_argument("--experiment", default="hostbound")
-    log_parser.add_argument("--artifacts", default="small", choices=[p.value for p in ArtifactPolicy])
-    log_parser.add_argument("--timeout-s", type=float, default=5.0, help="per request, without retries")
-    args = parser.parse_args(argv)
-    try:
-        tracking = TrackingConfig(uri=args.uri, experiment=args.experiment, artifacts=ArtifactPolicy(args.artifacts), timeout_s=args.timeout_s)
-        # resolve(), not absolute(): a folder given through a symlink is the folder its run_dir tag names,
-        # not a second run of it.
-        folders = [folder for given in args.run_dirs for folder in run_folders(given.resolve())]
-        for folder in folders:
-            read_run_dir(folder)  # every folder is a finished run's before anything is logged
-    except HarnessError as exc:
-        print(f"hostbound tracking: error: {one_line_text(str(exc))}", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    bound_requests(tracking)
-    for run_dir in folders:
-        try:
-            run_id = log_folder(tracking, run_dir)
-        except Exception as exc:
-            print(f"hostbound tracking: error: tracking.uri={resolve_uri(tracking)}: {short_reason(exc)}", file=sys.stderr)
-            return EXIT_TRACKING_FAILED
-        print(f"{run_dir}: logged as run {run_id}" if run_id else f"{run_dir}: already in {resolve_uri(tracking)}")
-    return 0
