@@ -138,17 +138,11 @@ MAX_CHECKED_COMBINATIONS = int(os.environ.get("HOSTBOUND_CHECK_COMBINATIONS", "6
 def sweep_combinations(overrides: list[str]) -> tuple[list[list[str]], int]:
     """Every job's single-valued override list (as Hydra's basic sweeper makes them), and how many there
     are; when over MAX_CHECKED_COMBINATIONS, the per-axis variants instead."""
-    base, sweeps = _sweep_axes(overrides)
+    _, sweeps = _sweep_axes(overrides)
     total = math.prod(max(1, len(values)) for _, _, values in sweeps)
     if total > MAX_CHECKED_COMBINATIONS:
         return override_variants(overrides), total
-    jobs = []
-    for chosen in itertools.product(*[[f"{key}={value}" for value in values] or [""] for _, key, values in sweeps]):
-        job = list(base)
-        for (position, _, _), override in zip(sweeps, chosen):
-            job[position] = override
-        jobs.append([o for o in job if o])
-    return jobs, total
+    return [job for job, _ in all_combinations(overrides)], total
 
 
 def preflight(argv: list[str]) -> None:

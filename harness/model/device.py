@@ -85,9 +85,10 @@ def fewest_in_node(ranks: int, devices_per_node: int) -> int:
 def collective_us(comm: np.ndarray, ranks: np.ndarray, nbytes: np.ndarray, link: LinkConfig) -> np.ndarray:
     """Transfer time of collectives (without the fixed kernel cost), broadcasting over steps."""
     p = ranks.astype(np.float64)
-    # Groups are consecutive ranks: every group of p stays inside a node only where p divides the node's
-    # devices (6 a node, TP 4: ranks 4-7 span two nodes, and the slowest group sets the pace).
-    in_node = (ranks <= link.devices_per_node) & (link.devices_per_node % np.maximum(ranks, 1) == 0)
+    # Groups are consecutive ranks: a group stays inside a node only where every member has all the others
+    # there (6 a node, TP 4: ranks 4-7 span two nodes, and the slowest group sets the pace).
+    local = np.vectorize(fewest_in_node, otypes=[np.float64])(np.maximum(ranks, 1).astype(np.int64), link.devices_per_node)
+    in_node = local >= np.maximum(p, 1.0)
     bytes_per_us = np.where(in_node, link.scaleup_gbps, link.internode_gbps) * 1e9 / US_PER_S
     hop_us = np.where(in_node, link.scaleup_latency_us, link.internode_latency_us)
     safe_p = np.maximum(p, 1.0)
@@ -95,7 +96,6 @@ def collective_us(comm: np.ndarray, ranks: np.ndarray, nbytes: np.ndarray, link:
     all_gather = (p - 1) * (hop_us + nbytes / bytes_per_us)
     # A full mesh sends to in-node peers and to the rest at once: the slower share sets the time (one rank
     # keeps its own data; the member with the fewest in-node peers sends the most over the network).
-    local = np.vectorize(fewest_in_node, otypes=[np.float64])(np.maximum(ranks, 1).astype(np.int64), link.devices_per_node)
     scaleup_per_us = link.scaleup_gbps * 1e9 / US_PER_S
     mesh_us = np.maximum(nbytes * (local - 1) / safe_p / scaleup_per_us, nbytes * (p - local) / safe_p / bytes_per_us)
     all_to_all = np.where(p > 1, hop_us + mesh_us, 0.0)

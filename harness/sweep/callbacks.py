@@ -33,8 +33,6 @@ from harness.tracking.sweep_runs import parent_description, sweep_name, swept_ke
 log = logging.getLogger(__name__)
 
 
-
-
 def clear_failed_job(job_dir: Path) -> None:
     """A job starting again (resume=true after the input was fixed) is not the job that failed: its old
     JOB_FAILED.txt kept it out of results.csv, counted it failed beside its new summary.json and failed
