@@ -22,14 +22,18 @@ import threading
 from typing import Iterator, NoReturn, Optional
 
 _depth = 0  # store calls under way in this process (they nest: a run's logging makes the experiment)
+_exiting = False  # exit_now has done the command's teardown: a stop is recorded, not raised
 _pending: Optional[BaseException] = None  # the stop that came during one
 
 
 def stop_with(exc: BaseException) -> None:
-    """From a signal handler: raise `exc` now, or at the end of the store call under way."""
+    """From a signal handler: raise `exc` now, or at the end of the store call under way (or, once the
+    command is exiting, record it for `exit_now`'s last look)."""
     global _pending, _requested
     if isinstance(exc, Stopped) and _requested is None:
         _requested = exc
+    if _exiting:
+        return
     if _depth:
         if _pending is None:
             _pending = exc
@@ -76,8 +80,8 @@ def held() -> Iterator[None]:
 
 def forget() -> None:
     """No stop and no store call: a forked child (a helper, a sweep's worker) starts so, and a test ends so."""
-    global _depth, _pending, _requested, _said, _left
-    _depth, _pending, _requested, _said, _left = 0, None, None, False, ""
+    global _depth, _pending, _requested, _said, _left, _exiting
+    _depth, _pending, _requested, _said, _left, _exiting = 0, None, None, False, "", False
 
 
 os.register_at_fork(after_in_child=forget)
@@ -169,7 +173,7 @@ def exit_now(code: object) -> NoReturn:
     happens: other threads are waited for, exit handlers run, the streams are flushed. A command that a
     signal stopped ends by that signal once its line is said (a shell sees 130 for SIGINT, 143 for
     SIGTERM, and a script that ran it stops too), also when the stop's exception was swallowed on its way."""
-    global _requested
+    global _requested, _exiting
     if code is None or isinstance(code, int):
         status = code or 0
     else:  # SystemExit("text"), as sys.exit prints it
@@ -179,22 +183,27 @@ def exit_now(code: object) -> NoReturn:
         threading._shutdown()  # as the interpreter does first: executors' exit hooks, then other threads waited for
         atexit._run_exitfuncs()
         logging.shutdown()
-    # From here a stop is held back and read below: one that arrived while the last lines were flushed had
-    # no handler run before os._exit, and the command ended 0 as if it had not come (seen in a CI run of
-    # the signal tests).
+    # From here a stop is recorded, not raised, and read below: one that arrived while the last lines were
+    # flushed had no handler run before os._exit, and the command ended 0 as if it had not come (seen in a
+    # CI run of the signal tests). The main thread blocks the signals, so one sent now stays pending for
+    # `sigpending`; one that another thread takes runs the handler here at the next call, which records it.
+    # The last look comes after the last flush: only the few calls from it to os._exit are left.
+    _exiting = True
     stops = {signal.SIGINT, signal.SIGTERM}
     if threading.current_thread() is threading.main_thread():
         signal.pthread_sigmask(signal.SIG_BLOCK, stops)
-    for _ in range(2):  # before the line is said, and once more after the flush
-        pending = signal.sigpending() & stops
-        if _requested is None and pending:
-            _requested = Stopped(int(min(pending)))
-        say_stopped()  # once, where there is a stop
+    while True:
         for stream in (sys.stdout, sys.stderr):
             try:
                 stream.flush()
             except (OSError, ValueError):  # a closed pipe (`| head`): nothing more can reach it
                 pass
+        pending = signal.sigpending() & stops
+        if _requested is None and pending:
+            _requested = Stopped(int(min(pending)))
+        if _requested is None or _said:
+            break
+        say_stopped()  # once, then flushed and looked at again
     if _requested is not None:
         signal.signal(_requested.signum, signal.SIG_DFL)
         signal.pthread_sigmask(signal.SIG_UNBLOCK, [_requested.signum])
