@@ -175,3 +175,34 @@ def test_help_says_what_the_harness_is_and_lists_the_presets(tmp_path):
     assert done.stdout.startswith("hostbound: simulate how LLM inference is scheduled between a host CPU and an accelerator")
     assert "strategy: acl_graph, async, cuda_graph, cuda_graph_piecewise, eager, ge_sink, mindspore, pipeline, tiling_cache" in done.stdout
     assert "Powered by Hydra" not in done.stdout and not (tmp_path / "outputs").exists()
+
+
+def test_the_trace_and_the_timeline_show_measured_steps_not_a_graph_built_between_them():
+    """A sink load in the middle of a run (the KV length crosses a shape bucket at step 2: builds at 0 and 2)
+    was in trace.json as a step, and timeline.png drew steps 1-4 as one 1000 ms load, titled "device idle
+    100%" where the summary's bubble is under 10 %. The trace holds the first measured steps by number; the
+    timeline a stretch of consecutive measured ones, its idle taken over them alone."""
+    from harness.results.outputs import chrome_trace
+    from harness.results.timeline import timeline_window
+    from harness.sim.simulate import simulate_run
+
+    outcome = simulate_run(compose_run("strategy=ge_sink", "strategy.shape_buckets=true", "+workload.card_overrides.num_hidden_layers=1",
+                                       "workload.steps=8", "workload.context_len=1022"))
+    measured = outcome.step_columns["measured"]
+    assert measured.tolist() == [False, True, False, True, True, True, True, True]  # the case: a build at step 2
+    events = chrome_trace(outcome, trace_steps=4)["traceEvents"]
+    assert sorted({e["args"]["step"] for e in events if e["ph"] == "X"}) == [1, 3, 4, 5]
+    assert [e["name"] for e in events if e["ph"] == "i"] == ["step 1 end", "step 3 end", "step 4 end", "step 5 end"]
+    window = timeline_window(outcome, 4)
+    assert (window.first, window.last) == (3, 6) and set(window.tasks["step"].tolist()) == {3, 4, 5, 6}
+    starts, ends = outcome.step_columns["start_ms"], outcome.step_columns["end_ms"]
+    assert (window.t0, window.t1) == (starts[3] * 1e3, ends[6] * 1e3)
+    assert timeline_window(outcome, 9).last == 7  # no stretch that long: the longest, as long as it is
+
+
+def test_each_thing_the_timeline_draws_has_a_colour_of_its_own():
+    """A host sync was drawn in the red of the device idle row: a sync bar on host.main read as a bubble."""
+    from harness.results.timeline import COLOURS, HOST_OP_COLOUR, IDLE_COLOUR
+
+    colours = [c.lower() for c in [*COLOURS.values(), HOST_OP_COLOUR, IDLE_COLOUR]]
+    assert len(set(colours)) == len(colours)

@@ -134,9 +134,14 @@ def test_a_launch_groups_followers_have_no_tiling_of_their_own(tmp_path):
     assert plan_of(run)[1].info["tiling_cache_hit_rate"] == pytest.approx(4 / 6)
 
 
-def test_nothing_to_look_up_is_a_hit_rate_of_zero():
+def test_nothing_to_look_up_is_no_hit_rate_and_says_so():
+    """It was a hit rate of 0 ("tiling cache hit rate 0.0%": a cache that always missed), also for an ACL
+    graph run whose replays look nothing up."""
     run = compose_run("workload.card=null", "workload.ops=[{name:py,kind:host,host_us:1}]", "workload.steps=2", "strategy.tiling_cache=true")
-    assert plan_of(run)[1].info["tiling_cache_hit_rate"] == 0.0
+    info = plan_of(run)[1].info
+    assert "tiling_cache_hit_rate" not in info and "no lookups" in info["tiling_note"]
+    info = plan_of(compose_run("strategy=acl_graph", "strategy.tiling_cache=true", "workload.steps=4"))[1].info
+    assert "tiling_cache_hit_rate" not in info and "no lookups" in info["tiling_note"]
 
 
 # ---------------------------------------------------------------- graph plans

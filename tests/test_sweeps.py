@@ -435,6 +435,9 @@ def test_bar_groups_are_labelled_by_what_differs_and_titled_by_what_they_share()
     assert _bar_labels(sweep) == ("llama2_7b_decode atlas_a2", ["batch_size=1", "batch_size=8"])
     assert _bar_labels([("w", "a2", ""), ("v", "h100", "")]) == ("", ["w\na2", "v\nh100"])
     assert _bar_labels([("w", "a2")]) == ("w a2", ["w a2"])
+    # Only the key is shortened: a value's dots are its own (both groups of a host.speed sweep read "5").
+    speeds = [("w", "h100", "hardware.host.speed=0.5 workload.path=a.csv"), ("w", "h100", "hardware.host.speed=1.5 workload.path=a.csv")]
+    assert _bar_labels(speeds) == ("w h100", ["speed=0.5 path=a.csv", "speed=1.5 path=a.csv"])
 
 
 def test_a_sweep_refuses_before_it_starts_a_combination_whose_graphs_overflow_hbm(tmp_path):

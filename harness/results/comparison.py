@@ -146,7 +146,10 @@ def _bar_labels(keys: list) -> tuple[str, list[str]]:
     keys = [key if isinstance(key, tuple) else (key,) for key in keys]
 
     def short(value: object) -> str:
-        return " ".join(item.rsplit(".", 1)[-1] for item in str(value).split())
+        def item_short(item: str) -> str:  # the key's last part, the value whole (speed=0.5, path=a.csv)
+            key, eq, val = item.partition("=")
+            return key.rsplit(".", 1)[-1] + eq + val if eq else item
+        return " ".join(item_short(item) for item in str(value).split())
 
     varying = [i for i in range(len(keys[0])) if len({key[i] for key in keys}) > 1] if keys else []
     shared = " ".join(short(v) for i, v in enumerate(keys[0]) if i not in varying and str(v)) if keys else ""

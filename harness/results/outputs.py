@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from harness.base.files import atomic_write, write_json, write_text
+from harness.sim.outcome import shown_steps
 from harness.sim.task_graph import CATEGORIES, LANE_COPY, LANE_DEVICE, LANE_EXTERNAL
 
 if TYPE_CHECKING:
@@ -99,7 +100,7 @@ def read_steps(path: Path) -> dict[str, np.ndarray]:
 
 
 def chrome_trace(outcome: "RunResult", trace_steps: int) -> dict:
-    """Chrome trace-event JSON (opens in Perfetto) of `trace_steps` steps from the first measured one."""
+    """Chrome trace-event JSON (opens in Perfetto) of the first `trace_steps` measured steps."""
     return json.loads(chrome_trace_text(outcome, trace_steps))
 
 
@@ -110,16 +111,16 @@ def chrome_trace_text(outcome: "RunResult", trace_steps: int) -> str:
     result = outcome.result
     graph = result.graph
     tasks = graph.tasks
-    first = int(np.flatnonzero(outcome.step_columns["measured"])[0])
+    shown = shown_steps(outcome.step_columns["measured"], trace_steps)
     step = result.column("step")
     # A zero-length task of no op is a marker of the step's structure (its start, a serving step's
     # opening), not work: a viewer would list it as an event of the lane it sits on.
     marker = (tasks["op"] < 0) & (result.end_us <= result.start_us)
-    chosen = np.flatnonzero((step >= first) & (step < first + trace_steps) & ~marker)
+    chosen = np.flatnonzero(np.isin(step, shown) & ~marker)
     if chosen.size > MAX_TRACE_EVENTS:  # a million-op step would write gigabytes no viewer opens
         log.warning(
             "trace.json holds the first %d of the %d tasks of steps %d-%d (at most %d events)",
-            MAX_TRACE_EVENTS, chosen.size, first, first + trace_steps - 1, MAX_TRACE_EVENTS,
+            MAX_TRACE_EVENTS, chosen.size, shown[0], shown[-1], MAX_TRACE_EVENTS,
         )
         chosen = chosen[:MAX_TRACE_EVENTS]
     pid_of_kind = {0: 1, LANE_DEVICE: 2, LANE_COPY: 3, LANE_EXTERNAL: 2}  # external waits show with the device
@@ -156,7 +157,7 @@ def chrome_trace_text(outcome: "RunResult", trace_steps: int) -> str:
             f'"args": {{"task": {i}, "step": {step_}, "decided_by": {decider}}}}}'
         )
     step_end = outcome.step_columns["end_ms"] * 1e3  # the result may hold only the traced steps
-    for s in range(first, min(first + trace_steps, len(step_end))):
+    for s in shown.tolist():
         parts.append(json.dumps({"ph": "i", "s": "g", "name": f"step {s} end", "pid": 1, "tid": 0, "ts": float(step_end[s])}))
     return '{"traceEvents": [' + ", ".join(parts) + '], "displayTimeUnit": "ms"}\n'
 
@@ -177,7 +178,7 @@ def run_notes(summary: Any) -> str:
         notes.append(f"{int(captures)} capture{'s' if captures != 1 else ''}")
         if _present(get("padding_waste")) and get("padding_waste") >= 0.005:
             notes.append(f"padding waste {get('padding_waste'):.2f}")
-    for key in ("graph_note", "engine_note", "serving_note", "ttft_note", "steps_note", "throughput_note"):
+    for key in ("graph_note", "engine_note", "serving_note", "ttft_note", "steps_note", "throughput_note", "tiling_note"):
         if _present(get(key)) and get(key):
             notes.append(str(get(key)))
     if _present(get("tiling_cache_hit_rate")):
@@ -243,6 +244,8 @@ def format_summary(summary: dict, names: dict, run_dir: Path) -> str:
         lines.append(f"  note         {summary['graph_note']}")
     if "tiling_cache_hit_rate" in summary:
         lines.append(f"  tiling cache hit rate {summary['tiling_cache_hit_rate']:.1%}")
+    if "tiling_note" in summary:
+        lines.append(f"  tiling cache {summary['tiling_note']}")
     if "requests_completed" in summary:
         serving = f"  serving      {summary['requests_completed']} requests done, batch mean {summary['batch_mean']:.1f}"
         if "request_latency_ms_p50" in summary:

@@ -16,6 +16,7 @@ import numpy as np
 from harness.base.files import atomic_write
 from harness.sim.task_graph import CATEGORIES, LANE_DEVICE, LANE_HOST
 from harness.sim.busy import BusyTime
+from harness.sim.outcome import drawn_steps
 
 if TYPE_CHECKING:
     from harness.sim.outcome import RunResult
@@ -27,7 +28,7 @@ COLOURS = {
     "alloc": "#7f7f7f",
     "launch": "#ff7f0e",
     "copy": "#17becf",
-    "sync": "#d62728",
+    "sync": "#393b79",  # not red: red is the device idle row
     "compute": "#1f77b4",
     "comm": "#2ca02c",
     "graph": "#9467bd",
@@ -63,11 +64,10 @@ class TimelineWindow:
 
 
 def timeline_window(outcome: "RunResult", steps: int) -> TimelineWindow:
-    """`steps` steps from the first measured one."""
+    """`steps` consecutive measured steps (drawn_steps)."""
     result, graph = outcome.result, outcome.result.graph
     columns = outcome.step_columns
-    first = int(np.flatnonzero(columns["measured"])[0])
-    last = min(first + steps, outcome.workload.steps) - 1
+    first, last = drawn_steps(columns["measured"], steps)
     # From the steps table: the result may hold only the drawn steps of a long run.
     t0, t1 = float(columns["start_ms"][first]) * 1e3, float(columns["end_ms"][last]) * 1e3
     # Work on the drawn steps only (a long run has millions of tasks).
@@ -80,7 +80,7 @@ def timeline_window(outcome: "RunResult", steps: int) -> TimelineWindow:
 
 
 def draw_timeline(outcome: "RunResult", path: Path, steps: int) -> None:
-    """Write a PNG of `steps` steps from the first measured one."""
+    """Write a PNG of `steps` consecutive measured steps (drawn_steps)."""
     draw_window(timeline_window(outcome, steps), path)
 
 

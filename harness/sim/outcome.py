@@ -14,11 +14,33 @@ import numpy as np
 
 from harness.base.errors import TrackingError
 
+
 if TYPE_CHECKING:  # annotations only: the MLflow logging process imports this module, and needs no Numba
     import pandas as pd
 
     from harness.model.ops import Workload
     from harness.sim.kernel import SimulationResult
+
+
+def shown_steps(measured: np.ndarray, count: int) -> np.ndarray:
+    """The steps trace.json shows: the first `count` measured ones, by number. A graph build after the first
+    measured step (a sink load as the KV length crosses a bucket) is not one of them: shown, its load
+    read as the device idle in steady state."""
+    return np.flatnonzero(measured)[: max(int(count), 0)]
+
+
+def drawn_steps(measured: np.ndarray, count: int) -> tuple[int, int]:
+    """First and last step timeline.png draws: a stretch of time, so consecutive measured steps only (no
+    build inside it, for the reason of `shown_steps`): the first `count` of the first stretch that long,
+    else of the longest (the earliest of equals)."""
+    steps = np.flatnonzero(measured)
+    breaks = np.flatnonzero(np.diff(steps) != 1) + 1
+    starts, ends = np.r_[0, breaks], np.r_[breaks, steps.size]  # each stretch: steps[start:end]
+    lengths = ends - starts
+    long_enough = np.flatnonzero(lengths >= count)
+    pick = long_enough[0] if long_enough.size else int(np.argmax(lengths))
+    first = int(steps[starts[pick]])
+    return first, first + int(min(max(count, 1), lengths[pick])) - 1
 
 
 # Summary keys measured on the wall clock (how long this process took, compilation included): the

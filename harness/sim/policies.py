@@ -311,7 +311,10 @@ def prepare(run: RunConfig, batch: np.ndarray, kv_len: np.ndarray | None) -> tup
         # Over the steps the run's figures are measured on (after warm-up, no graph built), as they are.
         measured = (np.arange(steps) >= workload.warmup_steps) & (mode != BUILD)
         counted = lookups & measured[:, None]
-        info["tiling_cache_hit_rate"] = float(tiling_hit[counted].mean()) if counted.any() else 0.0
+        if counted.any():
+            info["tiling_cache_hit_rate"] = float(tiling_hit[counted].mean())
+        else:  # a rate of 0 would read as a cache that always missed
+            info["tiling_note"] = "no lookups in the measured steps, so no hit rate (a graph replay looks up split ops only)"
     return workload, StepPlan(mode=mode, tiling_hit=tiling_hit, cpu_ops=cpu_ops, info=info, split_ops=split_ops)
 
 

@@ -25,7 +25,7 @@ from harness.sim.serving import ServingBatches, batch_requests, serving_summary
 from harness.sim.policies import StepPlan, graphs_memory_gb, prepare
 from harness.base.progress import Progress
 from harness.base.stopping import held, raise_if_stopped
-from harness.sim.outcome import RunResult
+from harness.sim.outcome import RunResult, drawn_steps, shown_steps
 from harness.base.errors import ConfigError
 from harness.model.ops import Workload, check_memory
 from harness.model.workload import build_workload, run_build_options
@@ -340,9 +340,11 @@ def _simulate_prepared(run: RunConfig, prepared: PreparedRun, chunk_tasks: int) 
     measures = StepMeasures.concat(parts)
     summary, steps_table = summarize(measures, workload, plan)
     if len(parts) > 1:  # keep only what the outputs draw: a bounded window of steps
-        shown = int(np.flatnonzero(measured_steps(workload, plan))[0])
-        count = max(run.output.trace_steps, run.output.steps_drawn(), 1)
-        result = simulate_steps(np.arange(shown, min(shown + count, workload.steps)), float(measures.start_us[shown]))
+        measured = measured_steps(workload, plan)
+        shown = shown_steps(measured, max(run.output.trace_steps, 1))
+        drawn = drawn_steps(measured, run.output.steps_drawn())
+        first, last = min(int(shown[0]), drawn[0]), max(int(shown[-1]), drawn[1])
+        result = simulate_steps(np.arange(first, last + 1), float(measures.start_us[first]))
     progress.done()
     summary.update(plan.info)
     if workload.memory.weights_gb > 0:  # cards know their memory; explicit op lists and traces do not
