@@ -257,3 +257,15 @@ def test_padding_waste_is_the_share_of_padded_device_time(padded, real, waste):
     padded_workload, run = fixed(*padded)
     real_workload, _ = fixed(*real)
     assert _padding_waste(padded_workload, real_workload, run) == waste
+
+
+def test_when_every_step_builds_a_graph_the_hit_rate_is_over_the_steps_measured_instead():
+    """A sink run whose every step builds (a KV block of 1: each step a new bucket) is measured on its build
+    steps (nothing else to measure); the hit rate left them out and read 0. By hand: 19 lookups a step,
+    the first step's all miss, each later step hits all but its attention (a new shape): 0 + 18 + 18 of 57."""
+    run = compose_run("strategy=ge_sink", "strategy.tiling_cache=true", "strategy.shape_buckets=true", "strategy.kv_block=1",
+                      "+workload.card_overrides.num_hidden_layers=1", "workload.steps=3")
+    workload, plan = plan_of(run)
+    assert plan.mode.tolist() == [BUILD, BUILD, BUILD]
+    assert plan.tiling_hit.sum(axis=1).tolist() == [0, 18, 18] and workload.n_ops == 19
+    assert plan.info["tiling_cache_hit_rate"] == pytest.approx(36 / 57)

@@ -174,6 +174,7 @@ def test_ops_on_host_cores_keep_steps_eager_and_on_the_cpu():
     assert outcome.summary["graph_note"] == ("capture falls back to host scheduling: ops run on host cores (strategy.heterogeneous)"
                                              " cannot be in a graph (x.sampling)")
     assert (outcome.steps["host.cpu_ops_busy_ms"] > 0).all()
+    assert outcome.summary["ops_per_step"] == 2 and outcome.summary["launches_per_step"] == 2  # sampling is no kernel
     strict = dataclasses.replace(run, strategy=dataclasses.replace(run.strategy, graph=dataclasses.replace(run.strategy.graph, dynamic_fallback=Fallback.error)))
     with pytest.raises(ConfigError, match=r"^strategy.graph.mode=capture: ops run on host cores"):
         simulate_run(strict)

@@ -261,3 +261,18 @@ def test_a_graph_over_measured_steps_says_it_dropped_their_syncs(tmp_path):
     assert summary["graph_syncs_dropped"] == 1 and "dropped" in summary["graph_note"]
     # The replayed step: one 15 µs trigger, then the kernel with its device-side dispatch; no host work.
     assert summary["steps_measured"] == 1 and summary["step_ms_mean"] * 1e3 == pytest.approx(15 + 20 + 1)
+
+
+def test_a_prefill_traces_batch_column_sets_its_prompt_tokens_without_a_tokens_column(tmp_path):
+    """Steps of 2 and 3 prompts of 512 tokens: 2,560 prompt tokens. Without a tokens column each step was
+    counted at batch_size 7 x 512 = 3,584 (throughput 2.8x too high); with one, right all along."""
+    rows = "step,name,kind,device_us,batch\n0,a,vector,100,2\n1,a,vector,100,3\n"
+    runs = {}
+    for name, text in (("batch", rows), ("tokens", rows.replace("batch\n", "batch,tokens\n").replace(",2\n", ",2,1024\n").replace(",3\n", ",3,1536\n"))):
+        path = tmp_path / f"{name}.csv"
+        path.write_text(text)
+        outcome = simulate_run(compose_run("workload=trace", f"workload.path={path}", "workload.phase=prefill", "workload.context_len=512",
+                                           "workload.batch_size=7", "workload.warmup_steps=0", "hardware.host.jitter_cv=0"))
+        assert outcome.workload.tokens.tolist() == [1024, 1536]
+        runs[name] = outcome.summary["throughput_tok_s"]
+    assert runs["batch"] == runs["tokens"]

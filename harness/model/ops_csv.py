@@ -309,10 +309,15 @@ def read_ops_csv(path: str | Path, cfg: WorkloadConfig) -> Workload:
     if "ranks" in numbers:
         workload.comm_ranks = np.nan_to_num(numbers["ranks"][first], nan=1).astype(np.int32)
     if step is not None:
+        # A batch column without a tokens one: each sequence keeps the config's tokens (a prefill's
+        # context_len), or a prefill of 2 and 3 prompts counted 7 prompts' tokens each step (batch_size 7).
+        tokens_per_sequence = int(workload.tokens[0]) // max(int(workload.batch[0]), 1)
         for column in ("batch", "tokens", "kv_len"):
             if column in numbers:
                 values = np.tile(numbers[column][order].reshape(steps, n)[:, 0], copies)
                 setattr(workload, column, values if column == "kv_len" else values.astype(np.int64))
+        if "batch" in numbers and "tokens" not in numbers:
+            workload.tokens = workload.batch * tokens_per_sequence
         workload.real_batch, workload.real_kv_len = workload.batch, workload.kv_len
     return workload
 

@@ -21,8 +21,8 @@ from harness.sim.busy import BusyTime
 from harness.sim.kernel import SimulationResult
 from harness.sim.task_graph import CATEGORIES, CATEGORY, LANE_DEVICE, LANE_HOST
 from harness.sim.lowering import HOST_STAGES
-from harness.sim.policies import BUILD, MODE_NAMES, StepPlan
-from harness.model.ops import Workload
+from harness.sim.policies import BUILD, MODE_NAMES, StepPlan, measured_mask
+from harness.model.ops import HOST_ONLY_KINDS, Workload
 
 # Fewer samples than this and a p99 is little more than their maximum: the summary says so (steps here,
 # finished requests in a serving run).
@@ -169,13 +169,9 @@ class StepMeasures:
 
 
 def measured_steps(workload: Workload, plan: StepPlan | None = None) -> np.ndarray:
-    """Which steps the summary measures: after the warm-up, and not building a graph."""
-    index = np.arange(workload.steps)
+    """Which steps the summary measures (policies.measured_mask)."""
     mode = plan.mode if plan is not None else np.zeros(workload.steps, dtype=np.int8)
-    measured = (index >= workload.warmup_steps) & (mode != BUILD)
-    if not measured.any():  # every step builds a graph: measure them rather than nothing
-        measured = index >= workload.warmup_steps
-    return measured
+    return measured_mask(workload.warmup_steps, mode)
 
 
 def summarize(measures: StepMeasures, workload: Workload, plan: StepPlan | None = None) -> tuple[dict, dict[str, np.ndarray]]:
@@ -221,7 +217,9 @@ def summarize(measures: StepMeasures, workload: Workload, plan: StepPlan | None 
     summary["bubble_front_end"] = front_end_idle_us / window_us if window_us > 0 else 0.0
     summary.update(
         {
-            "ops_per_step": workload.n_kernels_per_step,
+            # Ops on host cores (heterogeneous execution) are no kernels: mindspore's sampling ran on the CPU and counted.
+            "ops_per_step": workload.n_kernels_per_step - (int(np.count_nonzero(plan.cpu_ops & ~np.isin(workload.kind, HOST_ONLY_KINDS)))
+                                                            if plan is not None else 0),
             "launches_per_step": float(launches_per_step[measured].mean()),
             "tasks_simulated": measures.tasks,
             "window_ms": window_us / US_PER_MS,

@@ -58,6 +58,16 @@ from harness.model.workload import build_workload, run_build_options
 EAGER, BUILD, REPLAY = 0, 1, 2
 MIB = 2**20
 MODE_NAMES = {EAGER: "eager", BUILD: "build", REPLAY: "replay"}
+
+
+def measured_mask(warmup_steps: int, mode: np.ndarray) -> np.ndarray:
+    """Which steps a run's figures are measured on: after the warm-up, and not building a graph (every step
+    builds one: those, rather than nothing)."""
+    index = np.arange(mode.shape[0])
+    measured = (index >= warmup_steps) & (mode != BUILD)
+    if not measured.any():
+        measured = index >= warmup_steps
+    return measured
 VECTOR = KIND_CODE[OpKind.vector]
 
 
@@ -308,9 +318,7 @@ def prepare(run: RunConfig, batch: np.ndarray, kv_len: np.ndarray | None) -> tup
         node_keys = mix_keys(workload.shape_key, np.arange(workload.n_ops, dtype=np.int64)[None, :])
         hits = lru_hits(node_keys[lookups], strategy.tiling_cache_entries)
         tiling_hit[lookups] = hits
-        # Over the steps the run's figures are measured on (after warm-up, no graph built), as they are.
-        measured = (np.arange(steps) >= workload.warmup_steps) & (mode != BUILD)
-        counted = lookups & measured[:, None]
+        counted = lookups & measured_mask(workload.warmup_steps, mode)[:, None]  # as the run's figures are
         if counted.any():
             info["tiling_cache_hit_rate"] = float(tiling_hit[counted].mean())
         else:  # a rate of 0 would read as a cache that always missed
