@@ -190,6 +190,15 @@ def test_results_record_each_jobs_overrides(sweep):
     assert sorted(results["overrides"].str.contains("strategy=acl_graph")) == [False, False, True, True]
 
 
+def test_results_csv_writes_counts_as_counts(sweep):
+    """The eager jobs have no graph_captures: pandas made the column float, and results.csv read 1.0 and 51.0
+    where summary.json has 1 and 51."""
+    cells = pd.read_csv(sweep / "sweep" / "results.csv", dtype=str, keep_default_na=False)  # as written
+    for column in ("graph_captures", "graph_buckets", "ops_per_step"):
+        assert all(cell == "" or cell.isdigit() for cell in cells[column]), f"{column}: {cells[column].tolist()}"
+    assert (cells["graph_captures"] != "").any() and (cells["graph_captures"] == "").any()
+
+
 def test_speedup_compares_with_the_eager_run_of_the_same_swept_values():
     from harness.results.comparison import comparison
 

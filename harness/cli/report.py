@@ -14,8 +14,8 @@ from pathlib import Path
 
 from harness.base.commands import CommandParser
 from harness.base.errors import EXIT_TRACKING_FAILED, HarnessError, fail
-from harness.base.files import atomic_write, check_folder, write_text
-from harness.results.comparison import comparison, load_run_dirs, missing_eager, plot, to_markdown, unplotted
+from harness.base.files import check_folder, write_text
+from harness.results.comparison import comparison, load_run_dirs, missing_eager, plot, to_markdown, unplotted, write_csv
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -55,8 +55,8 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(2)
     table = comparison(runs)
     out.mkdir(parents=True, exist_ok=True)
-    atomic_write(out / "runs.csv", lambda tmp: runs.to_csv(tmp, index=False))
-    atomic_write(out / "comparison.csv", lambda tmp: table.to_csv(tmp, index=False))
+    write_csv(out / "runs.csv", runs)
+    write_csv(out / "comparison.csv", table)
     markdown = to_markdown(table)
     write_text(out / "comparison.md", markdown + "\n")
     plots = plot(table, out)

@@ -36,6 +36,20 @@ def load_run_dirs(paths: list[Path]) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def write_csv(path: Path, table: pd.DataFrame) -> None:
+    """A table of runs as CSV, counts as counts: a column with a gap (the eager jobs have no graph_captures)
+    is float in pandas, and its 51 was written 51.0; a float column all of whose values are whole is
+    written as integers (MLflow's metrics are floats whatever they count)."""
+    whole = {}
+    for column in table.columns:
+        values = table[column]
+        if values.dtype.kind == "f" and values.notna().any():
+            present = values.dropna()
+            if bool(np.all(np.isfinite(present))) and bool((present == np.round(present)).all()) and float(present.abs().max()) < 2**53:
+                whole[column] = "Int64"
+    atomic_write(path, lambda tmp: table.astype(whole).to_csv(tmp, index=False))
+
+
 def comparison(runs: pd.DataFrame) -> pd.DataFrame:
     """Per (hardware, workload, other swept values): each strategy's throughput, speed-up over the eager
     run with the same values (NaN, and said by `missing_eager`, when there is none), step time, bubble,

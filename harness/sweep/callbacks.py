@@ -23,7 +23,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from harness.sweep import compose_cache
 from harness.base.errors import EXIT_BAD_INPUT, EXIT_TRACKING_FAILED
-from harness.base.files import atomic_write, write_text
+from harness.base.files import write_text
 from harness.base.progress import Progress
 from harness.base.stopping import SweepStopped, say_stopped, stop_with, store_call
 from harness.results.outputs import JOB_FAILED_FILE, RESULTS_CSV, RESULTS_MD, failed_job_dirs
@@ -132,7 +132,7 @@ class SweepTracking(Callback):
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         sweep_dir = Path(config.hydra.sweep.dir)
         Progress("hostbound sweep").done()
-        from harness.results.comparison import comparison, load_run_dirs, plot, to_markdown
+        from harness.results.comparison import comparison, load_run_dirs, plot, to_markdown, write_csv
 
         failed_jobs = failed_job_dirs(sweep_dir)
         table = load_run_dirs([sweep_dir])
@@ -148,7 +148,7 @@ class SweepTracking(Callback):
             # an earlier launch's results.csv is left as it was.
             write_text(sweep_dir / RESULTS_MD, f"No job finished. Failed ({len(failed_jobs)} of {len(failed_jobs)} jobs): {failures}.\n")
         if not table.empty:
-            atomic_write(sweep_dir / RESULTS_CSV, lambda tmp: table.to_csv(tmp, index=False))  # every summary key of every job
+            write_csv(sweep_dir / RESULTS_CSV, table)  # every summary key of every job
             compared_table = comparison(table)
             compared = to_markdown(compared_table)
             if failed_jobs:  # the table would read as the whole sweep
