@@ -330,54 +330,68 @@ def test_a_host_twice_as_fast_halves_every_host_task_and_nothing_else(overrides)
 
 
 @pytest.mark.parametrize(
-    "batch, moe_pad, picks, rows",
+    "batch, moe_pad, picks, rows, active",
     [
-        (12, False, 96, 96),  # 12 tokens x 8 experts (TP 4, no EP: each rank sees every pick)
-        (12, True, 96, 128),  # graph shapes: rows padded up to a power of two, no more experts hit
-        (16, True, 128, 128),  # the batch padded to a 16-graph: its 4 padding tokens route too
+        # 12 tokens x 8 experts (TP 4, no EP: each rank sees every pick); 128 (1 - (15/16)^12) = 68.998 hit
+        (12, False, 96, 96, 68.998197),
+        (12, True, 96, 128, 68.998197),  # graph shapes: rows padded up to a power of two, no more experts hit
+        (16, True, 128, 128, 82.422511),  # the batch padded to a 16-graph: its 4 padding tokens route too
+        (1, False, 8, 8, 8.0),  # one token hits exactly its 8 experts
     ],
 )
-def test_routed_experts_read_are_set_by_the_tokens_that_route_not_by_padded_rows(batch, moe_pad, picks, rows):
+def test_routed_experts_read_are_set_by_the_tokens_that_route_not_by_padded_rows(batch, moe_pad, picks, rows, active):
     """Qwen3-30B-A3B (128 experts, 8 a token) on TP 4 without EP: every rank holds a quarter of each of the
     128 experts (vLLM's FusedMoE splits them like a dense MLP) and multiplies every token's picks with it.
-    `picks` uniform picks hit 128 (1 - (127/128)^picks) distinct experts, whose quarters are read once
-    (67.71 for 96 picks, 81.10 for 128). Padding the rows of the experts already hit (graph shapes) adds
-    multiplications, not weights; padding the batch adds tokens, which route (vllm-ascend#16049: 12 -> 16
-    costs +11.4 % a step)."""
-    from harness.model.workload import Shapes, _combine, _grouped, _moe
+    A token's 8 picks are 8 distinct experts, so an expert is missed by one token with probability
+    1 - 8/128 = 15/16 and T tokens hit 128 (1 - (15/16)^T) of them, whose quarters are read once:
+    (15/16)^12 = 0.460951, 128 x 0.539049 = 68.998; (15/16)^16 = 0.356074, 128 x 0.643926 = 82.423; one
+    token exactly 8. (Picks drawn independently with replacement had given 128 (1 - (127/128)^(8T)): 67.71,
+    81.10 and 7.78, fewer than the 8 experts one token always hits.) Padding the rows of the experts
+    already hit (graph shapes) adds multiplications, not weights; padding the batch adds tokens, which
+    route (vllm-ascend#16049: 12 -> 16 costs +11.4 % a step)."""
+    from harness.model.workload import Shapes, _combine, _dispatch, _grouped, _moe, _moe_finalize_tp
 
     card = {"n_routed_experts": 128, "num_experts_per_tok": 8, "dtype_bytes": 2, "hidden_size": 2048}
     shapes = Shapes(card, np.array([float(batch)]), np.array([float(batch)]), np.array([100.0]), 100, True, 4, 1, 1, False,
                     extra={"moe_pad": moe_pad})
     m = _moe(shapes)
-    active = 128 * (1 - (127 / 128) ** picks)
+    assert active == pytest.approx(128 * (1 - (15 / 16) ** batch), abs=1e-6)
     # nothing is sent (no dispatch without EP): every rank takes every token
     assert (m["local"], m["shard"], m["sent"].tolist(), m["received"].tolist()) == (128, 4, [batch], [rows])
-    assert m["active"].tolist() == [pytest.approx(active, rel=1e-12)]
-    assert active == pytest.approx({96: 67.715, 128: 81.096}[picks], abs=1e-3)
+    if not moe_pad:
+        assert m["received"].tolist() == [picks]
+    assert m["active"].tolist() == [pytest.approx(active, rel=1e-7)]
     cost = _grouped(shapes, 2048, 768)
-    assert cost.bytes.tolist() == [pytest.approx(active * 2048 * 768 * 2 / 4 + rows * (2048 + 768) * 2 / 4, rel=1e-12)]
+    assert cost.bytes.tolist() == [pytest.approx(active * 2048 * 768 * 2 / 4 + rows * (2048 + 768) * 2 / 4, rel=1e-7)]
     assert cost.flops.tolist() == [pytest.approx(2.0 * rows * 2048 * 768 / 4, rel=1e-12)]
     assert cost.params == 128 * 2048 * 768 / 4 and cost.full_params == 128 * 2048 * 768
-    # The quarters' partial sums of every token are added across the 4 ranks: one all-reduce of the batch.
-    combine = _combine(shapes)
-    assert (combine.comm, combine.ranks, combine.bytes.tolist()) == (COMM_ALL_REDUCE, 4, [batch * 2048 * 2])
+    # DP 1: nothing to gather from other DP groups nor to scatter back to them. The quarters' partial sums
+    # of every token are added across the 4 TP ranks: one all-reduce of the batch.
+    assert _dispatch(shapes) is None and _combine(shapes) is None
+    finalize = _moe_finalize_tp(shapes)
+    assert (finalize.comm, finalize.ranks, finalize.bytes.tolist()) == (COMM_ALL_REDUCE, 4, [batch * 2048 * 2])
 
 
 def test_experts_spread_over_every_device_are_whole_and_exchanged_all_to_all():
     """EP over all 4 devices (ep = tp x dp): 32 whole experts a rank; 12 tokens split 3 a TP rank, each
-    sends its 3 x 8 picks (24 rows of 2048 x 2 B) all-to-all, and on average receives as many."""
-    from harness.model.workload import Shapes, _combine, _grouped, _moe
+    sends its 3 x 8 picks (24 rows of 2048 x 2 B) all-to-all, and on average receives as many. The 4 ranks'
+    12 tokens hit 32 (1 - (1 - 8/128)^12) = 32 x 0.539049 = 17.250 of its 32 experts. After the combine
+    each rank holds its 3 tokens' outputs: all-gathered over the TP group (3 x 2048 x 2 B = 12,288 B a
+    rank), as vllm-ascend's all-to-all / MC2 finalize does, so that the next layer has all 12."""
+    from harness.model.workload import Shapes, _combine, _grouped, _moe, _moe_finalize_tp
 
     card = {"n_routed_experts": 128, "num_experts_per_tok": 8, "dtype_bytes": 2, "hidden_size": 2048}
     shapes = Shapes(card, np.array([12.0]), np.array([12.0]), np.array([100.0]), 100, True, 4, 1, 4, False)
     m = _moe(shapes)
-    assert (m["local"], m["shard"], m["received"].tolist()) == (32, 1, [24])
+    assert (m["local"], m["shard"], m["sent"].tolist(), m["received"].tolist()) == (32, 1, [3], [24])
+    assert m["active"].tolist() == [pytest.approx(17.249549, rel=1e-7)]
     cost = _grouped(shapes, 2048, 768)
     assert cost.flops.tolist() == [pytest.approx(2.0 * 24 * 2048 * 768, rel=1e-12)]
     assert cost.params == 32 * 2048 * 768
     combine = _combine(shapes)
     assert (combine.comm, combine.ranks, combine.bytes.tolist()) == (COMM_ALL_TO_ALL, 4, [24 * 2048 * 2])
+    finalize = _moe_finalize_tp(shapes)
+    assert (finalize.comm, finalize.ranks, finalize.bytes.tolist()) == (COMM_ALL_GATHER, 4, [12_288])
 
 
 @pytest.mark.parametrize("tp, kv_heads_a_rank", [(4, 1), (8, 1)])

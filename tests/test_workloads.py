@@ -470,3 +470,89 @@ def test_a_w8a8_linear_reads_int8_and_writes_the_model_dtype():
     _, w = workload("hardware=atlas_a2", "workload=llama31_8b_decode", "workload.quant=w8a8", "workload.batch_size=1", "workload.steps=1")
     j = w.op_names.index("layers.0.qkv_proj")
     assert w.bytes[0, j] == 4096 * 6144 + 4096 + 6144 * 2 == 25_182_208
+
+
+def _op(w, name: str) -> tuple[float, int, int]:
+    """(bytes at step 0, collective type, ranks) of an op of a built workload."""
+    j = w.op_names.index(name)
+    return float(w.bytes[0, j]), int(w.comm[j]), int(w.comm_ranks[j])
+
+
+def test_deepseek_moe_gathers_the_tp_slices_and_reduces_the_shared_expert():
+    """DeepSeek-V3 (tp 4, dp 4, ep 16, W8A8, 8 sequences a DP group), vllm-ascend's MC2 path: each TP rank
+    routes ceil(8 / 4) = 2 of its DP group's 8 tokens; after the combine the 4 ranks' slices are
+    all-gathered over TP, 2 x 7168 x 2 B = 28,672 B a rank (FusedMoEPrepareAndFinalizeWithMC2.finalize),
+    so that the next layer's norm and attention have all 8. The shared expert runs TP-split on all 8 tokens
+    (down_proj row-parallel: partial sums), all-reduced over TP on its own: 8 x 7168 x 2 B = 114,688 B
+    (AscendSharedFusedMoE.forward_impl). The 3 dense layers have neither; the 58 MoE layers both."""
+    from harness.model.ops import COMM_ALL_GATHER, COMM_ALL_REDUCE
+
+    _, w = workload("workload=deepseek_v3", "workload.steps=1")
+    assert _op(w, "layers.3.moe_finalize_tp") == (28_672.0, COMM_ALL_GATHER, 4)
+    assert _op(w, "layers.3.shared_all_reduce") == (114_688.0, COMM_ALL_REDUCE, 4)
+    assert sum(n.endswith(".moe_finalize_tp") for n in w.op_names) == sum(n.endswith(".shared_all_reduce") for n in w.op_names) == 58
+    assert not any(n.startswith("layers.2.") and ("moe_" in n or "shared_" in n) for n in w.op_names)
+    # the shared expert's weights a rank holds follow its TP split: 7168 x 2 x 2048 / 4 int8 gate_up, 2048 x 7168 / 4 down
+    gate_up, down = w.op_names.index("layers.3.shared_gate_up"), w.op_names.index("layers.3.shared_down")
+    assert (w.weight_bytes[gate_up], w.weight_bytes[down]) == (7168 * 4096 / 4, 2048 * 7168 / 4)
+
+
+def test_qwen3_moe_gathers_the_tp_slices_of_its_tokens():
+    """Qwen3-30B-A3B (tp 4, ep 4, bf16, 16 sequences): each rank dispatches 16 / 4 = 4 tokens; their
+    outputs are all-gathered over TP, 4 x 2048 x 2 B = 16,384 B a rank. No shared expert to reduce."""
+    from harness.model.ops import COMM_ALL_GATHER
+
+    _, w = workload("workload=qwen3_30b_decode", "workload.steps=1")
+    assert _op(w, "layers.0.moe_finalize_tp") == (16_384.0, COMM_ALL_GATHER, 4)
+    assert sum(n.endswith(".moe_finalize_tp") for n in w.op_names) == 48
+    assert not any("shared_all_reduce" in n for n in w.op_names)
+
+
+def test_experts_without_ep_over_dp_groups_gather_the_other_groups_tokens():
+    """Qwen3-30B-A3B at tp 2, dp 2, ep 1, 16 sequences a DP group: every rank holds a quarter (tp x dp) of
+    each expert and multiplies both DP groups' 32 tokens, so they are all-gathered over DP first (hidden
+    states and router logits: 16 x (2048 + 128) x 2 B = 69,632 B a rank), the outputs reduce-scattered
+    over DP after (each rank keeps its 16 rows: 16 x 2048 x 2 = 65,536 B, priced as the all-gather of that
+    slice), and the TP ranks' partial sums all-reduced (65,536 B): vllm-ascend's all-gather method
+    (_prepare_with_dp_group, _finalize_with_dp_group, then maybe_all_reduce_tensor_model_parallel). The
+    experts multiply 32 x 8 = 256 rows: 2 x 256 x 2048 x 1536 / 4 FLOPs of gate_up."""
+    from harness.model.ops import COMM_ALL_GATHER, COMM_ALL_REDUCE
+
+    _, w = workload("workload=qwen3_30b_decode", "workload.tp=2", "workload.dp=2", "workload.ep=1", "workload.steps=1")
+    assert _op(w, "layers.0.moe_dispatch") == (69_632.0, COMM_ALL_GATHER, 2)
+    assert _op(w, "layers.0.moe_combine") == (65_536.0, COMM_ALL_GATHER, 2)
+    assert _op(w, "layers.0.moe_finalize_tp") == (65_536.0, COMM_ALL_REDUCE, 2)
+    assert not w.flags[w.op_names.index("layers.0.moe_dispatch")] & FLAG_VALUE_DEPENDENT  # fixed sizes: no host read
+    j = w.op_names.index("layers.0.grouped_gate_up")
+    assert w.flops[0, j] == 2 * 256 * 2048 * 1536 / 4 == 402_653_184.0
+
+
+@pytest.mark.parametrize("tp, widths", [
+    # 2048 tokens x: hidden 4096 (qkv), 32 heads x 128 / tp (o_proj), hidden (gate_up), 14336 / tp (down)
+    (1, [4096, 4096, 4096, 14336]),
+    (2, [4096, 2048, 4096, 7168]),
+])
+def test_dynamic_quant_quantises_the_input_of_the_matmul_it_feeds(tp, widths):
+    """Llama-3.1-8B W8A8 prefill of 2,048 tokens: each npu_dynamic_quant reads its matmul's input in bf16
+    and writes int8, 3 B an element: before down_proj 2048 x 14336 x 3 = 88,080,384 B at TP 1 (not the
+    hidden size's 2048 x 4096 x 3 = 25,165,824 B)."""
+    _, w = workload("workload=llama31_8b_decode", "workload.quant=w8a8", "workload.phase=prefill", "workload.context_len=2048",
+                    f"workload.tp={tp}", "workload.steps=1")
+    quants = [j for j, n in enumerate(w.op_names) if n.startswith("layers.0.dynamic_quant")]
+    assert [w.bytes[0, j] for j in quants] == [2048 * width * 3.0 for width in widths]
+    if tp == 1:
+        assert w.bytes[0, quants[3]] == 88_080_384.0
+
+
+def test_deepseek_dynamic_quants_follow_their_matmuls_inputs():
+    """DeepSeek-V3 W8A8, tp 4, 8 tokens a rank, 3 B an element: qkv_a_proj's input 8 x 7168 (172,032 B);
+    q_b_proj's 8 x q_lora_rank 1536 (36,864 B); o_proj's 8 x 128 heads x 128 / 4 (98,304 B); the dense
+    gate_up's 8 x 7168 (172,032 B) and down's 8 x 18432 / 4 (110,592 B). MoE layer: before the dispatch the
+    shared expert's 8 x 7168 (172,032 B: the routed tokens' quantisation is fused into MC2's dispatch);
+    before grouped_down the rows the rank's 16 experts receive, 16 ranks x 2 tokens x 8 picks x 16 / 256 =
+    16 rows x moe_intermediate 2048 (98,304 B)."""
+    _, w = workload("workload=deepseek_v3", "workload.steps=1")
+    dense = [w.bytes[0, j] for j, n in enumerate(w.op_names) if n.startswith("layers.0.dynamic_quant")]
+    moe = [w.bytes[0, j] for j, n in enumerate(w.op_names) if n.startswith("layers.3.dynamic_quant")]
+    assert dense == [172_032.0, 36_864.0, 98_304.0, 172_032.0, 110_592.0]
+    assert moe == [172_032.0, 36_864.0, 98_304.0, 172_032.0, 98_304.0]

@@ -72,6 +72,8 @@ class Cost:
     routed: bool = False  # shapes follow the per-expert token counts: they change every step and layer
     host_us: float = 0.0  # kind=host: time on the host thread
     int8: bool = False  # an INT8 matmul (W8A8)
+    # An INT8 matmul's input elements per step: what the dynamic_quant before it quantises (None: not one)
+    quant_in: object = None
 
 
 @dataclass
@@ -172,6 +174,7 @@ def _linear(
         full_params=full,
         weight_bytes=params * width,
         int8=quantised and s.quant,
+        quant_in=t * heads * n_in / in_split if (quantised and s.quant) else None,
     )
 
 
@@ -293,24 +296,59 @@ def _mla_cache_write(s: Shapes) -> Cost:
     return cost
 
 
+# How a MoE layer moves tokens, after vllm-ascend (v0.11.0, the release the project's claims cite; its main
+# branch of 2026-08 keeps the same prepare/finalize), vllm_ascend/ops/moe/fused_moe_prepare_and_finalize.py
+# (main: vllm_ascend/ops/fused_moe/prepare_finalize.py):
+# - With expert parallelism (ep > 1), the MC2 / all-to-all methods (FusedMoEPrepareAndFinalizeWithMC2 and
+#   ...WithAll2All): `prepare` pads a DP group's tokens and tensor_splits them over its TP ranks, each rank
+#   routing and dispatching its ceil(T / tp) rows; `finalize` all-gathers the combined rows over the TP
+#   group (dist.all_gather on tp_group), so that every TP rank holds all T tokens again for the next
+#   layer's norm and attention. The TP all-reduce after the MoE is then skipped
+#   (AscendFusedMoE.maybe_all_reduce_tensor_model_parallel, register_custom_ops.py
+#   _maybe_all_reduce_tensor_model_parallel_impl: nothing for ALLTOALL / MC2).
+# - Without it (ep == 1: vLLM's FusedMoE over tp x dp ranks, each holding its slice of every expert), the
+#   all-gather method (FusedMoEPrepareAndFinalizeWithAllGather): `_prepare_with_dp_group` all-gathers the
+#   hidden states and router logits over the DP group, the experts multiply every DP group's tokens, and
+#   `_finalize_with_dp_group` reduce-scatters the outputs over the DP group; the partial sums of the TP
+#   ranks are then all-reduced over TP (maybe_all_reduce_tensor_model_parallel: ALLGATHER reduces).
+# Which method a run takes is the model runner's choice (v0.11.0 NPUModelRunner._select_moe_comm_method;
+# main ascend_forward_context.select_moe_comm_method): ALLGATHER without EP; with EP on Atlas A2, MC2 when
+# the EP group has 16 ranks or more and the step's tokens fit its capacity, otherwise ALLGATHER as well;
+# on A3, MC2 or all-to-all. Here ep > 1 always takes the token split and all-to-all (MC2 / all2all).
+MOE_ALL_TO_ALL, MOE_ALL_GATHER = "all_to_all", "all_gather"
+
+
+def _moe_comm(s: Shapes) -> str:
+    return MOE_ALL_GATHER if s.ep == 1 else MOE_ALL_TO_ALL
+
+
 def _moe(s: Shapes) -> dict:
-    """Routing numbers of the simulated rank: tokens it sends, tokens its experts receive, experts hit,
-    and `shard`, the ways each of its experts is split. The experts are spread over the EP ranks; with
+    """Routing numbers of the simulated rank: tokens it routes (`sent`), rows its experts receive, experts
+    hit, and `shard`, the ways each of its experts is split. The experts are spread over the EP ranks; with
     fewer EP ranks than devices each expert is split over the rest, as tensor parallelism splits a dense
     MLP (vLLM's FusedMoE without expert parallelism: every rank holds its TP slice of all experts)."""
-    experts_local = s.n_routed_experts / s.ep
+    experts, k = s.n_routed_experts, s.num_experts_per_tok
+    experts_local = experts / s.ep
     shard = s.devices / s.ep
-    if s.ep == 1:
-        # No dispatch: every rank multiplies every token of every DP group by its slice of the experts.
+    comm = _moe_comm(s)
+    if comm == MOE_ALL_GATHER:
+        # No dispatch: every rank multiplies every token of every DP group (all-gathered over DP) by its
+        # slice of the experts.
         tokens_moe = s.tokens * s.dp
-        picks = tokens_moe * s.num_experts_per_tok
+        pool = tokens_moe  # tokens whose picks land on this rank's experts
     else:
         tokens_moe = np.ceil(s.tokens / s.tp)  # a DP group's tokens are split among its TP ranks before dispatch
-        picks = tokens_moe * s.num_experts_per_tok * s.devices / s.ep
-    # Expected distinct local experts hit by `picks` uniform picks: their weights are read once. Every
-    # token routes, a batch padded up to a graph's size included (its padding tokens are real inputs to
-    # the gate): vllm-ascend#16049 measures a batch of 12 padded to 16 at +11.4 % a step on Qwen3-30B-A3B.
-    active = experts_local * (1.0 - (1.0 - 1.0 / experts_local) ** picks)
+        pool = tokens_moe * s.devices  # every rank's slice is dispatched over the EP group
+    # Each of the pool's tokens picks k distinct experts of `experts`: on average k L / E of them are among
+    # the rank's L local ones, and a local expert is missed by a token with probability 1 - k / E. Under
+    # uniform routing the rank's experts hit (their weights read once) are L (1 - (1 - k / E)^T) of T
+    # tokens: a token's k picks are k distinct experts, so one token hits exactly k (k draws with
+    # replacement, E (1 - (1 - 1/E)^k), would hit fewer).
+    # Every token routes, a batch padded up to a graph's size included (its padding tokens are real
+    # inputs to the gate): vllm-ascend#16049 measures a batch of 12 padded to 16 at +11.4 % a step on
+    # Qwen3-30B-A3B.
+    picks = pool * k * experts_local / experts
+    active = experts_local * (1.0 - (1.0 - k / experts) ** pool)
     received = picks
     pad = s.extra.get("moe_pad")
     if pad is not None and np.any(pad):  # static shapes: per-expert token counts padded up to a power of two
@@ -318,15 +356,18 @@ def _moe(s: Shapes) -> dict:
         received = np.where(pad, 2.0 ** np.ceil(np.log2(np.maximum(picks, 1.0))), picks)
     # rows: what the rank's expert slices multiply, counted in whole experts' rows (received / shard)
     return {"local": experts_local, "sent": tokens_moe, "received": received, "active": active, "shard": shard,
-            "rows": received / shard}
+            "rows": received / shard, "comm": comm}
 
 
-def _grouped(s: Shapes, n_in: float, n_out: float) -> Cost:
+def _grouped(s: Shapes, n_in: float, n_out: float, parallel: str = "column") -> Cost:
+    """A grouped matmul of the rank's experts. With experts split over `shard` ranks, gate_up is split by
+    columns (each slice reads a row's whole input) and down by rows (its slice of the input)."""
     m = _moe(s)
     width = s.weight
     in_width = 1 if s.quant else s.act  # int8 in, dequantised out (as `_linear`)
     matrix = n_in * n_out / m["shard"]  # this rank's slice of one expert
     params = m["local"] * matrix
+    in_split = m["shard"] if parallel == "row" else 1
     return Cost(
         OpKind.cube,
         flops=2.0 * m["received"] * matrix,
@@ -337,11 +378,16 @@ def _grouped(s: Shapes, n_in: float, n_out: float) -> Cost:
         dynamic=True,
         routed=True,
         int8=s.quant,
+        quant_in=m["received"] * n_in / in_split if s.quant else None,
     )
 
 
 def _dispatch(s: Shapes) -> Optional[Cost]:
     m = _moe(s)
+    if m["comm"] == MOE_ALL_GATHER:
+        # FusedMoEPrepareAndFinalizeWithAllGather._prepare_with_dp_group: the DP group's hidden states and
+        # router logits all-gathered over DP (each rank's T rows; none at DP 1).
+        return _collective(COMM_ALL_GATHER, s.dp, s.tokens * (s.hidden_size + s.n_routed_experts) * s.act)
     cost = _collective(COMM_ALL_TO_ALL, s.ep, m["sent"] * s.num_experts_per_tok * s.hidden_size * (1 if s.quant else s.act))
     if cost is not None:
         cost.value_dependent = True  # the per-expert token counts set the split sizes (host reads them)
@@ -351,15 +397,40 @@ def _dispatch(s: Shapes) -> Optional[Cost]:
 
 def _combine(s: Shapes) -> Optional[Cost]:
     m = _moe(s)
-    if s.ep == 1 and m["shard"] > 1:
-        # Experts split like a dense MLP: each rank holds partial sums of every token's output, summed
-        # across the split as after a row-parallel layer (vLLM FusedMoE's reduce_results all-reduce).
-        # ep == 1: the split spans every device, so it holds the tokens of all dp groups.
-        return _collective(COMM_ALL_REDUCE, int(m["shard"]), s.tokens * s.dp * s.hidden_size * s.act)
+    if m["comm"] == MOE_ALL_GATHER:
+        # _finalize_with_dp_group: the outputs of every DP group's tokens reduce-scattered over DP, each rank
+        # keeping its own T rows. A ring reduce-scatter moves what an all-gather of its output slice moves,
+        # (dp - 1) hops of T x hidden: priced as that all-gather. None at DP 1.
+        return _collective(COMM_ALL_GATHER, s.dp, s.tokens * s.hidden_size * s.act)
     cost = _collective(COMM_ALL_TO_ALL, s.ep, m["sent"] * s.num_experts_per_tok * s.hidden_size * s.act)
     if cost is not None:
         cost.dynamic = cost.routed = True
     return cost
+
+
+def _moe_finalize_tp(s: Shapes) -> Optional[Cost]:
+    """The TP group's collective after the MoE. All-to-all / MC2: every rank combined its ceil(T / tp) rows,
+    all-gathered over TP (FusedMoEPrepareAndFinalizeWithMC2/All2All.finalize). All-gather method: each TP
+    rank holds partial sums of its DP group's T rows (its slice of the experts), all-reduced over TP
+    (maybe_all_reduce_tensor_model_parallel). None at TP 1."""
+    m = _moe(s)
+    if m["comm"] == MOE_ALL_GATHER:
+        return _collective(COMM_ALL_REDUCE, s.tp, s.tokens * s.hidden_size * s.act)
+    return _collective(COMM_ALL_GATHER, s.tp, m["sent"] * s.hidden_size * s.act)
+
+
+def _shared_all_reduce(s: Shapes) -> Optional[Cost]:
+    """The shared expert's output summed over TP. vllm-ascend keeps the shared expert tensor-parallel
+    (v0.11.0 AscendSharedFusedMoE; main AscendSharedExperts.parallel_mode: TENSOR_PARALLEL unless
+    enable_shared_expert_dp): gate_up column- and down row-split over TP on all T tokens of the DP group,
+    so each rank holds a partial sum of every token. With MC2 / all-to-all the routed output is complete
+    after the TP all-gather, so the shared one is all-reduced on its own (v0.11.0
+    AscendSharedFusedMoE.forward_impl: tensor_model_parallel_all_reduce(shared_out) for ALLTOALL / MC2;
+    main AscendMoERunner._reduce_shared_output_if_needed). With the all-gather method the two are added
+    first and reduced together (moe_finalize_tp). None at TP 1."""
+    if _shared(s) <= 0 or _moe_comm(s) != MOE_ALL_TO_ALL:
+        return None
+    return _collective(COMM_ALL_REDUCE, s.tp, s.tokens * s.hidden_size * s.act)
 
 
 def _shared(s: Shapes) -> float:
@@ -439,7 +510,9 @@ OP_FORMULAS: dict[str, Callable[[Shapes], Optional[Cost]]] = {
     "add_rms_norm": _norm("hidden_size", fused_add=True),
     "residual_add": lambda s: _vector(s, s.tokens * s.hidden_size, 1.0, 3.0),
     "qk_norm": lambda s: _vector(s, s.tokens * (s.heads + s.kv_heads) * s.head_dim, 4.0, 2.0, params=2 * s.head_dim),
-    "dynamic_quant": _if(lambda s: s.quant, lambda s: _vector(s, s.tokens * s.hidden_size, 3.0, 1.5)),
+    # W8A8's per-token quantisation of the next INT8 matmul's input: sized in _from_card by the matmul it
+    # feeds (_dynamic_quant); nothing here (no matmul to size it by) and nothing in bf16
+    "dynamic_quant": lambda s: None,
     # GQA / MHA attention
     "q_proj": lambda s: _linear(s, s.hidden_size, s.num_attention_heads * s.head_dim, s.tp, bias=bool(s.card.get("attention_bias"))),
     "k_proj": lambda s: _kv_linear(s, 0, 1),
@@ -472,16 +545,45 @@ OP_FORMULAS: dict[str, Callable[[Shapes], Optional[Cost]]] = {
     "down_proj": lambda s: _linear(s, _mlp_width(s), s.hidden_size, s.tp, parallel="row"),
     # MoE (routed experts split over EP ranks; shared experts split over TP)
     "moe_gate": lambda s: _linear(s, s.hidden_size, s.n_routed_experts, quantised=False),
-    "moe_topk": lambda s: _vector(s, s.tokens * s.n_routed_experts, 4.0, 1.0),
+    # top-k over the tokens the rank routes (after prepare: its TP slice, or every DP group's tokens)
+    "moe_topk": lambda s: _vector(s, _moe(s)["sent"] * s.n_routed_experts, 4.0, 1.0),
     "moe_dispatch": _dispatch,
     "grouped_gate_up": lambda s: _grouped(s, s.hidden_size, 2 * s.moe_intermediate_size),
     "moe_act": lambda s: _routed(_vector(s, _moe(s)["rows"] * s.moe_intermediate_size, 5.0, 3.0, dynamic=True)),
-    "grouped_down": lambda s: _grouped(s, s.moe_intermediate_size, s.hidden_size),
+    "grouped_down": lambda s: _grouped(s, s.moe_intermediate_size, s.hidden_size, parallel="row"),
     "moe_combine": _combine,
+    "moe_finalize_tp": _moe_finalize_tp,
+    "shared_all_reduce": _shared_all_reduce,
     "shared_gate_up": _if(lambda s: _shared(s) > 0, lambda s: _linear(s, s.hidden_size, 2 * _shared(s), s.tp)),
     "shared_act": _if(lambda s: _shared(s) > 0, lambda s: _vector(s, s.tokens * _shared(s) / s.tp, 5.0, 3.0)),
     "shared_down": _if(lambda s: _shared(s) > 0, lambda s: _linear(s, _shared(s), s.hidden_size, s.tp, parallel="row")),
 }
+
+
+def _dynamic_quant(s: Shapes, feeds: Optional[Cost]) -> Optional[Cost]:
+    """npu_dynamic_quant before an INT8 matmul: reads the matmul's input at the model's dtype and writes it
+    as int8 (3 B an element at bf16), over that input's width, not the hidden size: tokens x intermediate / tp
+    before down_proj, tokens x heads x head_dim / tp before o_proj, tokens x q_lora_rank before MLA's
+    q_b_proj, the expert rows x moe_intermediate before grouped_down. `feeds`: the first INT8 matmul after
+    it in its op list (a collective between them, as a dispatch, moves the quantised rows)."""
+    if not s.quant:
+        return None
+    if feeds is None or feeds.quant_in is None:
+        raise ConfigError(f"card {s.card.get('name')!r} dynamic_quant: no INT8 matmul after it in its op list to quantise the input of")
+    return _vector(s, feeds.quant_in, 3.0, 1.5)
+
+
+def _quant_target(entries: list, index: int, s: Shapes, static_kv: bool) -> Optional[str]:
+    """The op a dynamic_quant at `index` of `entries` feeds: the first later op issued as an INT8 matmul."""
+    for entry in entries[index + 1:]:
+        op = _entry(entry)[0]
+        op = STATIC_KV_UPDATE.get(op, op) if static_kv else op
+        if op == "dynamic_quant":
+            break
+        cost = OP_FORMULAS[op](s)
+        if cost is not None and cost.quant_in is not None:
+            return op
+    return None
 
 
 def _kv_linear(s: Shapes, q_heads: int, kv_sets: int) -> Cost:
@@ -750,14 +852,20 @@ def _from_card(
         for repeat in range(count):
             issued: dict[str, int] = {}  # op name → index of its latest issue in this layer
             previous = len(names) - 1
-            for entry in entries:
+            for index, entry in enumerate(entries):
                 op, after_name = _entry(entry)
                 if static_kv:
                     op, after_name = STATIC_KV_UPDATE.get(op, op), STATIC_KV_UPDATE.get(after_name, after_name)
-                key = (group_index, op)
+                key: tuple = (group_index, op)
+                if op == "dynamic_quant" and s.quant:  # one template per matmul it feeds
+                    key = (group_index, op, index)
                 if key not in template_of:
                     template_of[key] = len(costs)
-                    costs.append(OP_FORMULAS[op](s))
+                    if op == "dynamic_quant":
+                        feeds = _quant_target(entries, index, s, static_kv)
+                        costs.append(_dynamic_quant(s, OP_FORMULAS[feeds](s) if feeds is not None else None))
+                    else:
+                        costs.append(OP_FORMULAS[op](s))
                 cost = costs[template_of[key]]
                 if cost is None:
                     # Not issued here: an op naming it in `after` waits for what it would have waited for.
