@@ -82,7 +82,7 @@ def test_numba_target_loaded_without_scipy_leaves_scipy_importable(tmp_path):
 @pytest.mark.parametrize(
     "module, allowed",
     [
-        ("harness.results.timeline", ["harness.sim.busy", "harness.sim.task_graph"]),  # the drawing process
+        ("harness.results.timeline", ["harness.sim.busy", "harness.sim.outcome", "harness.sim.task_graph"]),  # the drawing process
         ("harness.tracking.store", ["harness.sim.outcome", "harness.sim.task_graph"]),  # the MLflow logging process
     ],
 )
