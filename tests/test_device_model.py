@@ -50,3 +50,22 @@ def test_rated_cores_default_to_ai_cores():
     run = compose_run("hardware.device.rated_cores=0", "hardware.device.ai_cores=12")
     assert run.hardware.device.cores_rated == 12
     assert np.isfinite(run.hardware.device.cube_tflops)
+
+
+@pytest.mark.parametrize("share, cores, compute_quanta", [
+    (0.099, 1, 0.099),        # under 10 % of a core's capacity: one block, its own time
+    (0.1, 4, 0.1),            # 4 blocks (the rule), not 0.025: never faster than the one-block op just under
+    (0.4, 4, 0.1),            # 0.4 / 4 blocks = 0.1: the floor and the rule meet
+    (0.48, 4, 0.12),          # above them, the rule's own time
+    (0.55, 2, 0.275),         # over 50 %: ceil(0.55 / 0.3) = 2 blocks
+    (0.61, 3, 0.3),           # 3 blocks (0.203) held to the 0.3 two blocks take at 0.6
+    (9.0, 24, 0.375),         # past 0.3 x 24 cores: every core, 9 / 24 of the quantum
+])
+def test_the_block_split_rule_never_makes_more_work_faster(share, cores, compute_quanta):
+    """A vector op of `share` of one AI core's capacity (22 TFLOPS / 24 cores x 10 us a quantum on atlas_a2):
+    the blocks it holds are the seed-002 rule's; its compute time is the rule's, or the most a smaller op
+    takes where the rule's blocks jump (a batch of 4 ran faster than a batch of 2)."""
+    workload, hardware = one_op(kind="vector", flops=share * 22 * TFLOP / 24 * 10e-6)
+    us, held = device_times(workload, hardware)
+    assert held[0, 0] == cores
+    assert us[0, 0] == pytest.approx(hardware.device.vector_fixed_us + compute_quanta * hardware.device.block_quantum_us)

@@ -6,7 +6,8 @@ bytes / achievable HBM bandwidth). A core's peak is the datasheet peak over the 
 matmuls of W8A8 use the INT8 peak), memory traffic `hbm_efficiency` of the bandwidth.
 AI cores held = the block-split rule of seed 002, on the op's own unit (cube or vector):
 FLOPs < 10 % of one core's capacity → 1 block; > 50 % → min(cores, FLOPs / (0.3 × capacity));
-otherwise 4 blocks. "Capacity" is what one core computes in `block_quantum_us`.
+otherwise 4 blocks. "Capacity" is what one core computes in `block_quantum_us`. An op's compute time is
+never below what a smaller op of its kind takes under the rule (`split_floor`): more work is never faster.
 
 Copies (an imported profile's memcpy/memset on a stream) hold no AI core; without a measured time
 they cost one PCIe transfer.
@@ -56,6 +57,20 @@ def block_dim(flops: np.ndarray, kind: np.ndarray, device: DeviceConfig, int8: n
     large = np.clip(np.ceil(flops / (0.3 * per_core_capacity)), 1, device.ai_cores)
     medium = min(4, device.ai_cores)
     return np.where(ratio < 0.1, 1, np.where(ratio > 0.5, large, medium)).astype(np.int32)
+
+
+def split_floor(flops: np.ndarray, kind: np.ndarray, device: DeviceConfig, int8: np.ndarray | bool = False) -> np.ndarray:
+    """The least compute time (µs, at peak) an op of these FLOPs takes under the block-split rule: the most a
+    smaller op of its kind takes. The rule's own times fall where the blocks jump (an op just past 10 % of a
+    core's capacity runs on 4 blocks in a quarter of the time of one just under; past 50 %, each added block
+    cuts the time again), so a batch of 4 ran faster than a batch of 2; the running maximum keeps their
+    block counts and makes more work never faster: 0.1 of the quantum from 10 %, 0.3 from 60 % (where two
+    blocks each take 0.3 of a core's capacity) when the device has two cores or more."""
+    ratio = flops / (core_peak_flop_per_us(kind, device, int8) * device.block_quantum_us)
+    floor = np.where(ratio >= 0.1, 0.1, 0.0)
+    if device.ai_cores >= 2:
+        floor = np.where(ratio >= 0.6, 0.3, floor)
+    return floor * device.block_quantum_us
 
 
 def fixed_cost_us(kind: np.ndarray, device: DeviceConfig) -> np.ndarray:
@@ -114,7 +129,8 @@ def device_times(workload: Workload, hardware: HardwareConfig) -> tuple[np.ndarr
     int8 = ((workload.flags & FLAG_INT8) > 0)[None, :]
     cores = block_dim(flops, kind, device, int8)
     efficiency = np.where(kind == KIND_CUBE, device.matmul_efficiency, 1.0)
-    compute_us = flops / (core_peak_flop_per_us(kind, device, int8) * cores * efficiency)
+    core_rate = core_peak_flop_per_us(kind, device, int8) * efficiency
+    compute_us = np.maximum(flops / (core_rate * cores), split_floor(flops, kind, device, int8) / efficiency)
     memory_us = nbytes / (device.hbm_gbps * device.hbm_efficiency * 1e9 / US_PER_S)
     transfer_us = collective_us(workload.comm[None, :], workload.comm_ranks[None, :], nbytes, hardware.link)
     is_comm = kind == KIND_COMM
