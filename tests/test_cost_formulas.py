@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from conftest import compose_run
-from harness.config.schema import DeviceConfig, LinkConfig, OpSpec
+from harness.config.schema import DeviceConfig, LinkConfig, OpSpec, ScaleupTopology
 from harness.model.device import KIND_COMM, KIND_CUBE, block_dim, collective_us, fewest_in_node, copy_time_us, core_peak_flop_per_us, device_times
 from harness.base.errors import ConfigError
 from harness.model.ops import COMM_ALL_GATHER, COMM_ALL_REDUCE, COMM_ALL_TO_ALL, COMM_NONE, check_memory
@@ -70,6 +70,23 @@ def test_an_all_to_all_across_nodes_sends_in_node_and_over_the_network_at_once()
     assert a2a(12, 8) == pytest.approx(1.5 + MB_196 * 8 / 12 / 25_000)  # 53.77
     assert a2a(8, 4) == pytest.approx(1.5 + MB_196 * 4 / 8 / 25_000)  # 40.7
     assert fewest_in_node(16, 8) == 8 and fewest_in_node(4, 6) == 2 and fewest_in_node(12, 8) == 4 and fewest_in_node(8, 8) == 8
+
+
+@pytest.mark.parametrize("comm, ranks, expected_us", [
+    # 196 GB/s over 7 links of an 8-device mesh, 28 GB/s each: a group of p uses its p - 1 (msmodeling).
+    (COMM_ALL_REDUCE, 4, 2 * 3 * (0.5 + MB_196 / 4 / 84_000)),  # 38.0: 84 GB/s, not 196 (18.0)
+    (COMM_ALL_GATHER, 2, 1 * (0.5 + MB_196 / 28_000)),  # 70.5: one link
+    (COMM_ALL_TO_ALL, 4, 0.5 + MB_196 * 3 / 4 / 84_000),  # 18.0: S/4 to each of 3 peers, a link each
+    (COMM_ALL_REDUCE, 8, 2 * 7 * (0.5 + MB_196 / 8 / 196_000)),  # 24.5: every link, as through a switch
+    (COMM_ALL_TO_ALL, 16, 1.5 + MB_196 * 8 / 16 / 25_000),  # 40.7: the network's share sets it, as before
+])
+def test_a_group_on_a_full_mesh_sends_over_the_links_between_its_members(comm, ranks, expected_us):
+    """On a full mesh (Ascend's HCCS, AMD's Infinity Fabric) scaleup_gbps is a device's total over its links
+    to every peer: a TP-4 group was priced at all 196 GB/s where it reaches 3 of 7 links."""
+    mesh = dataclasses.replace(LINK, scaleup_topology=ScaleupTopology.full_mesh)
+    got = collective_us(np.array([comm]), np.array([ranks]), np.array([[MB_196]]), mesh)
+    assert got.tolist() == [[pytest.approx(expected_us, rel=1e-12)]]
+    assert compose_run("hardware=atlas_a2").hardware.link.scaleup_topology == ScaleupTopology.full_mesh
 
 
 def test_a_group_of_one_node_stays_on_the_scale_up_link():
@@ -431,11 +448,12 @@ def test_mla_prefill_attends_over_expanded_heads_and_decode_over_the_latent():
 def test_a_tp_group_that_would_straddle_two_nodes_takes_the_inter_node_link(devices_per_node, link):
     """Groups are consecutive ranks: TP groups of 4 stay inside 8- or 4-device nodes, but with 6 devices a
     node ranks 4-7 span two, and a group of 4 cannot fit a 2-device node. An all-reduce of 8,192 B over 4
-    ranks: 6 hops of (0.5 µs + 2,048 B / 196,000 B/µs) on HCCS, of (1.5 µs + 2,048 B / 25,000 B/µs) on RoCE
-    (atlas_a2), before the fixed cost."""
+    ranks: 6 hops of (0.5 µs + 2,048 B / the group's HCCS links) on HCCS, a full mesh whose 196,000 B/µs are
+    a device's over its devices_per_node - 1 links (3 of 7 in a node of 8, all 3 in a node of 4), of (1.5 µs
+    + 2,048 B / 25,000 B/µs) on RoCE (atlas_a2), before the fixed cost."""
     hardware = compose_run("hardware=atlas_a2", f"hardware.link.devices_per_node={devices_per_node}", "workload.steps=1").hardware
     us = collective_us(np.array([COMM_ALL_REDUCE]), np.array([4]), np.array([8192.0]), hardware.link)
-    hop_us, bytes_per_us = (0.5, 196_000) if link == "scale-up" else (1.5, 25_000)
+    hop_us, bytes_per_us = (0.5, 196_000 * 3 / (devices_per_node - 1)) if link == "scale-up" else (1.5, 25_000)
     assert us.tolist() == [pytest.approx(6 * (hop_us + 2048 / bytes_per_us))]
 
 

@@ -97,6 +97,15 @@ class Platform(enum.Enum):
     cuda = "cuda"  # CUDA / PyTorch
 
 
+class ScaleupTopology(enum.Enum):
+    """How a node's devices are wired (hardware.link.scaleup_topology)."""
+
+    switch = "switch"  # through a switch (NVSwitch): every device reaches any peer at scaleup_gbps
+    # Direct links to every peer (Ascend's HCCS mesh, AMD's Infinity Fabric): scaleup_gbps is a device's total
+    # over its devices_per_node - 1 links, so a group of p ranks in a node uses p - 1 of them.
+    full_mesh = "full_mesh"
+
+
 # The graph capture/replay preset of each platform: where a strategy of the other platform points to.
 GRAPH_STRATEGY_OF = {Platform.ascend: "acl_graph", Platform.cuda: "cuda_graph"}
 
@@ -186,8 +195,9 @@ class LinkConfig:
     _key: ClassVar[str] = "hardware.link"
     pcie_gbps: float = 32.0
     pcie_latency_us: float = 2.0
-    scaleup_gbps: float = 196.0  # between devices of one node
+    scaleup_gbps: float = 196.0  # between devices of one node: one device's, per direction
     scaleup_latency_us: float = 0.5
+    scaleup_topology: ScaleupTopology = ScaleupTopology.switch
     devices_per_node: int = 8
     internode_gbps: float = 25.0  # between nodes (collectives spanning nodes run at this speed)
     internode_latency_us: float = 1.5

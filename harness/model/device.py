@@ -13,7 +13,9 @@ Copies (an imported profile's memcpy/memset on a stream) hold no AI core; withou
 they cost one PCIe transfer.
 
 Collectives: fixed cost + the textbook cost on the link the group needs: the scale-up link (HCCS,
-NVLink) when the group fits in one node, the inter-node network otherwise. With p ranks and S bytes
+NVLink) when the group fits in one node, the inter-node network otherwise. Through a switch (NVLink) a
+device sends at the whole scale-up bandwidth to any peers; on a full mesh (HCCS, Infinity Fabric) over
+the direct links to the group's other members alone (`scaleup_gbps_for`). With p ranks and S bytes
 per rank: ring all-reduce 2(p−1) hops of S/p; all-gather (p−1) hops of S (a ring is paced by its
 slowest hop: a group that spans nodes pays the network for every hop); all-to-all sends S(p−1)/p over a
 full mesh in one round, to peers in its node over the scale-up link and to the others over the network
@@ -26,7 +28,7 @@ import math
 
 import numpy as np
 
-from harness.config.schema import DeviceConfig, HardwareConfig, LinkConfig, OpKind
+from harness.config.schema import DeviceConfig, HardwareConfig, LinkConfig, OpKind, ScaleupTopology
 from harness.model.ops import (
     COMM_ALL_GATHER,
     COMM_ALL_REDUCE,
@@ -97,6 +99,17 @@ def fewest_in_node(ranks: int, devices_per_node: int) -> int:
     return fewest
 
 
+def scaleup_gbps_for(members: np.ndarray, link: LinkConfig) -> np.ndarray:
+    """What a device sends at (GB/s) to `members` - 1 peers of its node at once: the whole scale-up
+    bandwidth through a switch; on a full mesh the links to those peers alone, each
+    scaleup_gbps / (devices_per_node - 1) (msmodeling's comm model, tensor_cast/performance_model/
+    comm_analytic.py _get_bandwidth_and_latency: a TP-4 group on an 8-NPU HCCS mesh has 3/7 of 196 GB/s)."""
+    if link.scaleup_topology != ScaleupTopology.full_mesh or link.devices_per_node <= 1:
+        return np.full(np.shape(members), float(link.scaleup_gbps))
+    peers = np.clip(np.asarray(members, dtype=np.float64) - 1, 1, link.devices_per_node - 1)
+    return link.scaleup_gbps * peers / (link.devices_per_node - 1)
+
+
 def collective_us(comm: np.ndarray, ranks: np.ndarray, nbytes: np.ndarray, link: LinkConfig) -> np.ndarray:
     """Transfer time of collectives (without the fixed kernel cost), broadcasting over steps."""
     p = ranks.astype(np.float64)
@@ -104,14 +117,14 @@ def collective_us(comm: np.ndarray, ranks: np.ndarray, nbytes: np.ndarray, link:
     # there (6 a node, TP 4: ranks 4-7 span two nodes, and the slowest group sets the pace).
     local = np.vectorize(fewest_in_node, otypes=[np.float64])(np.maximum(ranks, 1).astype(np.int64), link.devices_per_node)
     in_node = local >= np.maximum(p, 1.0)
-    bytes_per_us = np.where(in_node, link.scaleup_gbps, link.internode_gbps) * 1e9 / US_PER_S
+    bytes_per_us = np.where(in_node, scaleup_gbps_for(p, link), link.internode_gbps) * 1e9 / US_PER_S
     hop_us = np.where(in_node, link.scaleup_latency_us, link.internode_latency_us)
     safe_p = np.maximum(p, 1.0)
     all_reduce = 2 * (p - 1) * (hop_us + nbytes / safe_p / bytes_per_us)
     all_gather = (p - 1) * (hop_us + nbytes / bytes_per_us)
     # A full mesh sends to in-node peers and to the rest at once: the slower share sets the time (one rank
     # keeps its own data; the member with the fewest in-node peers sends the most over the network).
-    scaleup_per_us = link.scaleup_gbps * 1e9 / US_PER_S
+    scaleup_per_us = scaleup_gbps_for(local, link) * 1e9 / US_PER_S
     mesh_us = np.maximum(nbytes * (local - 1) / safe_p / scaleup_per_us, nbytes * (p - local) / safe_p / bytes_per_us)
     all_to_all = np.where(p > 1, hop_us + mesh_us, 0.0)
     return np.select(
