@@ -276,3 +276,10 @@ def test_a_prefill_traces_batch_column_sets_its_prompt_tokens_without_a_tokens_c
         assert outcome.workload.tokens.tolist() == [1024, 1536]
         runs[name] = outcome.summary["throughput_tok_s"]
     assert runs["batch"] == runs["tokens"]
+
+
+def test_an_op_list_written_out_says_its_throughput_counts_batch_size_tokens():
+    """Two ops a step gave 8,130 tok/s with no word that the tokens are batch_size's, as a profile's say."""
+    ops = simulate_run(compose_run("workload.card=null", "workload.ops=[{name:a,device_us:2},{name:b,device_us:10}]", "workload.steps=2"))
+    assert ops.summary["throughput_note"].startswith("tokens per step = workload.batch_size (1): an op list")
+    assert "throughput_note" not in simulate_run(compose_run("workload.steps=2")).summary

@@ -52,6 +52,10 @@ NAMES = {"hardware": "atlas_a2", "workload": "llama2_7b_decode", "strategy": "ea
         # A switch whose last key part says nothing by itself is named by what it turns on ('enabled=true' was).
         ({**NAMES, "engine": "vllm_v1"}, "workload.serving.enabled=true workload.steps=200",
          "llama2_7b_decode·eager·atlas_a2·vllm_v1·serving·steps=200"),
+        # As the config reads the switch: on, yes and 1 turn serving on ("no serving" named a serving run).
+        (NAMES, "workload.serving.enabled=on", "llama2_7b_decode·eager·atlas_a2·serving"),
+        (NAMES, "workload.serving.enabled=1", "llama2_7b_decode·eager·atlas_a2·serving"),
+        (NAMES, "workload.serving.enabled=off", "llama2_7b_decode·eager·atlas_a2·no serving"),
     ],
 )
 def test_a_run_is_named_by_its_presets_and_the_values_set_on_top(names, overrides, expected):

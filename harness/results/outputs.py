@@ -196,7 +196,13 @@ def short_setting(key: str, value: str) -> str:
     """A value set on the command line by its key's last part (`batch_size=8`), as names and headers show it;
     a switch that a last part cannot name by its own (`workload.serving.enabled`) by what it turns on."""
     if key.removeprefix("+") in ("workload.serving.enabled", "serving.enabled"):
-        return "serving" if value.lower() == "true" else "no serving"
+        from omegaconf import BooleanNode  # the reading the config took: on, yes, 1 are true too
+
+        try:
+            enabled = bool(BooleanNode(value=value)._value())
+        except Exception:  # not a boolean: the run refused it
+            return f"serving.enabled={value}"
+        return "serving" if enabled else "no serving"
     return f"{key.rsplit('.', 1)[-1]}={value}"
 
 
@@ -245,7 +251,7 @@ def format_summary(summary: dict, names: dict, run_dir: Path) -> str:
     if "tiling_cache_hit_rate" in summary:
         lines.append(f"  tiling cache hit rate {summary['tiling_cache_hit_rate']:.1%}")
     if "tiling_note" in summary:
-        lines.append(f"  tiling cache {summary['tiling_note']}")
+        lines.append(f"  note         {summary['tiling_note']}")
     if "requests_completed" in summary:
         serving = f"  serving      {summary['requests_completed']} requests done, batch mean {summary['batch_mean']:.1f}"
         if "request_latency_ms_p50" in summary:

@@ -357,6 +357,10 @@ def _simulate_prepared(run: RunConfig, prepared: PreparedRun, chunk_tasks: int) 
         summary["throughput_note"] = (
             f"tokens per step = workload.batch_size ({run.workload.batch_size}): a profile does not record its batch; set it for tok/s"
         )
+    elif run.workload.card is None and run.workload.path is None:  # ops written out: no model says what a step makes
+        summary["throughput_note"] = (
+            f"tokens per step = workload.batch_size ({run.workload.batch_size}): an op list does not say what a step produces"
+        )
     if serving is not None:
         summary.update(serving_summary(serving))
     if engine_note:
