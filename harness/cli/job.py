@@ -47,6 +47,17 @@ def recorded_overrides(overrides: tuple[str, ...]) -> str:
     return " ".join(written)
 
 
+def _say_steps_set_by_the_trace(outcome: RunResult, run: RunConfig, overrides: tuple[str, ...]) -> None:
+    """workload.steps written on the command line for a trace CSV with a step column, whose steps ran instead:
+    the header and summary say steps=3 where 4 ran (documented; said here, beside the figures)."""
+    written = any(o.lstrip("+~").partition("=")[0] == "workload.steps" for o in overrides)
+    ran = outcome.workload.steps if outcome.workload is not None else run.workload.steps
+    if written and ran != run.workload.steps:
+        note = (f"{ran} steps ran, not workload.steps={run.workload.steps}: the trace's step column sets them"
+                " (workload.repeat plays them again)")
+        outcome.summary["steps_note"] = note + ("; " + outcome.summary["steps_note"] if "steps_note" in outcome.summary else "")
+
+
 def execute(
     run: RunConfig, run_dir: Path, params: dict, overrides: tuple[str, ...] = (), outputs_dir: Path | None = None
 ) -> RunResult:
@@ -84,6 +95,7 @@ def execute(
         outcome = simulate_run(run)
         what_ran = {**identity(run, overrides), "config_hash": digest}
         outcome.summary.update(what_ran)
+        _say_steps_set_by_the_trace(outcome, run, overrides)
         names = run.names
         write_outputs(run_dir, outcome, names, trace_steps=run.output.trace_steps, timeline_steps=timeline_steps, drawer=drawer)
     if run.tracking.enabled:
