@@ -209,6 +209,14 @@ def test_replay_reproduces_what_the_trace_measured(name, imported, tmp_path):
     assert replayed["bound"] == measured["bound"]
 
 
+def test_a_profiles_p99_over_few_steps_says_so_as_a_runs_does(imported):
+    """profile.json gave step_ms_p99 over 1, 2 or 8 steps with no note, where a run says its p99 is about
+    the maximum of fewer than 20 steps."""
+    hf = measured_summary(imported["tl_qwen05b_mi300"])
+    assert hf["steps_measured"] == 1 and hf["step_ms_p99"] == hf["step_ms_mean"]
+    assert hf["steps_note"] == "step p99 over 1 measured step(s), fewer than 20: about their maximum (a trace of more steps for a tail)"
+
+
 def test_a_step_that_waits_for_work_outside_the_trace_says_how_much_work_is_its_own(imported):
     """SGLang's decode step measures 473.8 ms, 98 % of it waiting for work outside the trace: its device
     work, the union of its 558 tasks, is 9.773 ms, the figure a prediction of the device compares with

@@ -27,7 +27,7 @@ import numpy as np
 from harness.sim.task_graph import CATEGORIES
 from harness.importers.steps import Imported, StepOps
 from harness.importers.events import CALL_GRAPH, ISSUING
-from harness.sim.metrics import occupancy
+from harness.sim.metrics import MIN_SAMPLES_FOR_P99, occupancy, p99_note
 
 US_PER_MS = 1e3
 DEVICE_CATEGORY = {"copy": "copy", "comm": "comm"}  # other device ops are compute
@@ -152,6 +152,7 @@ def measured_summary(imported: Imported) -> dict:
         # compares with when the step also waited for work outside the trace (breakdown_external).
         "device_work_ms": busy / n / US_PER_MS,
         "steps_measured": n,
+        **({"steps_note": p99_note(n, "a trace of more steps for a tail")} if n < MIN_SAMPLES_FOR_P99 else {}),
         **{f"breakdown_{c}": float(breakdown[i]) for i, c in enumerate(CATEGORIES)},
         "idle_host_wait_ms": sum(p["host_wait"] for p in parts) / n / US_PER_MS,
         "idle_device_wait_ms": sum(p["device_wait"] for p in parts) / n / US_PER_MS,

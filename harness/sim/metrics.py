@@ -168,6 +168,11 @@ class StepMeasures:
         )
 
 
+def p99_note(steps: int, remedy: str) -> str:
+    """What a step p99 over fewer than MIN_SAMPLES_FOR_P99 steps is (a run's, a profile's)."""
+    return f"step p99 over {steps} measured step(s), fewer than {MIN_SAMPLES_FOR_P99}: about their maximum ({remedy})"
+
+
 def measured_steps(workload: Workload, plan: StepPlan | None = None) -> np.ndarray:
     """Which steps the summary measures (policies.measured_mask)."""
     mode = plan.mode if plan is not None else np.zeros(workload.steps, dtype=np.int8)
@@ -231,8 +236,7 @@ def summarize(measures: StepMeasures, workload: Workload, plan: StepPlan | None 
         notes.append("every measured step builds its graph: the figures include the capture or load (capture_ms too);"
                      " raise workload.steps for replays")
     if measured.sum() < MIN_SAMPLES_FOR_P99:
-        notes.append(f"step p99 over {int(measured.sum())} measured step(s), fewer than {MIN_SAMPLES_FOR_P99}:"
-                     " about their maximum (raise workload.steps for a tail)")
+        notes.append(p99_note(int(measured.sum()), "raise workload.steps for a tail"))
     if notes:
         summary["steps_note"] = "; ".join(notes)
     if plan is not None and np.any(mode == BUILD):
