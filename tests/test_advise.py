@@ -122,7 +122,7 @@ def test_the_graph_budget_pitfall_is_caught_on_ascend():
                          " (hardware.graph.max_graphs) hold 36 graphs of 48 layers + 1 = 49 streams")
     alone = simulate_run(with_steps(make_run(A2 + ["strategy=acl_graph", "workload.batch_size=24",
                                                    f"strategy.graph.buckets={VLLM_SIZES}".replace(" ", "")]), full.steps)).summary
-    assert without_wall_clock(full.summary) == without_wall_clock(alone)  # the advice's figures are the run's
+    assert without_wall_clock(full.summary) == {**without_wall_clock(alone), "serving": False}  # the advice's figures are the run's
     assert alone["graph_buckets"] == 36 and alone["graph_note"] == full.note
     # 24 pads to 32 in the trimmed list (a third more rows); with 24 kept only the experts' token counts pad
     assert full.summary["padding_waste"] > 0.05 > 0.001 > short.summary["padding_waste"]
@@ -273,6 +273,16 @@ def test_an_advice_whose_store_fails_keeps_its_files_and_says_so(tmp_path):
         # A limit the run has no figure for passed every candidate unchecked ('2 met the limits').
         (["advise=max_throughput", "advise.ttft_ms_max=0.001"], "advise.ttft_ms_max=0.001: decode steps without a request stream have no TTFT"),
         (["workload=llama2_7b_prefill", "advise=decode_slo"], "advise.tpot_ms_max=50: a prefill has no time per output token"),
+        # A value of the space no run could take is the user's mistake, refused as a run (or a sweep) refuses it:
+        # it was a rejected candidate (exit 0, a preset written), or every candidate was ('no candidate meets the limits').
+        (["advise.space={strategy:[eager,cudagraph]}"], "hostbound: error: advise.space: strategy=cudagraph: no such strategy preset (did you mean cuda_graph?)"),
+        (["advise.space={workload.batch_size:[1,-2]}"], "hostbound: error: advise.space: workload.batch_size=-2: must be in 1..1048576 sequences\n"),
+        (["advise.space={workload.bach_size:[1,2]}"], "hostbound: error: advise.space: workload.bach_size=1: no such key (did you mean workload.batch_size?)\n"),
+        (["advise.space.strategy.graph.buckets=[[1,2],[1,x]]"], "hostbound: error: advise.space: strategy.graph.buckets[1]=x: must be an integer"),
+        # An advise key is named as written, with the advise key meant (it was `tpot_max=...: no such key; the config groups are ...`)
+        (["advise.tpot_max=30"], "hostbound: error: advise.tpot_max=30: no such key (did you mean advise.tpot_ms_max?)\n"),
+        (["advise.tpot_ms_max=abc"], "hostbound: error: advise.tpot_ms_max=abc: must be a number\n"),
+        (["advise.space.workload.batch_size=[1,"], "hostbound: error: advise.space.workload.batch_size=[1,: not a list of values"),
     ],
 )
 def test_bad_input_is_one_line_and_nothing_is_written(args, says, tmp_path):
@@ -391,7 +401,7 @@ def test_a_serving_runs_ttft_is_named_for_what_it_leaves_out():
     from harness.advisor.answer import _latency_text
     from harness.advisor.rung import figures, latency_miss
 
-    summary = {"median_tpot_ms": 7.0871, "p99_tpot_ms": 7.4, "median_ttft_ms": 10.93, "throughput_tok_s": 100.0,
+    summary = {"serving": True, "median_tpot_ms": 7.0871, "p99_tpot_ms": 7.4, "median_ttft_ms": 10.93, "throughput_tok_s": 100.0,
                "bubble_ratio": 0.1, "bound": "device", "ttft_note": "requests arrive prefilled: ..."}
     assert _latency_text(figures(summary)) == " at TPOT p50 7.09 ms, TTFT 10.9 ms (without prefill: the requests arrive prefilled)"
     limit = question(space={"workload.batch_size": [1, 8]}, ttft_ms_max=10.0)
@@ -575,7 +585,10 @@ def test_candidates_that_run_as_another_are_not_counted_as_rejected(tmp_path):
                            "advise.space={strategy:[eager],strategy.graph.buckets:[[1,2],[4,8]]}"],
                           cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert "(0 rejected, 1 the same run as another candidate; steps per rung 2: 1 met the limits)" in proc.stdout
+    assert "(1 ranked, 1 the same run as another candidate; steps per rung 2: 1 met the limits)" in proc.stdout
+    # The terminal's table leaves out a p99 over 2 steps as advice.md and candidates.csv do, and says so.
+    assert "\nnote: tpot_ms_p99 is left out of 1 of the 1 rows: it would rest on 2 measured steps, fewer than 20" in proc.stdout
+    assert "tpot_ms_p99" not in proc.stdout.split("note:")[0]
     # The progress line on stderr counts them the same way (it called the duplicate "rejected before simulating").
     assert "hostbound advise: 2 candidates (1 the same run as another candidate); simulating on" in proc.stderr, proc.stderr
 
@@ -587,7 +600,8 @@ def test_the_shown_table_leaves_out_a_serving_flag_no_row_has():
     from harness.advisor.answer import shown_table
 
     frame = pd.DataFrame({"rank": [1.0, 2.0], "candidate": ["a", "b"], "tok_s_per_device": [2.0, 1.0], "ttft_ms": [None, None],
-                          "ttft_without_prefill": [False, False], "rejected": ["", ""], "note": ["", ""]})
+                          "ttft_without_prefill": [False, False], "status": ["ranked", "ranked"], "p99_samples": [20, 20],
+                          "reason": ["", ""], "note": ["", ""]})
     assert list(shown_table(frame, 10).columns) == ["rank", "candidate", "tok_s_per_device"]
     served = frame.assign(ttft_ms=[5.0, 6.0], ttft_without_prefill=[True, True])
     assert "ttft_without_prefill" in shown_table(served, 10).columns
@@ -633,3 +647,94 @@ def test_an_advice_over_a_key_added_with_plus_is_logged_without_the_plus(tmp_pat
     children = [r for r in runs if r.data.tags.get("kind") == "advice_candidate"]
     assert children and {r.info.status for r in children} == {"FINISHED"}
     assert all("workload.card_overrides.num_hidden_layers" in r.data.params for r in children)
+
+
+def test_a_value_refused_only_in_combination_stays_a_candidates_rejection():
+    """cuda_graph is a preset, refused on Ascend hardware only (a space may pair it with hardware=h100): the
+    space is not refused, the candidate is, with the run's reason; a typo is refused whole, before any candidate."""
+    from harness.advisor.candidates import check_space
+
+    advice = advise_runs(A2, question(space={"strategy": ["acl_graph", "cuda_graph"]}, steps=[2]))
+    graph, cuda = advice.candidates
+    assert cuda.rejected.startswith("strategy=cuda_graph: runs on cuda hardware") and advice.ranked == [graph]
+    check_space({"strategy": ["cuda_graph"], "workload.tp": [3], "+workload.card_overrides.num_hidden_layers": [2]}, A2)  # none refused
+    with pytest.raises(ConfigError, match=r"^advise.space: workload.batch_size=abc: must be an integer$"):
+        advise_runs(H100, question(space={"workload.batch_size": [1, "abc"]}, steps=[2]))
+
+
+SERVING = ["engine=vllm_v1", "workload.serving.enabled=true", "workload.serving.max_batch=32"]
+
+
+def test_a_serving_candidate_that_finished_no_request_is_not_scored_as_decode_steps():
+    """A serving run that finished no request has no TPOT, but it served: its TTFT is its first tokens'
+    median (it was NaN, its TPOT the step p50, because serving was told by `median_tpot_ms`)."""
+    from harness.advisor.rung import latency_miss, unmeasured
+
+    run = make_run(H100 + SERVING)
+    summary = simulate_run(with_steps(run, 8)).summary
+    assert summary["requests_completed"] == 0 and "median_tpot_ms" not in summary and summary["median_ttft_ms"] > 0
+    advice = advise_runs(H100 + SERVING, question(space={"strategy": ["eager"]}, steps=[8]))
+    f = figures(advice.candidates[0].summary)
+    assert f["tpot_ms_p50"] is None and f["tpot_ms_p99"] is None
+    assert f["ttft_ms"] == summary["median_ttft_ms"] and f["ttft_without_prefill"]
+    # A limit with no figure to check is not met silently: the last rung rejects it and says why.
+    limit = question(space={"strategy": ["eager"]}, tpot_ms_max=1000.0)
+    assert latency_miss(advice.candidates[0].summary, limit) == ""
+    assert unmeasured(advice.candidates[0].summary, limit, 8) == (
+        "not measured: TPOT (0 requests finished in 8 steps), so advise.tpot_ms_max=1000 could not be checked: raise advise.steps")
+    limited = advise_runs(H100 + SERVING, question(space={"strategy": ["eager"]}, steps=[8], tpot_ms_max=1000.0))
+    assert limited.ranked == [] and limited.candidates[0].rejected.startswith("not measured: TPOT (0 requests finished in 8 steps)")
+    # Its TTFT is checked (it was skipped: no figure, no check).
+    tight = advise_runs(H100 + SERVING, question(space={"strategy": ["eager"]}, steps=[8], ttft_ms_max=0.001))
+    assert tight.candidates[0].rejected.startswith("TTFT without prefill ")
+    # A shorter rung passes it on unchecked, and says so.
+    two = advise_runs(H100 + SERVING, question(space={"strategy": ["eager"]}, steps=[4, 8], tpot_ms_max=1000.0))
+    assert two.rungs == [(4, 1), (8, 0)] and two.notes[0].startswith(
+        "the 4-step rung had no TPOT for 1 of 1 candidates (no request finished there: strategy=eager), so it ranked them on throughput alone")
+
+
+def test_a_p99_over_fewer_than_20_steps_is_left_out_and_the_table_says_so(tmp_path, monkeypatch):
+    """A p99 over 4 measured steps is about their maximum: candidates.csv, advice.md and the terminal leave
+    it out, and the tables say why (they showed it without a word)."""
+    import pandas as pd
+
+    from harness.advisor.answer import write_answer
+
+    monkeypatch.chdir(tmp_path)  # the winner's preset goes to the launch folder's conf/experiment
+
+    short = advise_runs(H100, question(space={"workload.batch_size": [1, 8]}, steps=[4]))
+    assert all(figures(c.summary)["tpot_ms_p99"] is None and figures(c.summary)["tpot_ms_p50"] > 0 for c in short.candidates)
+    write_answer(short, H100, "python -m harness.advise", tmp_path, "p99_short")
+    table = pd.read_csv(tmp_path / "candidates.csv")
+    assert table["tpot_ms_p99"].isna().all() and list(table["p99_samples"]) == [4, 4]
+    assert ("Note: tpot_ms_p99 is left out of 2 of the 2 rows: it would rest on 4 measured steps, fewer than 20, about their maximum,"
+            " not a tail (raise advise.steps for one).") in (tmp_path / "advice.md").read_text()
+    long = advise_runs(H100, question(space={"workload.batch_size": [1]}, steps=[24]))
+    summary = long.ranked[0].summary
+    assert summary["steps_measured"] >= 20 and figures(summary)["tpot_ms_p99"] == summary["step_ms_p99"]
+
+
+def test_every_candidate_has_a_status_and_the_counts_agree(tmp_path):
+    """Candidates pruned by the first rung had no rank and no reason in candidates.csv and were not in
+    advice.md; the terminal counted 'rejected' without the duplicates advice.md's 'Rejected (N)' counted."""
+    import re
+
+    import pandas as pd
+
+    proc = subprocess.run([sys.executable, "-m", "harness.advise", *H100, "advise.steps=[2,4]", "advise.keep=0.5", "advise.out=adv",
+                           "tracking.enabled=false", "advise.hbm_gb_max=40",
+                           "advise.space={strategy:[eager,cuda_graph],workload.batch_size:[1,8,1024],strategy.graph.buckets:[[1,8],[1,2,8]]}"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    table = pd.read_csv(tmp_path / "adv" / "candidates.csv", keep_default_na=False)
+    assert set(table["status"]) == {"ranked", "rejected", "same run", "pruned"}
+    assert (table["reason"] != "").sum() == (table["status"] != "ranked").sum()
+    pruned = table[table["status"] == "pruned"]
+    assert all(re.fullmatch(r"pruned after the 2-step rung: ranked \d+ of \d+ there, the best \d+ went on \(advise.keep=0.5\)", r)
+               for r in pruned["reason"])
+    counts = (f"{(table['status'] == 'rejected').sum()} rejected, {(table['status'] == 'same run').sum()} the same run as another"
+              f" candidate, {len(pruned)} pruned by a shorter rung")
+    assert f"({(table['status'] == 'ranked').sum()} ranked, {counts}; steps per rung" in proc.stdout
+    advice = (tmp_path / "adv" / "advice.md").read_text()
+    assert f"## Not ranked ({(table['status'] != 'ranked').sum()}: {counts})" in advice
+    assert all(c in advice for c in pruned["candidate"])

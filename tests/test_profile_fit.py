@@ -138,7 +138,7 @@ def test_advice_on_a_fitted_machine_is_for_that_machine(synthetic, tmp_path, cap
     assert 2.0 < host_ms[0] / host_ms[1] < 2.3
     assert figures(fitted.summary)["tpot_ms_p50"] != figures(shipped.summary)["tpot_ms_p50"]
     assert fitted.summary == simulate_run(with_steps(compose_run(["hardware=lab_box", "strategy=eager", "workload.batch_size=1"]), 2)).summary | {
-        k: fitted.summary[k] for k in ("sim_wall_s", "compile_s")}
+        k: fitted.summary[k] for k in ("sim_wall_s", "compile_s", "serving")}  # the advice records whether it served
 
 
 @pytest.mark.parametrize(

@@ -11,8 +11,10 @@ from pathlib import Path
 import pandas as pd
 import yaml
 
-from harness.advisor.candidates import RUNS_AS, Candidate, value_text
+from harness.advisor.candidates import Candidate, value_text
+from harness.advisor.rung import p99_samples
 from harness.advisor.search import Advice, figures
+from harness.sim.metrics import MIN_SAMPLES_FOR_P99
 from harness.config.advise import AdviseConfig
 from harness.base.errors import ConfigError
 from harness.base.files import write_text
@@ -27,24 +29,80 @@ _GROUP_KEYS = ("hardware", "workload", "strategy", "engine")
 
 def row(candidate: Candidate, rank: int | None) -> dict:
     f = figures(candidate.summary) if candidate.summary else {}
+    samples = p99_samples(candidate.summary) if candidate.summary else None
+    status, reason = _status(candidate, rank)
     return {
-        "rank": rank, "candidate": candidate.label, **f, "graphs": candidate.graphs, "graph_mem_gb": round(candidate.graph_mem_gb, 3),
+        "rank": rank, "status": status, "candidate": candidate.label, **f, "graphs": candidate.graphs,
+        "graph_mem_gb": round(candidate.graph_mem_gb, 3),
         "capture_s": round(candidate.capture_s, 3), "memory_gb": round(candidate.memory_gb, 2), "steps": candidate.steps,
-        "rejected": candidate.rejected, "note": candidate.note,
+        "p99_samples": samples, "reason": reason, "note": candidate.note,
     }
+
+
+# Why a candidate is not ranked, as the table's `status` says it; in this order the counts are given.
+STATUSES = {
+    "rejected": "rejected",  # broke a limit (before simulating or once simulated), or refused in this combination
+    "same run": "the same run as another candidate",  # runs what an earlier candidate runs: not simulated again
+    "pruned": "pruned by a shorter rung",  # met the limits there, ranked below the share advise.keep keeps
+    "not simulated": "not simulated: advise.budget_s ran out",
+}
+
+
+def _status(candidate: Candidate, rank: int | None) -> tuple[str, str]:
+    """(status, reason): every candidate has one, the ranked ones with no reason to give."""
+    if rank is not None:
+        return "ranked", ""
+    if candidate.runs_as_another:
+        return "same run", candidate.rejected
+    if candidate.rejected:
+        return "rejected", candidate.rejected
+    if candidate.pruned:
+        return "pruned", candidate.pruned
+    after = f"after its {candidate.steps}-step run" if candidate.steps else "before its first run"
+    return "not simulated", f"advise.budget_s ran out {after}"
+
+
+def status_counts(frame: pd.DataFrame) -> dict[str, int]:
+    """Candidates not ranked, by status (those with none left out), in STATUSES' order."""
+    counts = frame["status"].value_counts() if len(frame) else {}
+    return {status: int(counts[status]) for status in STATUSES if status in counts}
+
+
+def counts_text(counts: dict[str, int]) -> str:
+    """`8 rejected, 16 the same run as another candidate, 15 pruned by a shorter rung`: the terminal's words
+    and advice.md's, for the same candidates."""
+    return ", ".join(f"{n} {STATUSES[status]}" for status, n in counts.items())
 
 
 def rejected_counts(frame: pd.DataFrame) -> tuple[int, int]:
     """(candidates that broke a limit, candidates not simulated because another runs the same) of a table."""
-    same = int(frame["rejected"].str.startswith(RUNS_AS).sum())
-    return int((frame["rejected"] != "").sum()) - same, same
+    counts = status_counts(frame)
+    return counts.get("rejected", 0), counts.get("same run", 0)
 
 
 def table(advice: Advice) -> pd.DataFrame:
-    """Every candidate: the ranked ones first (rank 1 = the winner), then those rejected, with the reason."""
+    """Every candidate: the ranked ones first (rank 1 = the winner), then the others, each with its status
+    and the reason."""
     ranked = [row(c, i + 1) for i, c in enumerate(advice.ranked)]
     others = [row(c, None) for c in advice.candidates if c not in advice.ranked]
     return pd.DataFrame(ranked + others)
+
+
+def p99_note(shown: pd.DataFrame, frame: pd.DataFrame) -> str:
+    """Where a table leaves tpot_ms_p99 out, why ("" where it leaves none out): over fewer than 20 steps
+    (a serving run: finished requests) a p99 is about their maximum, as a run's own note says."""
+    rows = frame.loc[shown.index]
+    out = rows[rows["p99_samples"].notna() & (rows["p99_samples"] < MIN_SAMPLES_FOR_P99) & rows["tpot_ms_p50"].notna()] \
+        if "tpot_ms_p50" in rows and len(rows) else rows.iloc[:0]
+    if not len(out):
+        return ""
+    low, high = int(out["p99_samples"].min()), int(out["p99_samples"].max())
+    span = f"{low}" if low == high else f"{low}-{high}"
+    # A serving run's p99 is over its finished requests (ttft_without_prefill: set on every serving run's row)
+    serving = out["ttft_without_prefill"].fillna(False).astype(bool) if "ttft_without_prefill" in out else pd.Series(False, index=out.index)
+    unit = "finished requests" if serving.all() else "measured steps" if not serving.any() else "measured steps (a serving run: finished requests)"
+    return (f"tpot_ms_p99 is left out of {len(out)} of the {len(rows)} rows: it would rest on {span} {unit}, fewer than"
+            f" {MIN_SAMPLES_FOR_P99}, about their maximum, not a tail (raise advise.steps for one)")
 
 
 def margin_text(winner: Candidate, other: Candidate | None, what: str) -> str:
@@ -69,7 +127,7 @@ def why(advice: Advice) -> str:
         " that were (raise advise.budget_s, or narrow advise.space). " if advice.out_of_time else ""
     ) + "".join(f"Note: {note}. " for note in advice.notes)
     if not advice.ranked:
-        return unfinished + "No candidate meets the limits: the table says why each was rejected."
+        return unfinished + "No candidate meets the limits: candidates.csv and advice.md's table of those not ranked say why each is out."
     winner = advice.ranked[0]
     f = figures(winner.summary)
     parts = [
@@ -184,7 +242,7 @@ def preset_path(name: str) -> Path:
 
 def shown_table(frame: pd.DataFrame, rows: int) -> pd.DataFrame:
     """The ranked rows, as a reader wants them: ranks as integers, columns that hold nothing left out."""
-    shown = frame[frame["rank"].notna()].head(rows).drop(columns=["rejected", "note"])
+    shown = frame[frame["rank"].notna()].head(rows).drop(columns=["status", "p99_samples", "reason", "note"], errors="ignore")
     shown = shown.astype({"rank": int}).dropna(axis="columns", how="all")
     if "ttft_without_prefill" in shown and not shown["ttft_without_prefill"].fillna(False).astype(bool).any():
         shown = shown.drop(columns=["ttft_without_prefill"])  # a flag of serving runs' TTFT: without one, 'False' says nothing
@@ -197,15 +255,20 @@ def write_answer(advice: Advice, base: list[str], command: str, out: Path, name:
     frame = table(advice)
     frame.to_csv(out / "candidates.csv", index=False)
     shown = shown_table(frame, 20)
-    lines = [f"# Advice: {command}", "", why(advice), "", shown.to_markdown(index=False, floatfmt=".3f")]
+    lines = [f"# Advice: {command}", "", why(advice), "",
+             shown.to_markdown(index=False, floatfmt=".3f") if len(shown) else "No candidate meets the limits."]
+    note = p99_note(shown, frame)
+    if note:
+        lines += ["", f"Note: {note}."]
     trimmed = frame[frame["note"] != ""]
     if len(trimmed):
         lines += ["", f"## Capture sizes trimmed to the stream budget ({len(trimmed)})", "",
                   "Each runs, and is charged for, the sizes kept, as the run itself would.", "",
                   trimmed[["candidate", "note"]].to_markdown(index=False)]
-    rejected = frame[frame["rejected"] != ""]
-    if len(rejected):
-        lines += ["", f"## Rejected ({len(rejected)})", "", rejected[["candidate", "rejected"]].to_markdown(index=False)]
+    others = frame[frame["rank"].isna()]
+    if len(others):  # every candidate not ranked, counted as the terminal counts them
+        lines += ["", f"## Not ranked ({len(others)}: {counts_text(status_counts(frame))})", "",
+                  others[["candidate", "status", "reason"]].to_markdown(index=False)]
     # every candidate of the last rung, limits met or not (none, where every candidate was rejected unsimulated)
     simulated = frame[frame["steps"] == frame["steps"].max()].dropna(subset=["tpot_ms_p50"]) if "tpot_ms_p50" in frame else frame.iloc[:0]
     if len(simulated):
@@ -263,7 +326,9 @@ def record(advice: Advice, advise: AdviseConfig, base: list[str], names: dict[st
     question["advise.search"] = advice.method  # auto, resolved
     winner = advice.ranked[0] if advice.ranked else None
     shown = shown_table(frame, 20)
-    description = "\n\n".join([f"`{command}`", why(advice), shown.to_markdown(index=False, floatfmt=".3f") if len(shown) else ""])
+    note = p99_note(shown, frame)
+    description = "\n\n".join([f"`{command}`", why(advice), shown.to_markdown(index=False, floatfmt=".3f") if len(shown) else "",
+                                 *([f"Note: {note}."] if note else [])])
     artifacts = [out / "advice.md", out / "candidates.csv", *([out / "pareto.png"] if (out / "pareto.png").exists() else []),
                  *([preset] if preset is not None else [])]
     return AdviceRecord(

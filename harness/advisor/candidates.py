@@ -21,7 +21,8 @@ from harness.base.errors import ConfigError, HarnessError
 from harness.base.stopping import held, raise_if_stopped
 from harness.config.advise import AdviseConfig
 from harness.config.compose import compose_config, compose_run, to_run_config
-from harness.config.messages import one_line
+from harness.config.limits import LIMITS, check_number
+from harness.config.messages import group_options, one_line
 from harness.config.paths import CONF_DIR, launch_folder_conf
 from harness.config.schema import GraphMode, RunConfig
 from harness.model.workload import build_workload, run_build_options
@@ -37,6 +38,7 @@ class Candidate:
     overrides: list[str]  # the space's values, as `key=value`
     run: RunConfig | None = None
     rejected: str = ""  # why it was not simulated (or did not meet a limit once simulated)
+    pruned: str = ""  # why a shorter rung did not keep it (ranked below the share advise.keep keeps)
     note: str = ""  # what the run does differently from what the candidate asks (capture sizes trimmed to the budget)
     graphs: int = 0  # capture sizes it captures
     graph_mem_gb: float = 0.0
@@ -169,6 +171,79 @@ def _value_fields(owner: type) -> dict[str, Any]:
         for f in dataclasses.fields(owner)
         if f.init and not (isinstance(hints[f.name], type) and dataclasses.is_dataclass(hints[f.name]))
     }
+
+
+def check_space(space: dict[str, list[Any]], base: list[str]) -> None:
+    """Refuse, before any candidate is made, a key or value of the space that no configuration could take:
+    a key no config has, a preset that does not exist, a value of the wrong type or outside its limits.
+    One line naming advise.space and the override, in the words `python -m harness` has for it (a sweep
+    refuses the same typo before its first job). A value refused only in combination with others (a
+    strategy of another platform, memory, a TP that does not divide the heads) stays a candidate's
+    rejection, with its reason."""
+    for key, values in space.items():
+        for value in values:
+            override = f"{key}={value_text(value)}"
+            if not _refused_by_any_run(override):
+                continue
+            try:
+                make_run(base + [override])
+            except ConfigError as exc:
+                raise ConfigError(f"advise.space: {exc}") from None
+            raise ConfigError(f"advise.space: {override}: no configuration takes this value")  # not reached: the run refuses it too
+
+
+@lru_cache(maxsize=4096)
+def _refused_by_any_run(override: str) -> bool:
+    """Whether `key=value` is refused whatever else the run sets (see check_space). Keys Hydra adds or
+    deletes (`+`, `~`) and keys inside a dict field (a card's overrides) are Hydra's and the card's to check."""
+    key, _, text = override.partition("=")
+    if key.startswith(("+", "~")):
+        return False
+    if key in _GROUPS:
+        return text not in group_options(key)
+    *path, name = key.split(".")
+    owner: type = RunConfig
+    for part in path:
+        hint = _field_hints(owner).get(part)
+        if hint is None:
+            return True  # no such key
+        inner = _section_type(hint)
+        if inner is None:
+            return typing.get_origin(hint) is not dict  # a dict takes any key; a value has no keys under it
+        owner = inner
+    hint = _field_hints(owner).get(name)
+    if hint is None:
+        return True
+    if _section_type(hint) is not None or typing.get_origin(hint) is dict or name not in _value_fields(owner):
+        return False  # a whole section or dict: composed and checked with the run
+    try:
+        value = OmegaConf.to_object(OmegaConf.merge(_value_fields(owner)[name], OmegaConf.from_dotlist([f"value={text}"]))).value
+    except Exception:  # of the wrong type (or not one of an enum's values)
+        return True
+    limit = LIMITS.get(key)
+    if limit is None:
+        return False
+    try:
+        for item in value if isinstance(value, (list, tuple)) else [value]:
+            if item is not None:
+                check_number(key, item, limit)
+    except ConfigError:
+        return True
+    return False
+
+
+@lru_cache(maxsize=None)
+def _field_hints(owner: type) -> dict[str, Any]:
+    names = {f.name for f in dataclasses.fields(owner)}
+    return {name: hint for name, hint in typing.get_type_hints(owner).items() if name in names}
+
+
+def _section_type(hint: Any) -> type | None:
+    """The dataclass a field holds (Optional[...] unwrapped), else None."""
+    for candidate in (hint, *typing.get_args(hint)):
+        if isinstance(candidate, type) and dataclasses.is_dataclass(candidate):
+            return candidate
+    return None
 
 
 def same_run_key(run: RunConfig) -> str:

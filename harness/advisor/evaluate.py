@@ -29,9 +29,12 @@ Result = tuple[Optional[dict], str]  # (summary, "") or (None, why the simulatio
 def simulate_one(run: RunConfig, steps: int) -> Result:
     """One candidate at `steps` steps (no warm-up: a rung compares runs of equal length)."""
     try:
-        return simulate_run(with_steps(run, steps)).summary, ""
+        summary = simulate_run(with_steps(run, steps)).summary
     except HarnessError as exc:  # a limit only the simulation finds (e.g. the KV cache at its last step)
         return None, str(exc)
+    # Whether requests were served, as summary.json says it: a serving run that finished none has no
+    # request figures to tell it by (a bool: not logged as a metric).
+    return {**summary, "serving": run.workload.serving.enabled}, ""
 
 
 class InProcess:

@@ -68,7 +68,8 @@ def model_search(base: list[str], advise: "AdviseConfig", where: "Evaluator", cl
             pending.append((trial, candidate))
         made_in_order += fresh
         prepare(fresh, base, advise, first_of)
-        simulated, left = simulate_all([c for c in fresh if not c.rejected], advise.steps[0], where, clock, advise)
+        simulated, left = simulate_all([c for c in fresh if not c.rejected], advise.steps[0], where, clock, advise,
+                                       last=len(advise.steps) == 1)
         met += simulated
         not_run += left
         for trial, candidate in pending:

@@ -11,10 +11,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from harness.advisor.candidates import Candidate, check_limits_before, combinations, make_run
+from harness.advisor.candidates import Candidate, check_limits_before, check_space, combinations, make_run
 from harness.advisor.evaluate import Evaluator, InProcess, OnRay, evaluator
 from harness.advisor.model_search import model_search
-from harness.advisor.rung import Clock, figures, prepare, simulate, simulate_all
+from harness.advisor.rung import Clock, figures, prepare, simulate, simulate_all, unmeasured
 from harness.config.advise import AdviseConfig
 from harness.sim.serving import MIN_REQUESTS_FOR_PERCENTILES
 
@@ -47,6 +47,7 @@ def advise_runs(base: list[str], advise: AdviseConfig, say: Callable[[str], None
     """Search the space on top of `base` (the run's overrides) as `advise` asks: every combination where the
     space is small (advise.search=exhaustive, or auto up to advise.exhaustive_max), else the candidates
     Optuna's TPE sampler picks (advise.trials of them); then successive halving over advise.steps."""
+    check_space(advise.space, base)  # a typo in the space is the user's, refused before any candidate: not a rejection each
     clock = Clock(advise.budget_s)
     size = space_size(advise.space)
     method = advise.search if advise.search != "auto" else ("exhaustive" if size <= advise.exhaustive_max else "optuna")
@@ -77,13 +78,24 @@ def advise_runs(base: list[str], advise: AdviseConfig, say: Callable[[str], None
             if rung == 0 and first_rung is not None:
                 simulated = first_rung
             else:
-                simulated, not_run = simulate_all(alive, steps, where, clock, advise)
+                simulated, not_run = simulate_all(alive, steps, where, clock, advise, last=rung == len(advise.steps) - 1)
                 advice.out_of_time += not_run
             advice.rungs.append((steps, len(simulated)))
             simulated = sorted(simulated, key=score, reverse=True)  # stable: ties keep the order made
             say(f"{steps} steps: {len(simulated)} candidates meet the limits" + (f", best {simulated[0].label}" if simulated else ""))
             last = rung == len(advise.steps) - 1
             alive = simulated if last else simulated[: max(1, math.ceil(len(simulated) * advise.keep))]
+            for place, dropped in enumerate(simulated[len(alive):], start=len(alive) + 1):
+                dropped.pruned = (f"pruned after the {steps}-step rung: ranked {place} of {len(simulated)} there, the best {len(alive)}"
+                                  f" went on (advise.keep={advise.keep:g})")
+            unchecked = [c for c in simulated if unmeasured(c.summaries[steps], advise, steps)] if not last else []
+            if unchecked:  # a limit with no figure yet (no request finished): passed on, checked at the last rung
+                what = sorted({unmeasured(c.summaries[steps], advise, steps).split()[2] for c in unchecked})  # TPOT, TTFT
+                note = (f"the {steps}-step rung had no {' or '.join(what)} for {len(unchecked)} of {len(simulated)} candidates"
+                        f" (no request finished there: {', '.join(c.label for c in unchecked[:3])}{', …' if len(unchecked) > 3 else ''}),"
+                        f" so it ranked them on throughput alone, their latency limits unchecked; the last rung rejects any still unmeasured")
+                advice.notes.append(note)
+                say(f"note: {note}")
             thin = [c for c in simulated if c.summaries[steps].get("requests_completed", MIN_REQUESTS_FOR_PERCENTILES) < MIN_REQUESTS_FOR_PERCENTILES]
             if not last and thin and len(alive) < len(simulated):
                 # A request stream's throughput before its requests finish is its batches' alone: a server

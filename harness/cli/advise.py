@@ -9,7 +9,7 @@ start from, as for `python -m harness`. Each candidate (a combination of the spa
 against the limits that need no simulation (graph streams, the largest batch against the largest capture
 size, capture time, device memory), then simulated, short runs first and longer ones for the leaders: on
 one worker process per core (advise.workers), or on a Ray cluster (advise.ray_address=HOST:PORT). Every
-combination of a space up to advise.exhaustive_max; beyond it, advise.trials of them picked by Optuna. Writes `candidates.csv` (every candidate, its figures or why it was rejected) and
+combination of a space up to advise.exhaustive_max; beyond it, advise.trials of them picked by Optuna. Writes `candidates.csv` (every candidate: its status, its figures, why it is not ranked) and
 `advice.md` to `advise.out` (default outputs/advise/<date>/<time>), and the winner as
 `conf/experiment/<advise.name>.yaml` in this folder, which `python -m harness experiment=<name>` runs;
 with tracking on (as for a run), an MLflow run holding all of it, the advise.leaders best as its children.
@@ -75,12 +75,13 @@ def main(argv: list[str] | None = None) -> int:
 
     preset, advise_overrides, base, out_text = split_arguments(argv)
     advise = compose_advise(preset, advise_overrides)
-    from harness.advisor.answer import preset_path, rejected_counts, run_command_of, shown_table, why, write_answer
-    from harness.advisor.candidates import make_run
+    from harness.advisor.answer import counts_text, p99_note, preset_path, run_command_of, shown_table, status_counts, why, write_answer
+    from harness.advisor.candidates import check_space, make_run
     from harness.advisor.search import advise_runs
 
     preset_path(advise.name)  # refused now, not after the search
     run = make_run(base)  # the run itself must compose: one line naming the key, before any candidate
+    check_space(advise.space, base)  # and every value of the space some run could take: a typo is refused, not a rejection each
     unmeasured = limit_the_run_cannot_meet(advise, run)
     if unmeasured:  # every candidate would pass it unchecked
         raise ConfigError(unmeasured)
@@ -93,15 +94,20 @@ def main(argv: list[str] | None = None) -> int:
     frame, written = write_answer(advice, base, command, out, advise.name)
     shown = shown_table(frame, 10)
     print(shown.to_markdown(index=False, floatfmt=".3f") if len(shown) else "no candidate meets the limits")
+    note = p99_note(shown, frame)
+    if note:
+        print(f"note: {note}")
     print(f"\n{why(advice)}")
-    rejected, same = rejected_counts(frame)
+    counts = status_counts(frame)
     how = (f"all {advice.space_size:,} combinations" if advice.method == "exhaustive" else
            f"{len(frame)} of {advice.space_size:,} combinations, picked by Optuna's TPE sampler")
+    # Counted as advice.md's table of those not ranked counts them (a candidate pruned by a shorter rung
+    # is no rejection: it met the limits there).
     print(
         f"\n  searched     {how} in {advice.seconds:.1f} s on {advice.workers} core{'s' if advice.workers > 1 else ''}"
-        f" ({rejected} rejected" + (f", {same} the same run as another candidate" if same else "") + "; steps per rung"
+        f" ({len(advice.ranked)} ranked" + (f", {counts_text(counts)}" if counts else "") + "; steps per rung"
         f" {', '.join(f'{steps}: {n} met the limits' for steps, n in advice.rungs)})"
-        + (f"; {advice.out_of_time} not simulated: advise.budget_s={advise.budget_s:g} ran out" if advice.out_of_time else "")
+        + (f"; {advice.out_of_time} simulations not run: advise.budget_s={advise.budget_s:g} ran out" if advice.out_of_time else "")
     )
     trimmed = int((frame["note"] != "").sum())
     if trimmed:

@@ -3,7 +3,8 @@ long to search. Composed from a preset of conf/advise/ and `advise.*` overrides 
 the run the candidates start from is composed by Hydra like any other run."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
+import re
 from pathlib import Path
 from typing import Any, ClassVar, Dict, List, Optional
 
@@ -70,6 +71,14 @@ def compose_advise(preset: str, overrides: list[str]) -> AdviseConfig:
     path = ADVISE_DIR / f"{preset}.yaml"
     if not path.is_file():
         raise ConfigError(f"advise={preset}: no such advise preset{did_you_mean(preset, presets())}; choose from {', '.join(presets())}")
+    keys = [f.name for f in fields(AdviseConfig)]
+    for override in overrides:  # a misspelt key, named as written, with the advise key meant
+        key, _, value = override.partition("=")
+        if key.split(".")[0].split("[")[0] not in keys:
+            close = did_you_mean(key, keys)
+            hint = (f" (did you mean advise.{close.removeprefix(' (did you mean ').removesuffix('?)')}?)" if close else
+                    f"; advise has {', '.join(keys)} (and advise.out)")
+            raise ConfigError(f"advise.{key}={value}: no such key{hint}")
     # space.KEY=VALUES adds or replaces one axis, KEY being a whole config key (its dots are not nesting).
     axes = {o.partition("=")[0].removeprefix("space."): o.partition("=")[2] for o in overrides if o.startswith("space.")}
     dotted = [o for o in overrides if not o.startswith("space.")]
@@ -86,12 +95,34 @@ def _merged_advise(path: Path, overrides: list[str], axes: dict, dotted: list[st
         chosen = OmegaConf.load(path)
         if any(o.partition("=")[0] == "space" for o in overrides) and "space" in chosen:
             del chosen["space"]  # a space given whole replaces the preset's (a merge would keep its other keys)
-        added = OmegaConf.create({"space": {key: yaml.safe_load(values) for key, values in axes.items()}})
+        added = OmegaConf.create({"space": {key: _axis_values(key, values) for key, values in axes.items()}})
         merged = OmegaConf.merge(OmegaConf.structured(AdviseConfig), chosen, OmegaConf.from_dotlist(dotted), added)
         advise = OmegaConf.to_object(merged)
     except ConfigError:
         raise
-    except Exception as exc:  # an unknown key or a value of the wrong type, in Hydra's words cut to a line
-        raise ConfigError(one_line(exc)) from exc
+    except Exception as exc:  # a value of the wrong type, in Hydra's words cut to a line, its key as written (advise.…)
+        raise ConfigError(_as_written(one_line(exc, overrides), overrides)) from exc
     assert isinstance(advise, AdviseConfig)
     return advise
+
+
+def _axis_values(key: str, text: str) -> Any:
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"advise.space.{key}={text}: not a list of values ({str(exc).splitlines()[0]})") from None
+
+
+def _as_written(message: str, overrides: list[str]) -> str:
+    """`tpot_ms_max=abc: must be a number` → `advise.tpot_ms_max=abc: …`: OmegaConf names the key inside the
+    advise config, the user wrote it with its prefix. A message that names no key as written (OmegaConf's
+    `full_key: space…`) is put after the override it is about."""
+    key = message.partition("=")[0].partition(":")[0]
+    named = key.split(".")[0].split("[")[0]
+    if named in {f.name for f in fields(AdviseConfig)} and " " not in key:
+        return f"advise.{message}"
+    full_key = re.search(r"full_key: ([\w\[\]]*)", message)
+    root = full_key[1].split("[")[0] if full_key and full_key[1] else ""
+    written = [o for o in overrides if o.partition("=")[0].split(".")[0] == root] if root else overrides[-1:] if len(overrides) == 1 else []
+    reason = re.sub(r";?\s*full_key:.*$", "", message)
+    return f"advise.{written[-1]}: {reason}" if written else message
