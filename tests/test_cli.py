@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -45,15 +46,102 @@ def test_prefill_run_reports_ttft(tmp_path):
 
 @pytest.mark.parametrize(
     "override,named",
-    [("workload.batch_size=0", "workload.batch_size=0"), ("hardware.device.hbm_gbps=-1", "hardware.device.hbm_gbps=-1"), ("nokey=3", "nokey")],
+    [("workload.batch_size=0", "workload.batch_size=0"), ("hardware.device.hbm_gbps=-1", "hardware.device.hbm_gbps=-1"), ("nokey=3", "nokey"),
+     # OmegaConf's own words were printed: "Invalid value assigned: int is not a ListConfig, list or tuple.; full_key: …"
+     ("strategy.graph.buckets=8", "hostbound: error: strategy.graph.buckets=8: must be a list, e.g. [1,2,4,8]"),
+     ("workload.batch_size=${oops}", "hostbound: error: workload.batch_size=${oops}: ${oops} names no key"),
+     # ~150 experiments were listed in one line of ~4,900 characters: the closest few and where the rest are.
+     ("experiment=h100_vllm_eager", "hostbound: error: experiment=h100_vllm_eager: no such experiment preset; the closest: h100_vllm_llama2_eager_bs1, ")],
 )
 def test_bad_input_exits_2_with_one_line(tmp_path, override, named):
     proc = run_cli(override, "tracking.enabled=false", cwd=tmp_path)
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and named in lines[0]
+    assert len(lines) == 1 and named in lines[0] and len(lines[0]) < 300 and "full_key" not in lines[0]
     assert "Traceback" not in proc.stderr
     assert not (tmp_path / "outputs").exists()  # nothing started, nothing written
+    if override.startswith("experiment="):
+        assert "(python -m harness --help lists them)" in lines[0]
+
+
+@pytest.fixture
+def store(tmp_path):
+    """An MLflow store holding the experiment `hostbound` and no runs."""
+    import mlflow
+
+    db = tmp_path / "store" / "mlflow.db"
+    db.parent.mkdir()
+    mlflow.MlflowClient(f"sqlite:///{db}").create_experiment("hostbound", artifact_location=str(tmp_path / "store" / "artifacts"))
+    return db
+
+
+def report(*args: str, cwd: Path) -> tuple[int, str]:
+    """`python -m harness.report ARGS` from `cwd`: its status and its one line of stderr (it must be one)."""
+    proc = run_cli(*args, cwd=cwd, module="harness.report")
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    return proc.returncode, lines[0]
+
+
+def test_the_report_makes_no_store_at_a_sqlite_path_with_no_file(tmp_path):
+    """It made a 954 KB empty store at the mistyped path (and its folder), then said `no experiment
+    'hostbound'` with status 1; an empty file it turned into a store."""
+    work = tmp_path / "work"
+    work.mkdir()
+    code, line = report("--tracking-uri", f"sqlite:///{tmp_path}/x/nonexist.db", cwd=work)
+    assert code == 2 and line == (f"hostbound: error: --tracking-uri=sqlite:///{tmp_path}/x/nonexist.db: no such file {tmp_path}/x/nonexist.db;"
+                                  " a report reads a store, it makes none")
+    (work / "empty.db").write_bytes(b"")
+    code, line = report("--tracking-uri", "sqlite:///empty.db", cwd=work)
+    assert code == 2 and line.endswith("empty.db is an empty file, not an MLflow store (no experiments table)")
+    (work / "notes.db").write_text("not a database, not at all\n" * 10)
+    code, line = report("--tracking-uri", "sqlite:///notes.db", cwd=work)
+    assert code == 2 and "notes.db is not a sqlite database" in line
+    # three slashes: a path relative to where it runs; the absolute path the user meant is named
+    (tmp_path / "real.db").write_bytes(b"")
+    code, line = report("--tracking-uri", f"sqlite://{tmp_path}/real.db", cwd=work)
+    assert code == 2 and f"(did you mean sqlite:///{tmp_path}/real.db? an absolute path takes four slashes)" in line
+    assert not (tmp_path / "x").exists() and (work / "empty.db").stat().st_size == 0
+    assert sorted(p.name for p in work.iterdir()) == ["empty.db", "notes.db"]  # no outputs/ either
+
+
+@pytest.mark.parametrize("flags,says", [
+    (["--experiment", "nosuch"], "hostbound: error: --experiment=nosuch: no such experiment in sqlite:///{db}; it holds Default, hostbound"),
+    (["--experiment", "hostbond"], "hostbound: error: --experiment=hostbond: no such experiment in sqlite:///{db} (did you mean hostbound?)"),
+    (["--parent", "deadbeef"], "hostbound: error: --parent=deadbeef: no run of that id in sqlite:///{db}"),
+    (["--parent", "x' or '1'='1"], "hostbound: error: --parent=\"x' or '1'='1\": not a run id"),
+    (["--experiment", ""], "hostbound: error: --experiment='': must name an experiment (default: hostbound)"),
+    ([], "hostbound: error: --experiment=hostbound: no finished runs in sqlite:///{db}"),
+], ids=["experiment", "experiment-misspelt", "parent", "parent-not-an-id", "experiment-empty", "no-runs"])
+def test_the_report_names_the_flag_and_the_value_a_store_lacks(store, tmp_path, flags, says):
+    """`--experiment nosuch` ended with status 1, `--parent deadbeef` with "no runs found": bad input is
+    status 2 and names the flag and the value."""
+    code, line = report("--tracking-uri", f"sqlite:///{store}", *flags, cwd=tmp_path)
+    assert code == 2 and line.startswith(says.format(db=store))
+    assert not (tmp_path / "outputs").exists()
+
+
+@pytest.mark.parametrize("args,says", [
+    (["{tmp}/runs", "--tracking-uri", "sqlite:///x.db"], "give sweep/run directories or --tracking-uri, not both"),
+    (["{tmp}/runs", "--parent", "abc"], "--parent=abc reads an MLflow store: give --tracking-uri too"),
+    (["{tmp}/runs", "--experiment", "mine"], "--experiment=mine reads an MLflow store: give --tracking-uri too"),
+    (["{tmp}/runs/broken"], "hostbound: error: {tmp}/runs/broken/summary.json: not a run's summary (Expecting value"),
+    (["{tmp}/runs/list"], "hostbound: error: {tmp}/runs/list/summary.json: not a run's summary (a JSON list, not an object)"),
+    (["{tmp}/runs/other"], "hostbound: error: {tmp}/runs/other/summary.json: not a run's summary (no hardware)"),
+    (["{tmp}/runs/empty"], "hostbound: error: {tmp}/runs/empty: no finished runs (no summary.json under it)"),
+    (["{tmp}/runs/file.txt"], "hostbound: error: {tmp}/runs/file.txt: not a directory"),
+])
+def test_the_report_of_folders_names_what_it_cannot_read(tmp_path, args, says):
+    """A summary.json that is not a run's ended in a traceback; the flags of a store were ignored without a word."""
+    runs = tmp_path / "runs"
+    for name, content in (("broken", '{"hardware":'), ("list", "[]"), ("other", '{"x": 1}')):
+        (runs / name).mkdir(parents=True)
+        (runs / name / "summary.json").write_text(content)
+    (runs / "empty").mkdir()
+    (runs / "file.txt").write_text("")
+    code, line = report(*(a.format(tmp=tmp_path) for a in args), cwd=tmp_path)
+    assert code == 2 and says.format(tmp=tmp_path) in line
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["runs"]
 
 
 def test_mlflow_run_is_logged_to_the_given_store(tmp_path):

@@ -82,7 +82,7 @@ def to_run_config(cfg: DictConfig) -> RunConfig:
         except ConfigError:
             raise
         except Exception as exc:
-            raise ConfigError(one_line(exc)) from exc
+            raise ConfigError(one_line(exc, _as_written(cfg, exc))) from exc
         assert isinstance(run, RunConfig)
         return run
     plain = OmegaConf.to_container(cfg, resolve=True)
@@ -95,9 +95,26 @@ def to_run_config(cfg: DictConfig) -> RunConfig:
     except ConfigError:
         raise
     except Exception as exc:  # OmegaConf validation: unknown key or wrong type
-        raise ConfigError(one_line(exc)) from exc
+        raise ConfigError(one_line(exc, _as_written(cfg, exc))) from exc
     assert isinstance(run, RunConfig)
     return run
+
+
+def _as_written(cfg: DictConfig, exc: BaseException) -> list[str]:
+    """The key an OmegaConf error names, as `key=value` with its value unresolved (`${foo:bar}`), for
+    the one-line message: resolving it is what failed, and its resolved value is not what was written."""
+    current: BaseException | None = exc
+    while current is not None:
+        key = getattr(current, "full_key", None)
+        if isinstance(key, str) and key and "[" not in key:
+            node: object = cfg
+            for part in key.split("."):
+                node = node._get_node(part) if isinstance(node, DictConfig) and part in node else None  # type: ignore[union-attr]
+            if node is not None and not isinstance(node, (DictConfig, ListConfig)):
+                return [f"{key}={node._value()}"]  # type: ignore[union-attr]
+            return []
+        current = current.__cause__ or current.__context__
+    return []
 
 
 @functools.lru_cache(maxsize=None)

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import difflib
 import re
+from pathlib import Path
 from typing import Optional, Sequence
 
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from harness.config.paths import CONF_DIR, launch_folder_conf
 from harness.config.schema import RunConfig, flatten
@@ -55,6 +56,55 @@ def group_options(group: str) -> list[str]:
     return sorted({p.stem for folder in folders if folder is not None for p in (folder / group).glob("*.yaml")})
 
 
+LISTED_PRESETS = 20  # a group with more (experiment: ~150) is not listed in an error line: the closest few and where they are
+
+
+def choose_from(group: str) -> str:
+    """"choose from a, b, c" for a group of a few presets; for a long one (experiment: ~150 presets, ~4,900
+    characters) where they are: the folder, and the --help that lists them."""
+    options = group_options(group)
+    if len(options) <= LISTED_PRESETS:
+        return f"choose from {', '.join(options)}"
+    folders = [f / group for f in (CONF_DIR, launch_folder_conf()) if f is not None and any((f / group).glob("*.yaml"))]
+    return f"{len(options)} presets in {' and '.join(_shown(f) + '/' for f in folders)} (python -m harness --help lists them)"
+
+
+def _shown(path: Path) -> str:
+    """A folder relative to the working directory where it is under it, else in full."""
+    try:
+        return str(path.relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
+
+
+def _short(text: str, limit: int = 60) -> str:
+    return text if len(text) <= limit else f"{text[:limit]}…"
+
+
+def no_such_preset(group: str, value: str) -> str:
+    """`group=value: no such group preset` with the one meant, or the closest few where the group is long."""
+    options = group_options(group)
+    if len(options) <= LISTED_PRESETS:
+        return f"{group}={value}: no such {group} preset{did_you_mean(value, options)}; {choose_from(group)}"
+    close, near = closest(value, options, 4)
+    while len(close) > 1 and len(", ".join(close)) > 140:  # the line stays short whatever the names
+        close.pop()
+    hint = f" (did you mean {close[0]}?)" if near and len(close) == 1 else f"; the closest: {', '.join(close)}" if close else ""
+    return f"{group}={_short(value)}: no such {group} preset{hint}; {choose_from(group)}"
+
+
+def closest(word: str, choices: Sequence[str], n: int) -> tuple[list[str], bool]:
+    """Up to `n` choices like `word`, and whether they are close: those holding each of its words
+    (`h100_vllm_eager` → h100_vllm_llama2_eager_bs1), or spelt alike; else, not close, the least unlike."""
+    words = [w for w in re.split(r"[\W_]+", word.lower()) if w]
+    holding = [c for c in choices if words and all(w in c.lower() for w in words)]
+    spelt = difflib.get_close_matches(word, list(choices), n=n, cutoff=0.6)
+    found = list(dict.fromkeys(holding + spelt))[:n]
+    if found:
+        return found, True
+    return difflib.get_close_matches(word, list(choices), n=min(n, 3), cutoff=0.4), False
+
+
 def config_keys() -> list[str]:
     """Every key of the run schema (dotted), and the config groups."""
     groups = [p.name for p in CONF_DIR.iterdir() if p.is_dir() and p.name != "advise"]  # advise: python -m harness.advise's
@@ -84,6 +134,52 @@ def no_such_key(key: str, value: object = None, overrides: Sequence[str] = (), u
 _TYPE_WORDS = {"Integer": "an integer", "Float": "a number", "Boolean": "true or false", "String": "text"}
 
 
+def _schema_node(key: str) -> object:
+    """The run schema's node at a dotted key (its default), else None."""
+    node: object = OmegaConf.structured(RunConfig)
+    for part in key.split("."):
+        if not isinstance(node, DictConfig) or part not in node:
+            return None
+        node = node._get_node(part)
+    return node
+
+
+def _plain(value: object) -> str:
+    value = getattr(value, "value", value)  # an enum: as it is written
+    return "null" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def must_be_list(key: str, overrides: Sequence[str], fallback: str = "...") -> str:
+    """`key=value: must be a list`, with the schema's default as the example (`[1,2,4,8]`)."""
+    node = _schema_node(key)
+    items = [] if not isinstance(node, ListConfig) else [node._get_node(i) for i in range(len(node))]
+    scalars = [_plain(i._value()) for i in items[:4] if not isinstance(i, (DictConfig, ListConfig))]
+    example = f", e.g. [{','.join(scalars)}]" if scalars else " in brackets, e.g. [] or [A,B]" if not items else " in brackets"
+    return f"{_written(key, overrides, fallback)}: must be a list{example}"
+
+
+def must_be_mapping(key: str, overrides: Sequence[str], fallback: str = "...") -> str:
+    """`key=value: must be a mapping`: a group of keys (the schema's) or a free-form dict."""
+    node = _schema_node(key)
+    fields = list(node.keys()) if isinstance(node, DictConfig) else []
+    if fields and dataclass_node(node):
+        shown = ", ".join(str(f) for f in fields[:4]) + (", …" if len(fields) > 4 else "")
+        return f"{_written(key, overrides, fallback)}: a group of keys ({shown}), not a value: set one, e.g. {key}.{fields[0]}=..."
+    return f"{_written(key, overrides, fallback)}: must be a mapping, e.g. {key}={{NAME:VALUE}}, or set one entry: +{key}.NAME=VALUE"
+
+
+def dataclass_node(node: object) -> bool:
+    import dataclasses
+
+    return isinstance(node, DictConfig) and dataclasses.is_dataclass(OmegaConf.get_type(node))
+
+
+def _resolvers() -> list[str]:
+    from omegaconf.basecontainer import BaseContainer
+
+    return sorted(BaseContainer._resolvers)  # the names ${NAME:...} can call (OmegaConf's, Hydra's, the harness's)
+
+
 def _explain(raw: str, overrides: Sequence[str]) -> Optional[str]:
     if "Config group override must be a string or a list. Got NoneType" in raw:
         # `workload=null`: Hydra names neither the group nor the value
@@ -91,7 +187,7 @@ def _explain(raw: str, overrides: Sequence[str]) -> Optional[str]:
             name, equals, value = override.partition("=")
             group = name.lstrip("+~")
             if equals and value.strip().strip("'\"").lower() in ("null", "none", "~") and group_options(group):
-                return f"{group}={value}: a config group needs a preset, not null; choose from {', '.join(group_options(group))}"
+                return f"{group}={value}: a config group needs a preset, not null; {choose_from(group)}"
         return "a config group was given null: name a preset (e.g. workload=llama2_7b_decode)"
     if m := re.search(r"Could not find '(?P<group>[\w/]+)/'", raw):
         # `hardware=`: an empty name (Hydra listed its whole search path)
@@ -99,13 +195,13 @@ def _explain(raw: str, overrides: Sequence[str]) -> Optional[str]:
         options = group_options(group)
         if not options:
             return None
-        return f"{group}=: names no {group} preset; choose from {', '.join(options)}"
+        return f"{group}=: names no {group} preset; {choose_from(group)}"
     if m := re.search(r"Could not find '(?P<group>[\w/]+)/(?P<value>[^']+)'", raw):
         group, value = m["group"], m["value"]
         options = group_options(group)
         if not options:
             return None
-        return f"{group}={value}: no such {group} preset{did_you_mean(value, options)}; choose from {', '.join(options)}"
+        return no_such_preset(group, value)
     if m := re.search(r"File name too long: '[^']*/conf/(?P<path>[^']+?)(\.yaml)?'", raw):
         # Hydra looked for a config group of that name: a key too long for a file name is no key at all
         key = m["path"].replace("/", ".")
@@ -120,7 +216,40 @@ def _explain(raw: str, overrides: Sequence[str]) -> Optional[str]:
     if m := re.search(r"Invalid value '(?P<value>.*?)', expected one of \[(?P<options>[^\]]*)\]; full_key: (?P<key>[^;\s]+)", raw):
         options = [o.strip() for o in m["options"].split(",")]
         return f"{_written(m['key'], overrides, m['value'])}: must be one of {', '.join(options)}{did_you_mean(m['value'], options)}"
+    if m := re.search(r"is not a ListConfig, list or tuple\.?; full_key: (?P<key>[^;\s]+)", raw):
+        # `strategy.graph.buckets=8`: OmegaConf's "Invalid value assigned: int is not a ListConfig"
+        return must_be_list(m["key"], overrides)
+    if m := re.search(r"Cannot merge (?P<value>\w+)Config with (?P<into>\w+)Config; full_key: (?P<key>[^;\s]+)", raw):
+        # a dict where a list goes (`buckets={a:1}`) or a list where a dict goes (`strategy.graph=[1,2]`)
+        node = _schema_node(m["key"])
+        return must_be_list(m["key"], overrides) if isinstance(node, ListConfig) else must_be_mapping(m["key"], overrides)
+    if m := re.search(r"Invalid type assigned: \w+ is not a subclass of \w+\. value: (?P<value>.*?); full_key: (?P<key>[^;\s]+)", raw):
+        return must_be_mapping(m["key"], overrides, m["value"])  # `strategy.graph=5`: a value for a group of keys
+    if m := re.search(r"Cannot assign \w+ to Dict\[[^;]*; full_key: (?P<key>[^;\s]+)", raw):
+        return must_be_mapping(m["key"], overrides)  # `workload.card_overrides=3`
+    if m := re.search(r"Interpolation key '(?P<ref>[^']*)' not found; full_key: (?P<key>[^;\s]+)", raw):
+        ref = m["ref"]
+        close = difflib.get_close_matches(ref, config_keys(), n=1, cutoff=0.6)
+        hint = f" (did you mean ${{{close[0]}}}?)" if close else "; ${KEY} takes a full key, e.g. ${workload.context_len}"
+        return f"{_written(m['key'], overrides, '${' + ref + '}')}: ${{{ref}}} names no key{hint}"
+    if m := re.search(r"Environment variable '(?P<var>[^']*)' not found\"?; full_key: (?P<key>[^;\s]+)", raw):
+        var = m["var"]
+        return f"{_written(m['key'], overrides, '${oc.env:' + var + '}')}: the environment variable {var} is not set (a default: ${{oc.env:{var},VALUE}})"
+    if m := re.search(r"Unsupported interpolation type (?P<name>\S+?); full_key: (?P<key>[^;\s]+)", raw):
+        name = m["name"]
+        close = difflib.get_close_matches(name, _resolvers(), n=1, cutoff=0.5) or [r for r in _resolvers() if r.endswith("." + name)][:1]
+        hint = f"did you mean ${{{close[0]}:...}}?" if close else "e.g. ${oc.env:NAME}, ${oc.select:KEY,DEFAULT}"
+        return f"{_written(m['key'], overrides, '${' + name + ':...}')}: no resolver {name} ({hint})"
+    if m := re.search(r"Could not append to config\. An item is already at '(?P<key>[^']+)'", raw):
+        written = _written(m["key"], overrides, "...")
+        return f"+{written}: {m['key']} is already set: write {written} (+ adds a key the config lacks)"
     if m := re.search(r"Could not override '(?P<key>[^']+)'\. No match in the defaults list", raw):
         key = m["key"]
         return f"{_written(key, overrides, '...')}: {key} is not in the defaults list; add it with +{_written(key, overrides, '...')}"
+    if m := re.search(r"^(Error parsing override '(?P<written>.*?)'; )?(?P<why>.+?); See https://hydra\.cc\S* for details", raw):
+        # Hydra's override grammar: `workload.batch_size=${`, `x=[1` (a value holding $ { } [ ] , or a space needs quotes)
+        where = f"{m['written']}: " if m["written"] else ""
+        return f"{where}{m['why']}; close brackets, and quote a value holding $, {{}}, [], a comma or a space: 'KEY=\"VALUE\"'"
+    if m := re.search(r"Error merging override (?P<written>[^;]+?); (?P<why>.+?)(; full_key: \S+)?$", raw):
+        return f"{m['written']}: {m['why']}"  # another kind: still the key and the value first, once
     return None
