@@ -214,7 +214,11 @@ def test_preflight_turns_hydra_errors_into_one_line_exit_2(override, fragments, 
         ("workload.name=${env:HOME}", "workload.name=${env:HOME}: no resolver env (did you mean ${oc.env:...}?)\n"),
         ("workload.batch_size=${workload.name}", "workload.batch_size=${workload.name}: must be an integer\n"),
         ("+workload.batch_size=3", "+workload.batch_size=3: workload.batch_size is already set: write workload.batch_size=3 (+ adds a key the config lacks)\n"),
-        ("workload.batch_size=${", "cannot parse overrides 'workload.batch_size=${': workload.batch_size=${: extraneous input '{' expecting <EOF>; close brackets, and quote"),
+        ("workload.batch_size=${", "workload.batch_size=${: extraneous input '{' expecting <EOF>; close brackets, and quote"),
+        # The override that fails, not the whole command line (it named the key twice, every other override once).
+        ("workload.steps=4 workload.batch_size=[1", "workload.batch_size=[1: no viable alternative at input '[1'; close brackets, and quote"),
+        # A group takes one preset: Hydra merged a list's presets, the last one winning, with no word.
+        ("hardware=[a100,h100]", "hardware=[a100,h100]: one hardware preset a run; for a sweep over them write hardware=a100,h100 with -m\n"),
         ("hardware=h100 strategy=ge_sink", "strategy=ge_sink: runs on ascend hardware, hardware=h100 is cuda (graph capture/replay there: strategy=cuda_graph)"),
         ("strategy=cuda_graph", "strategy=cuda_graph: runs on cuda hardware, hardware=atlas_a2 is ascend (graph capture/replay there: strategy=acl_graph)"),
         ("hardware=a2", "hardware=a2: no such hardware preset (did you mean atlas_a2?); choose from a100, atlas_a2,"),

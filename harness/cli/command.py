@@ -145,6 +145,18 @@ def sweep_combinations(overrides: list[str]) -> tuple[list[list[str]], int]:
     return [job for job, _ in all_combinations(overrides)], total
 
 
+def _unparsed(overrides: list[str], exc: Exception) -> str:
+    """The line for overrides Hydra cannot parse, naming the one that fails (not the whole command line)."""
+    message = one_line(exc)
+    for override in overrides:
+        try:
+            sweep_combinations([override])
+        except Exception as own:
+            own_message = one_line(own)
+            return own_message if own_message.startswith(override) else f"{override}: {own_message}"
+    return f"cannot parse overrides {' '.join(overrides)!r}: {message}"
+
+
 def preflight(argv: list[str]) -> None:
     """Compose and validate every configuration the command line asks for; exit 2 on the first bad one."""
     modes = sorted({arg.split("=", 1)[0] for arg in argv} & {"-m", "--multirun", "--cfg", "-c", "--info", "-i", "--shell-completion", "-sc"})
@@ -160,7 +172,11 @@ def preflight(argv: list[str]) -> None:
         variants, total = sweep_combinations(overrides)
         _, sweeps = _sweep_axes(overrides)
     except Exception as exc:
-        fail(f"cannot parse overrides {' '.join(overrides)!r}: {one_line(exc)}")
+        fail(_unparsed(overrides, exc))
+    for override in overrides:  # a group takes one preset a run (Hydra would merge a list's presets, the last winning)
+        key, _, value = override.lstrip("+~").partition("=")
+        if key in ("hardware", "workload", "strategy", "engine", "experiment") and value.strip().startswith("["):
+            fail(f"{override}: one {key} preset a run; for a sweep over them write {key}={value.strip()[1:-1]} with -m")
     if sweeps and not _is_multirun(argv):  # Hydra's own message takes six lines and names --multirun last
         position, key, _ = sweeps[0]
         fail(
