@@ -221,8 +221,10 @@ def test_collectives_run_on_the_comm_stream_and_the_shared_expert_overlaps_dispa
 def test_expert_parallel_off_removes_all_to_all_and_internode_groups_are_slower():
     _, local = workload("workload=qwen3_30b_decode", "workload.ep=1")
     assert not any("moe_dispatch" in n for n in local.op_names)
-    one_node = quick("workload=deepseek_v3", "strategy=pipeline", "hardware.link.devices_per_node=16")
-    two_nodes = quick("workload=deepseek_v3", "strategy=pipeline")
+    # Through a switch, so that a node of 16 has the links a node of 8 has (on the A2's full mesh, 196 GB/s
+    # spread over 15 links would be thinner than over 7).
+    one_node = quick("workload=deepseek_v3", "strategy=pipeline", "hardware.link.devices_per_node=16", "hardware.link.scaleup_topology=switch")
+    two_nodes = quick("workload=deepseek_v3", "strategy=pipeline", "hardware.link.scaleup_topology=switch")
     assert two_nodes["breakdown_comm"] > one_node["breakdown_comm"]
 
 
