@@ -282,6 +282,8 @@ def test_an_advice_whose_store_fails_keeps_its_files_and_says_so(tmp_path):
         # An advise key is named as written, with the advise key meant (it was `tpot_max=...: no such key; the config groups are ...`)
         (["advise.tpot_max=30"], "hostbound: error: advise.tpot_max=30: no such key (did you mean advise.tpot_ms_max?)\n"),
         (["advise.tpot_ms_max=abc"], "hostbound: error: advise.tpot_ms_max=abc: must be a number\n"),
+        # The example is advise's own syntax (it showed a run's `+space.NAME=VALUE`, which advise refuses).
+        (["advise.space=5"], "hostbound: error: advise.space=5: must be a mapping, e.g. advise.space={NAME:VALUE}, or set one entry: advise.space.NAME=VALUE\n"),
         (["advise.space.workload.batch_size=[1,"], "hostbound: error: advise.space.workload.batch_size=[1,: not a list of values"),
     ],
 )

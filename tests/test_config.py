@@ -223,7 +223,12 @@ def test_preflight_turns_hydra_errors_into_one_line_exit_2(override, fragments, 
         ("strategy=cuda_graph", "strategy=cuda_graph: runs on cuda hardware, hardware=atlas_a2 is ascend (graph capture/replay there: strategy=acl_graph)"),
         ("hardware=a2", "hardware=a2: no such hardware preset (did you mean atlas_a2?); choose from a100, atlas_a2,"),
         ("model=llama", "model=llama: no such key; the config groups are engine, hardware, strategy, workload (e.g. workload=llama2_7b_decode), and +experiment=NAME"),
-        ("seed=1 strategy=eager,async", "strategy=eager,async: several values make a sweep: add -m (python -m harness -m seed=1 strategy=eager,async); for a list write strategy=[...]"),
+        # A mapping's new entry without + (Hydra: "Could not override …; To append … use +…; Key … is not in struct").
+        ("workload.card_overrides.layer_overhead_us=5",
+         "workload.card_overrides.layer_overhead_us=5: workload.card_overrides has no such entry yet; add it with +workload.card_overrides.layer_overhead_us=5\n"),
+        # A group takes one preset: no "write a list" (which the next check refuses).
+        ("seed=1 strategy=eager,async", "strategy=eager,async: several values make a sweep: add -m (python -m harness -m seed=1 strategy=eager,async)\n"),
+        ("workload.batch_size=1,2", "workload.batch_size=1,2: several values make a sweep: add -m (python -m harness -m workload.batch_size=1,2); for a list write workload.batch_size=[...]"),
         # MLflow 3.17 refuses to log to a folder: refused before the run, not after it (exit 3).
         ("tracking.uri=file:/srv/runs", "tracking.uri='file:/srv/runs': a folder store, which MLflow 3 no longer writes to"),
         ("tracking.uri=/srv/runs", "tracking.uri='/srv/runs': a folder store, which MLflow 3 no longer writes to"),

@@ -276,5 +276,6 @@ def test_a_hit_rate_that_counts_the_cold_first_step_says_so():
     that the first step's lookups find the cache empty; with a warm-up step the note goes."""
     cold = plan_of(compose_run("strategy=tiling_cache", "workload.steps=1"))[1].info
     assert cold["tiling_cache_hit_rate"] == 0.0 and cold["tiling_note"].startswith("tiling hit rate counts the first step")
+    assert cold["tiling_note"].endswith("(with workload.steps of 2 or more)")  # a warm-up step needs a second one
     warm = plan_of(compose_run("strategy=tiling_cache", "workload.steps=4", "workload.warmup_steps=1"))[1].info
     assert warm["tiling_cache_hit_rate"] > 0.9 and "tiling_note" not in warm

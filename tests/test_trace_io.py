@@ -297,3 +297,10 @@ def test_a_trace_whose_step_column_sets_the_steps_says_workload_steps_did_not(tm
         assert summary["steps_measured"] == 4
         said = "4 steps ran, not workload.steps=3: the trace's step column sets them"
         assert (said in summary.get("steps_note", "")) == bool(written) and (said in done.stdout) == bool(written)
+    # A CSV without a step column runs workload.steps, repeat times: nothing to say (it blamed a step column).
+    flat = tmp_path / "flat.csv"
+    flat.write_text("name,kind,device_us\na,vector,100\n")
+    done = run_cli("workload=trace", f"workload.path={flat}", "workload.steps=4", "workload.repeat=2", "tracking.enabled=false",
+                   "hydra.run.dir=flat", cwd=tmp_path)
+    summary = json.loads((tmp_path / "flat" / "summary.json").read_text())
+    assert done.returncode == 0 and summary["steps_measured"] == 8 and "step column" not in summary.get("steps_note", "")

@@ -183,12 +183,12 @@ def exit_now(code: object) -> NoReturn:
         threading._shutdown()  # as the interpreter does first: executors' exit hooks, then other threads waited for
         atexit._run_exitfuncs()
         logging.shutdown()
+        _exiting = True  # still held: a stop from here to the end is recorded (below), never raised out of exit_now
     # From here a stop is recorded, not raised, and read below: one that arrived while the last lines were
     # flushed had no handler run before os._exit, and the command ended 0 as if it had not come (seen in a
     # CI run of the signal tests). The main thread blocks the signals, so one sent now stays pending for
     # `sigpending`; one that another thread takes runs the handler here at the next call, which records it.
     # The last look comes after the last flush: only the few calls from it to os._exit are left.
-    _exiting = True
     stops = {signal.SIGINT, signal.SIGTERM}
     if threading.current_thread() is threading.main_thread():
         signal.pthread_sigmask(signal.SIG_BLOCK, stops)

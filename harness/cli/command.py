@@ -179,9 +179,10 @@ def preflight(argv: list[str]) -> None:
             fail(f"{override}: one {key} preset a run; for a sweep over them write {key}={value.strip()[1:-1]} with -m")
     if sweeps and not _is_multirun(argv):  # Hydra's own message takes six lines and names --multirun last
         position, key, _ = sweeps[0]
+        group = key.lstrip("+~") in ("hardware", "workload", "strategy", "engine", "experiment")  # one preset a run: no list
         fail(
-            f"{overrides[position]}: several values make a sweep: add -m (python -m harness -m {' '.join(overrides)});"
-            f" for a list write {key}=[...]"
+            f"{overrides[position]}: several values make a sweep: add -m (python -m harness -m {' '.join(overrides)})"
+            + ("" if group else f"; for a list write {key}=[...]")
         )
     for position, key, _ in sweeps:
         if key.lstrip("+~").split(".")[0] == "tracking":

@@ -52,9 +52,10 @@ def _say_steps_set_by_the_trace(outcome: RunResult, run: RunConfig, overrides: t
     the header and summary say steps=3 where 4 ran (documented; said here, beside the figures)."""
     written = any(o.lstrip("+~").partition("=")[0] == "workload.steps" for o in overrides)
     ran = outcome.workload.steps if outcome.workload is not None else run.workload.steps
-    if written and ran != run.workload.steps:
-        note = (f"{ran} steps ran, not workload.steps={run.workload.steps}: the trace's step column sets them"
-                " (workload.repeat plays them again)")
+    repeat = max(1, run.workload.repeat)
+    if written and ran != run.workload.steps * repeat:  # workload.repeat plays the steps again: that is no surprise
+        note = f"{ran} steps ran, not workload.steps={run.workload.steps}: the trace's step column sets them"
+        note += f" ({ran // repeat}, played {repeat} times: workload.repeat)" if repeat > 1 else ""
         outcome.summary["steps_note"] = note + ("; " + outcome.summary["steps_note"] if "steps_note" in outcome.summary else "")
 
 

@@ -10,7 +10,6 @@ and writes `runs.csv` (every run with every number it has), `comparison.csv`, `c
 from __future__ import annotations
 
 import contextlib
-import difflib
 import json
 import re
 import sqlite3
@@ -106,8 +105,8 @@ def read_store(uri: str, experiment: str, parent: str | None) -> pd.DataFrame:
     store that is not there, an experiment or a parent it lacks) is status 2, naming the flag and the
     value; a store that fails, 3. Nothing is made: MLflow would make a store at a mistyped sqlite path."""
     from harness.config.schema import TrackingConfig
-    from harness.tracking.read import load_mlflow  # MLflow takes ~1 s to import: only when reading a store
-    from harness.tracking.store import bound_requests, mlflow_module, short_reason
+    from harness.tracking.read import load_mlflow, not_in_store  # MLflow takes ~1 s to import: only when reading a store
+    from harness.tracking.store import bound_requests, short_reason
 
     try:  # the checks of tracking.uri: a scheme MLflow reads, no password in it (it would be printed)
         tracking = TrackingConfig(uri=uri, experiment=experiment)
@@ -118,8 +117,7 @@ def read_store(uri: str, experiment: str, parent: str | None) -> pd.DataFrame:
     check_sqlite_store(uri)
     bound_requests(tracking)
     try:
-        client = mlflow_module().MlflowClient(uri)
-        problem = _not_in_store(client, uri, experiment, parent)
+        problem = not_in_store(uri, experiment, parent)
         runs = None if problem else load_mlflow(uri, experiment, parent)
     except Exception as exc:  # the store is down, refuses, or is not one
         fail(f"--tracking-uri={uri}: {short_reason(exc)}", EXIT_TRACKING_FAILED)
@@ -154,28 +152,3 @@ def check_sqlite_store(uri: str) -> None:
         return  # locked, unreadable: MLflow's own try says why (status 3)
     if "experiments" not in tables:
         fail(f"--tracking-uri={uri}: {path} is {'an empty file' if not tables else 'a database'}, not an MLflow store (no experiments table)")
-
-
-def _not_in_store(client, uri: str, experiment: str, parent: str | None) -> str | None:
-    """What the store lacks of what was asked for, as a line naming the flag and the value, else None."""
-    found = client.get_experiment_by_name(experiment)
-    if found is None:
-        names = sorted(e.name for e in client.search_experiments())
-        close = difflib.get_close_matches(experiment, names, n=1, cutoff=0.6)
-        hint = f" (did you mean {close[0]}?)" if close else ""
-        shown = ", ".join(names[:8]) + (", …" if len(names) > 8 else "")
-        return f"--experiment={experiment}: no such experiment in {uri}{hint}; it holds {shown or 'none'}"
-    if parent is None:
-        return None
-    from mlflow.exceptions import MlflowException
-
-    try:
-        run = client.get_run(parent)
-    except MlflowException as exc:
-        if exc.error_code in ("RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE"):
-            return f"--parent={parent}: no run of that id in {uri}"
-        raise
-    if run.info.experiment_id != found.experiment_id:
-        other = client.get_experiment(run.info.experiment_id).name
-        return f"--parent={parent}: a run of experiment {other!r}, not {experiment!r}: add --experiment {other}"
-    return None

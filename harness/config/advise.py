@@ -120,6 +120,8 @@ def _as_written(message: str, overrides: list[str]) -> str:
     key = message.partition("=")[0].partition(":")[0]
     named = key.split(".")[0].split("[")[0]
     if named in {f.name for f in fields(AdviseConfig)} and " " not in key:
+        # a message's example written for a run's key (`space={NAME:VALUE}`, `+space.NAME=VALUE`) in advise's words
+        message = message.replace(f"e.g. {named}=", f"e.g. advise.{named}=").replace(f"+{named}.", f"advise.{named}.")
         return f"advise.{message}"
     full_key = re.search(r"full_key: ([\w\[\]]*)", message)
     root = full_key[1].split("[")[0] if full_key and full_key[1] else ""

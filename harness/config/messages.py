@@ -180,7 +180,15 @@ def _resolvers() -> list[str]:
     return sorted(BaseContainer._resolvers)  # the names ${NAME:...} can call (OmegaConf's, Hydra's, the harness's)
 
 
+MAPPING_KEYS = ("workload.card_overrides",)  # config fields that take new entries (with +)
+
+
 def _explain(raw: str, overrides: Sequence[str]) -> Optional[str]:
+    m = re.search(r"Could not override '(?P<key>[^']+)'\.; To append to your config use \+", raw)
+    if m and m["key"].rsplit(".", 1)[0] in MAPPING_KEYS:
+        # a new entry of a mapping (a card's overrides) written without +: Hydra's three sentences and full_key
+        key = m["key"]
+        return f"{_written(key, overrides, '...')}: {key.rsplit('.', 1)[0]} has no such entry yet; add it with +{_written(key, overrides, '...')}"
     if "Config group override must be a string or a list. Got NoneType" in raw:
         # `workload=null`: Hydra names neither the group nor the value
         for override in overrides:

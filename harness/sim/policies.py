@@ -323,7 +323,8 @@ def prepare(run: RunConfig, batch: np.ndarray, kv_len: np.ndarray | None) -> tup
             info["tiling_cache_hit_rate"] = float(tiling_hit[counted].mean())
             if counted[0].any():  # 0.0 at one step, 0.47 at two, 0.90 at 32: the warm-up decides the figure
                 info["tiling_note"] = ("tiling hit rate counts the first step, whose lookups find the cache cold;"
-                                       " workload.warmup_steps=1 measures a warm one")
+                                       " workload.warmup_steps=1 measures a warm one"
+                                       + (" (with workload.steps of 2 or more)" if steps == 1 else ""))
         else:  # a rate of 0 would read as a cache that always missed
             info["tiling_note"] = "tiling cache: no lookups in the measured steps, so no hit rate (a graph replay looks up split ops only)"
     return workload, StepPlan(mode=mode, tiling_hit=tiling_hit, cpu_ops=cpu_ops, info=info, split_ops=split_ops)

@@ -1,6 +1,8 @@
 """Reading runs back from an MLflow store, as the rows `harness.results.comparison` compares."""
 from __future__ import annotations
 
+import difflib
+
 import pandas as pd
 
 from harness.results.comparison import KEYS
@@ -58,3 +60,28 @@ def _param_value(text: object) -> object:
     return text
 
 
+def not_in_store(uri: str, experiment: str, parent: str | None) -> str | None:
+    """What the store at `uri` lacks of what a report asks for (an experiment, a parent run of it), as a line
+    naming the report's flag and the value, else None."""
+    client = mlflow_module().MlflowClient(uri)
+    found = client.get_experiment_by_name(experiment)
+    if found is None:
+        names = sorted(e.name for e in client.search_experiments())
+        close = difflib.get_close_matches(experiment, names, n=1, cutoff=0.6)
+        hint = f" (did you mean {close[0]}?)" if close else ""
+        shown = ", ".join(names[:8]) + (", …" if len(names) > 8 else "")
+        return f"--experiment={experiment}: no such experiment in {uri}{hint}; it holds {shown or 'none'}"
+    if parent is None:
+        return None
+    from mlflow.exceptions import MlflowException
+
+    try:
+        run = client.get_run(parent)
+    except MlflowException as exc:
+        if exc.error_code in ("RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE"):
+            return f"--parent={parent}: no run of that id in {uri}"
+        raise
+    if run.info.experiment_id != found.experiment_id:
+        other = client.get_experiment(run.info.experiment_id).name
+        return f"--parent={parent}: a run of experiment {other!r}, not {experiment!r}: add --experiment {other}"
+    return None
