@@ -192,10 +192,14 @@ def test_the_same_question_gives_the_same_answer():
 def test_the_command_writes_a_preset_that_runs_as_ranked(tmp_path):
     proc = subprocess.run(
         [sys.executable, "-m", "harness.advise", *H100, "advise=max_throughput", "advise.steps=[4]", "advise.space={strategy:[eager,cuda_graph],workload.batch_size:[1,8]}",
-         "advise.baseline=[strategy=eager,workload.batch_size=1]", "advise.name=my_advice", "advise.out=adv"],
+         "advise.baseline=[strategy=eager,workload.batch_size=1]", "advise.name=my_advice", "advise.out=adv", "output.trace_steps=0"],
         cwd=tmp_path, capture_output=True, text=True, timeout=300,
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
+    # What ran, not where the advising user's files went (output.*, tracking.*: it wrote output: {trace_steps: 0})
+    import yaml
+
+    assert "output" not in yaml.safe_load((tmp_path / "conf" / "experiment" / "my_advice.yaml").read_text())
     assert "the baseline (strategy=eager batch_size=1:" in proc.stdout
     assert (tmp_path / "adv" / "advice.md").is_file() and (tmp_path / "adv" / "candidates.csv").is_file()
     assert (tmp_path / "adv" / "pareto.png").read_bytes()[:4] == b"\x89PNG" and "(pareto.png)" in (tmp_path / "adv" / "advice.md").read_text()

@@ -212,7 +212,10 @@ def preset_text(base: list[str], winner: Candidate, command: str) -> str:
     """The winner as an experiment preset: the experiment it builds on (a base `+experiment=…`), the presets
     it chose, then every value set on top (Hydra's `+` dropped), with the steps it was ranked at (so that
     it runs exactly as ranked)."""
-    written = [(o.lstrip("+").partition("=")) for o in base + winner.overrides if not o.startswith("~")]
+    # What ran, not where its files and runs went (tracking.uri, output.*): a preset another user runs
+    # would log to the advising user's store.
+    written = [(o.lstrip("+").partition("=")) for o in base + winner.overrides
+               if not o.startswith("~") and not o.lstrip("+").startswith(WHERE_THINGS_GO)]
     experiments = [value for key, _, value in written if key == "experiment"]
     choices = {key: value for key, _, value in written if key in _GROUP_KEYS}
     dotted = written + [("workload.steps", "=", str(winner.steps)), ("workload.warmup_steps", "=", "0")]
