@@ -66,7 +66,7 @@ def presets() -> list[str]:
 
 def compose_advise(preset: str, overrides: list[str]) -> AdviseConfig:
     """The preset conf/advise/<preset>.yaml with `advise.KEY=VALUE` overrides on top, checked."""
-    from harness.config.messages import did_you_mean
+    from harness.config.messages import closest, did_you_mean
 
     path = ADVISE_DIR / f"{preset}.yaml"
     if not path.is_file():
@@ -75,9 +75,8 @@ def compose_advise(preset: str, overrides: list[str]) -> AdviseConfig:
     for override in overrides:  # a misspelt key, named as written, with the advise key meant
         key, _, value = override.partition("=")
         if key.split(".")[0].split("[")[0] not in keys:
-            close = did_you_mean(key, keys)
-            hint = (f" (did you mean advise.{close.removeprefix(' (did you mean ').removesuffix('?)')}?)" if close else
-                    f"; advise has {', '.join(keys)} (and advise.out)")
+            close, near = closest(key, keys, 1)
+            hint = f" (did you mean advise.{close[0]}?)" if near else f"; advise has {', '.join(keys)} (and advise.out)"
             raise ConfigError(f"advise.{key}={value}: no such key{hint}")
     # space.KEY=VALUES adds or replaces one axis, KEY being a whole config key (its dots are not nesting).
     axes = {o.partition("=")[0].removeprefix("space."): o.partition("=")[2] for o in overrides if o.startswith("space.")}

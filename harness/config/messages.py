@@ -180,12 +180,16 @@ def _resolvers() -> list[str]:
     return sorted(BaseContainer._resolvers)  # the names ${NAME:...} can call (OmegaConf's, Hydra's, the harness's)
 
 
-MAPPING_KEYS = ("workload.card_overrides",)  # config fields that take new entries (with +)
+def _takes_entries(key: str) -> bool:
+    """Whether the schema's field at `key` is a free-form mapping (a card's overrides), which takes new
+    entries with +, rather than a group of fixed keys."""
+    node = _schema_node(key)
+    return isinstance(node, DictConfig) and not dataclass_node(node)
 
 
 def _explain(raw: str, overrides: Sequence[str]) -> Optional[str]:
     m = re.search(r"Could not override '(?P<key>[^']+)'\.; To append to your config use \+", raw)
-    if m and m["key"].rsplit(".", 1)[0] in MAPPING_KEYS:
+    if m and _takes_entries(m["key"].rsplit(".", 1)[0]):
         # a new entry of a mapping (a card's overrides) written without +: Hydra's three sentences and full_key
         key = m["key"]
         return f"{_written(key, overrides, '...')}: {key.rsplit('.', 1)[0]} has no such entry yet; add it with +{_written(key, overrides, '...')}"
