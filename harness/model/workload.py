@@ -573,8 +573,9 @@ def _dynamic_quant(s: Shapes, feeds: Optional[Cost]) -> Optional[Cost]:
     return _vector(s, feeds.quant_in, 3.0, 1.5)
 
 
-def _quant_target(entries: list, index: int, s: Shapes, static_kv: bool) -> Optional[str]:
-    """The op a dynamic_quant at `index` of `entries` feeds: the first later op issued as an INT8 matmul."""
+def _quant_target(entries: list, index: int, s: Shapes, static_kv: bool) -> Optional[Cost]:
+    """The cost of the op a dynamic_quant at `index` of `entries` feeds: the first later op issued as an INT8
+    matmul (None: none before the next dynamic_quant)."""
     for entry in entries[index + 1:]:
         op = _entry(entry)[0]
         op = STATIC_KV_UPDATE.get(op, op) if static_kv else op
@@ -582,7 +583,7 @@ def _quant_target(entries: list, index: int, s: Shapes, static_kv: bool) -> Opti
             break
         cost = OP_FORMULAS[op](s)
         if cost is not None and cost.quant_in is not None:
-            return op
+            return cost
     return None
 
 
@@ -862,8 +863,7 @@ def _from_card(
                 if key not in template_of:
                     template_of[key] = len(costs)
                     if op == "dynamic_quant":
-                        feeds = _quant_target(entries, index, s, static_kv)
-                        costs.append(_dynamic_quant(s, OP_FORMULAS[feeds](s) if feeds is not None else None))
+                        costs.append(_dynamic_quant(s, _quant_target(entries, index, s, static_kv)))
                     else:
                         costs.append(OP_FORMULAS[op](s))
                 cost = costs[template_of[key]]
