@@ -154,6 +154,7 @@ def find_windows(profile: Profile, rule: str = "auto") -> tuple[str, list[Window
             raise ProfileError(f"{profile.path}: --steps graph: no graph launch (cudaGraphLaunch, hipGraphLaunch) in the trace")
         syncs = calls[calls["kind"].isin((CALL_SYNC, CALL_COPY_SYNC))]
         launch_starts = graphs["start_us"].tolist() + [np.inf]
+        launch_threads = graphs["thread"].tolist() + [None]
         # What each launch replays (its kernels in order): a launch that replays what the open step's first
         # one did is the next step (whole-step graphs launched back to back with no sync between them),
         # any other is one more piece of the open step.
@@ -182,7 +183,12 @@ def find_windows(profile: Profile, rule: str = "auto") -> tuple[str, list[Window
                 # after its launch (the host waits for its results), else to the end of the launch;
                 # host work between launches is the next step's input preparation. A launch with no
                 # blocking sync before the next one leaves the step open to more pieces.
-                waits = syncs[(syncs["start_us"] >= g.end_us) & (syncs["start_us"] < launch_starts[i + 1])]
+                # A sync that starts when the next launch does came before it where it ended by then on the
+                # launch's own thread (a thread's calls run one after another): a zero-length sync.
+                next_start = launch_starts[i + 1]
+                before_next = (syncs["start_us"] < next_start) | (
+                    (syncs["start_us"] == next_start) & (syncs["end_us"] <= next_start) & (syncs["thread"] == launch_threads[i + 1]))
+                waits = syncs[(syncs["start_us"] >= g.end_us) & before_next]
                 start = previous_end
                 end = float(waits["end_us"].iloc[0]) if len(waits) else float(g.end_us)
                 if i == len(graphs) - 1 and not len(waits):
@@ -269,7 +275,11 @@ def _from_marks(chosen: pd.DataFrame, marks: pd.DataFrame, last_call: float) -> 
     """From each occurrence to the next; the last ends with the annotation around it, if any, else
     with the last call."""
     last = chosen.iloc[-1]
-    around = marks[(marks["start_us"] < last.start_us) & (marks["end_us"] > last.end_us) & (marks["thread"] == last.thread)]
+    # Around it: on its thread, from no later to no earlier, and longer (slices that share a start or an end
+    # nest, as nesting_parents has them).
+    encloses = (marks["start_us"] <= last.start_us) & (marks["end_us"] >= last.end_us)
+    longer = (marks["start_us"] < last.start_us) | (marks["end_us"] > last.end_us)
+    around = marks[encloses & longer & (marks["thread"] == last.thread)]
     end = float(around["end_us"].min()) if len(around) else last_call
     return _windows_between(chosen["start_us"].tolist(), end, chosen["name"].tolist())
 
