@@ -110,6 +110,34 @@ def test_the_first_task_of_an_imported_step_is_a_marker_not_an_event(tmp_path):
     assert (first["op"], first["duration_us"], first["category"]) == (-1, 0.0, CATEGORY["framework"])
 
 
+def test_a_group_led_by_an_op_launched_before_the_step_was_issued_before_it_too(tmp_path):
+    """c, carried in, leads a launch group that f belongs to (one call launched both, before the step): f
+    has no launch in the step either. c runs [0,5] on stream 0, f after it [5,8]: the same as f marked
+    carried in itself. It stopped the run before ("every dependency must point to a lower task id"): f
+    took its launch from c's, which the step never made."""
+    header = f"step,name,kind,stream,device_us,after,group,carried_in,{STAGES}\n"
+    grouped = measured_run(tmp_path, header + "0,c,vector,0,5,-,0,1,0,0,0,0,0,0\n" "0,f,vector,0,3,0,0,0,0,0,0,0,1,0\n")
+    lanes = grouped.result.graph.lane_names
+    device = [(e["name"], lanes[e["tid"]], e["ts"], e["dur"]) for e in chrome_trace(grouped, 1)["traceEvents"]
+              if e["ph"] == "X" and lanes[e["tid"]].startswith("device")]
+    assert device == [("c", "device.stream0", 0.0, 5.0), ("f", "device.stream0", 5.0, 3.0)]
+    both_carried = measured_run(tmp_path, header + "0,c,vector,0,5,-,,1,0,0,0,0,0,0\n" "0,f,vector,0,3,0,,1,0,0,0,0,1,0\n")
+    assert grouped.summary["step_ms_mean"] == both_carried.summary["step_ms_mean"] == pytest.approx(0.008)
+
+
+@pytest.mark.parametrize("leader_kind", ["host", "sync"])
+def test_a_group_led_by_an_op_that_launches_nothing_is_refused_in_one_line(tmp_path, leader_kind):
+    """A host or sync op issues no kernel, so no op can be issued by its launch: the file is refused, naming
+    the row, the column and the value (it stopped the run with an internal error before)."""
+    from harness.base.errors import ConfigError
+
+    body = f"name,kind,stream,device_us,after,group\nh,{leader_kind},0,0,-,0\nk,vector,0,3,0,0\n"
+    with pytest.raises(ConfigError) as raised:
+        measured_run(tmp_path, body)
+    message = str(raised.value)
+    assert "\n" not in message and "group" in message and "0" in message and f"names a {leader_kind} op" in message, message
+
+
 def test_an_engines_side_lanes_hold_work_of_no_op():
     """An engine whose outputs are processed on its own thread (4 µs a step) and whose API server is a
     process of its own (3 µs a step): in step 1 both handle step 0's outputs from the step's start,

@@ -16,7 +16,7 @@ Columns (one row per op, in issue order; header names as below):
 | `stream` | no | device stream: 0 compute, 1 communication, 2..15 more streams (default: by kind) |
 | `after` | no | earlier ops (0-based indices within the step, space separated) it waits for; empty: the previous op; `-`: none |
 | `framework_us`, `infer_shape_us`, `tiling_us`, `alloc_us`, `launch_us`, `free_us` | no | measured host stage costs of the op in this step (empty: the hardware preset's); with any of them the file describes whole measured steps: its own copies and syncs, no token copies or end-of-step sync added |
-| `group` | no | index of the op whose host call also issued this one (a graph launch and its kernels): no host work of its own |
+| `group` | no | index of the op whose host call also issued this one (a graph launch and its kernels): no host work of its own; the leader launches a kernel (not `host` or `sync`), and if it is carried in, so is its group |
 | `in_graph`, `carried_in` | no | flags: ran inside a captured graph (device-side dispatch per task); launched before the step (device work only) |
 | `int8` | no | flag: an INT8 (W8A8) matmul, priced at the device's INT8 peak |
 | `not_before_us` | no | the op's stream was busy with work the file does not hold until this long after the step started |
@@ -60,6 +60,7 @@ from harness.model.ops import (
     FLAG_ROUTED,
     FLAG_VALUE_DEPENDENT,
     HOST_COSTS,
+    HOST_ONLY_KINDS,
     KIND_CODE,
     Workload,
     from_op_arrays,
@@ -273,6 +274,9 @@ def read_ops_csv(path: str | Path, cfg: WorkloadConfig) -> Workload:
         for j, leader in enumerate(group):
             if leader >= 0 and not (leader <= j and group[leader] == leader):
                 raise bad(int(first[j]), "group", str(leader), f"must name this op or an earlier op that leads its own group (0..{j})")
+            if 0 <= leader < j and op_kinds[leader] in HOST_ONLY_KINDS:
+                raise bad(int(first[j]), "group", str(leader),
+                          f"names a {kind_text[first[leader]]} op, which launches nothing: ops of a group are issued by their leader's launch")
     measured = [c for c in COST_COLUMNS if c in numbers]
     if measured:
         host_cost = np.stack([grid(c, np.nan) for c in COST_COLUMNS] + [grid("host_us", np.nan)], axis=-1)
