@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from harness.importers import load_profile
-from harness.importers.events import CALL_LAUNCH, CALL_OTHER, ISSUING
+from harness.importers.events import CALL_LAUNCH, CALL_OTHER, ISSUING, ProfileError
 from harness.importers.measure import measured_summary, peer_breakdown
 from harness.importers.steps import find_windows, import_profile
 from synthetic_trace import KERNEL, LAUNCH, device_task, runtime_call, trace_file
@@ -234,21 +234,18 @@ def test_a_zero_length_kernel_adds_no_device_time(tmp_path):
     assert (result["step_ms_mean"], result["device_busy"]) == (pytest.approx(0.008), 0.0)
 
 
-def test_a_step_inside_the_previous_steps_device_time_measures_nothing(tmp_path):
+def test_a_step_inside_the_previous_steps_device_time_is_refused(tmp_path):
     """Step 0 [0,10] µs launches kernel a [5,20], past its end; step 1 [10,20] launches kernel b [13,15]
-    on another stream. Step 0 ends with a (20 µs), so step 1 runs from 20 to 20 µs: 0 µs, and b lies
-    outside it. Their ops differ; of one step each, the later is kept. Its breakdown has nothing to
-    share: every category 0 (not a division by zero)."""
+    on another stream. Step 0 ends with a (20 µs), so step 1 would run from 20 to 20 µs: 0 µs, with b
+    outside it. It was kept and measured as a 0 ms step; it is refused as the overlapping steps it is,
+    naming the step and both times."""
     def mark(k, ts):
         return {"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{k}", "pid": 1, "tid": 1, "ts": ts, "dur": 10}
 
     events = [mark(0, 0), runtime_call("cudaLaunchKernel", 1, 2, 1), device_task("a", 5, 15, 1),
               mark(1, 10), runtime_call("cudaLaunchKernel", 12, 1, 2), device_task("b", 13, 2, 2, stream=9)]
-    imported = import_profile(load_profile(trace_file(tmp_path, events)))
-    assert imported.kept == [1] and [(s.start_us, s.end_us) for s in imported.found] == [(0.0, 20.0), (20.0, 20.0)]
-    result = measured_summary(imported)
-    assert result["step_ms_mean"] == 0.0 and result["window_ms"] == 0.0
-    assert [key for key, value in result.items() if key.startswith("breakdown_") and value != 0.0] == []
+    with pytest.raises(ProfileError, match=r"step 'ProfilerStep#1' ends at 20\.000 us, no later than the step before it ends \(20\.000 us\)"):
+        import_profile(load_profile(trace_file(tmp_path, events)))
 
 
 def test_host_wait_under_one_us_is_on_the_critical_path(tmp_path):

@@ -737,7 +737,7 @@ def test_overlapping_steps_are_refused_in_one_line(tmp_path):
     with pytest.raises(ProfileError, match=r"--steps mark=fwd: the 'fwd' at 20\.000 us starts before an earlier occurrence ends"):
         find_windows(load_profile(trace_file(tmp_path, events + marks)), "mark=fwd")
     steps = [{**m, "name": f"ProfilerStep#{k}"} for k, m in enumerate(marks)]
-    with pytest.raises(ProfileError, match=r"step 'ProfilerStep#1' ends at 50\.000 us, before the step before it ends \(100\.000 us\)"):
+    with pytest.raises(ProfileError, match=r"step 'ProfilerStep#1' ends at 50\.000 us, no later than the step before it ends \(100\.000 us\)"):
         import_profile(load_profile(trace_file(tmp_path, events + steps)))
 
 

@@ -572,10 +572,10 @@ def import_profile(profile: Profile, rule: str = "auto", keep: Optional[slice] =
         devices = [op["end_us"] for op in step.ops if not np.isnan(op["end_us"])]
         step.start_us = max(step.window.start_us, previous_end)
         step.end_us = max([step.window.end_us, *devices])
-        if step.end_us < step.start_us:  # its window lies inside the step before: a negative step time, its ops in both
+        if step.end_us <= step.start_us:  # its window lies inside the step before: no step time (or a negative one), its ops in both
             raise ProfileError(
-                f"{profile.path}: --steps {applied}: step {step.window.label!r} ends at {step.end_us:.3f} us, before the step before it"
-                f" ends ({step.start_us:.3f} us): steps must not overlap"
+                f"{profile.path}: --steps {applied}: step {step.window.label!r} ends at {step.end_us:.3f} us, no later than the step"
+                f" before it ends ({step.start_us:.3f} us): steps must not overlap"
             )
         previous_end = step.end_us
         step.signature = signature(step)
