@@ -97,6 +97,50 @@ def test_a_group_of_one_node_stays_on_the_scale_up_link():
     assert across.tolist() == [pytest.approx(2 * 7 * (1.5 + MB_196 / 8 / 25_000))]  # 150.2
 
 
+@pytest.mark.parametrize(
+    "ranks, devices_per_node, stride, devices, fewest",
+    [
+        (3, 8, 1, 3, 3),    # DP 3 over TP 1: 3 NPUs of one node (it was 1: groups counted past the deployment)
+        (3, 8, 2, 6, 3),    # DP 3 over TP 2: {0, 2, 4} and {1, 3, 5}, one node
+        (4, 6, 1, 4, 4),    # TP 4 on nodes of 6 with 4 devices: one node (it was 2)
+        (4, 6, 1, 8, 2),    # ... with 8: ranks 4-7 span nodes 0 and 1
+        (4, 6, 1, 0, 2),    # not known (an imported list): every alignment, the worst
+        (4, 8, 4, 16, 2),   # DP 4 over TP 4: {0, 4 | 8, 12}, two a node (it was 4: taken as consecutive)
+        (16, 8, 1, 16, 8),  # TP 16: two nodes of 8
+    ],
+)
+def test_a_group_sits_where_the_deployment_puts_its_ranks(ranks, devices_per_node, stride, devices, fewest):
+    """vLLM's ranks are laid out [dp][tp]: a TP or EP group is consecutive, a DP group every tp-th device,
+    and the groups tile the deployment's tp × dp devices, no more."""
+    assert fewest_in_node(ranks, devices_per_node, stride, devices) == fewest
+
+
+@pytest.mark.parametrize(
+    "overrides, op, expected_us",
+    [
+        # TP 1, DP 3, experts over all 3 (EP 3): one node, a full mesh's 2 links of 28 GB/s.
+        (("workload.tp=1", "workload.dp=3", "workload.ep=0"), "moe_dispatch", 10 + 0.5 + 524_288 * (2 / 3) / 56_000),
+        # TP 4, DP 4 without EP: the DP gather's group {0, 4, 8, 12} spans two nodes: a ring over RoCE.
+        (("workload.tp=4", "workload.dp=4", "workload.ep=1"), "moe_dispatch", 10 + 3 * (1.5 + 69_632 / 25_000)),
+        (("workload.tp=4", "workload.dp=4", "workload.ep=1"), "moe_combine", 10 + 3 * (1.5 + 65_536 / 25_000)),
+        # TP 2, DP 3 without EP: {0, 2, 4} in one node, 2 links.
+        (("workload.tp=2", "workload.dp=3", "workload.ep=1"), "moe_dispatch", 10 + 2 * (0.5 + 69_632 / 56_000)),
+        # TP 4 on nodes of 6, 4 devices: one node, 3 of 5 links of 39.2 GB/s (196 / 5).
+        (("workload.tp=4", "hardware.link.devices_per_node=6"), "tp_all_reduce", 10 + 6 * (0.5 + 65_536 / 4 / 117_600)),
+    ],
+)
+def test_a_cards_collectives_are_priced_where_their_groups_sit(overrides, op, expected_us):
+    """Qwen3-30B-A3B decode on the Atlas A2 (batch 16; dispatch and combine bytes: tokens × (hidden + the
+    router's logits) or × hidden, 2 bytes each; 16 tokens × 2,048 × 2 = 65,536 B a TP all-reduce): every
+    group sits where vLLM puts its ranks. The DP gather of experts without EP was priced as consecutive
+    ranks in one node, and a group inside the deployment as crossing nodes past its end."""
+    run = compose_run("hardware=atlas_a2", "workload=qwen3_30b_decode", "workload.steps=1", *overrides)
+    workload = build_workload(run.workload)
+    durations, _ = device_times(workload, run.hardware)
+    j = workload.op_names.index(f"layers.0.{op}")
+    assert durations[0, j] == pytest.approx(expected_us, rel=1e-9)
+
+
 def test_tensor_parallel_all_reduce_of_a_card():
     """Llama-2-7B prefill at TP 8 on the Atlas A2: after the embedding, and after attention and after the
     MLP of each of the 32 layers, each rank all-reduces its 1024 tokens × 4096 hidden × 2 bytes = 8,388,608
@@ -379,7 +423,8 @@ def test_routed_experts_read_are_set_by_the_tokens_that_route_not_by_padded_rows
         assert m["received"].tolist() == [picks]
     assert m["active"].tolist() == [pytest.approx(active, rel=1e-7)]
     cost = _grouped(shapes, 2048, 768)
-    assert cost.bytes.tolist() == [pytest.approx(active * 2048 * 768 * 2 / 4 + rows * (2048 + 768) * 2 / 4, rel=1e-7)]
+    # a column slice (gate_up's): each row's whole 2,048-wide input in, its quarter of the 768 outputs out
+    assert cost.bytes.tolist() == [pytest.approx(active * 2048 * 768 * 2 / 4 + rows * (2048 + 768 / 4) * 2, rel=1e-7)]
     assert cost.flops.tolist() == [pytest.approx(2.0 * rows * 2048 * 768 / 4, rel=1e-12)]
     assert cost.params == 128 * 2048 * 768 / 4 and cost.full_params == 128 * 2048 * 768
     # DP 1: nothing to gather from other DP groups nor to scatter back to them. The quarters' partial sums

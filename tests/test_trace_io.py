@@ -136,6 +136,27 @@ def test_ops_without_dependencies_and_routed_flags_survive_the_round_trip(tmp_pa
     assert np.array_equal(back.flags, wl.flags) and np.array_equal(back.weight_bytes, wl.weight_bytes)
 
 
+def test_where_a_collectives_ranks_sit_survives_the_round_trip(tmp_path):
+    """Qwen3-30B-A3B at TP 4, DP 4 without EP on the Atlas A2: the DP gathers' groups are every 4th of 16
+    devices (two nodes); written out and read back they are priced the same (the rank_stride and devices
+    columns), where a list without those columns takes its groups as consecutive (one node)."""
+    run = compose_run("hardware=atlas_a2", "workload=qwen3_30b_decode", "workload.tp=4", "workload.dp=4", "workload.ep=1", "workload.steps=1")
+    wl = build_workload(run.workload)
+    path = tmp_path / "ops.csv"
+    write_ops_csv(wl, path)
+    back = build_workload(compose_run("hardware=atlas_a2", "workload=trace", f"workload.path={path}").workload)
+    assert back.devices == wl.devices == 16 and np.array_equal(back.comm_stride, wl.comm_stride)
+    assert np.array_equal(device_times(back, run.hardware)[0], device_times(wl, run.hardware)[0])
+    dispatch = wl.op_names.index("layers.0.moe_dispatch")
+    assert wl.comm_stride[dispatch] == 4
+    bare = tmp_path / "bare.csv"
+    import pandas as pd
+
+    pd.read_csv(path, keep_default_na=False, dtype=str).drop(columns=["rank_stride", "devices"]).to_csv(bare, index=False)
+    consecutive = build_workload(compose_run("hardware=atlas_a2", "workload=trace", f"workload.path={bare}").workload)
+    assert device_times(consecutive, run.hardware)[0][0, dispatch] < device_times(wl, run.hardware)[0][0, dispatch]
+
+
 # ---------------------------------------------------------------- measured op lists (imported profiles)
 
 STAGES = "framework_us,infer_shape_us,tiling_us,alloc_us,launch_us,free_us"

@@ -443,6 +443,28 @@ def test_experts_without_expert_parallelism_multiply_every_token_once(batch, flo
     assert w.flops[0, j] == flops == 2 * batch * 8 * 2048 * 1536 / 4
 
 
+def test_experts_split_over_tp_read_whole_input_rows_or_write_whole_output_rows():
+    """Qwen3-30B-A3B decode at TP 4 with ep=1, batch 16: every rank multiplies the 16 tokens' 128 picks by
+    its quarter of each expert; 128 (1 - (1 - 8/128)^16) = 82.42 experts are hit. gate_up is split by
+    columns: each slice (2,048 x 384) reads a pick's whole 2,048-wide input and writes its 384 outputs;
+    down by rows: its 192 of the input, a whole 2,048-wide partial output. Bytes = weights read + picks x
+    (input + output) x 2 B. (Both were counted in quarter rows: 128 / 4 picks.)"""
+    _, w = workload("workload=qwen3_30b_decode", "workload.tp=4", "workload.ep=1", "workload.batch_size=16", "workload.steps=1")
+    hit = 128 * (1 - (1 - 8 / 128) ** 16)
+    gate_up, down = (w.op_names.index(f"layers.0.grouped_{name}") for name in ("gate_up", "down"))
+    assert w.bytes[0, gate_up] == pytest.approx(hit * 2048 * 384 * 2 + 128 * (2048 + 384) * 2, rel=1e-12)
+    assert w.bytes[0, down] == pytest.approx(hit * 192 * 2048 * 2 + 128 * (192 + 2048) * 2, rel=1e-12)
+
+
+def test_a_token_cannot_pick_more_experts_than_there_are():
+    """A token's top-k are k distinct experts: k above the card's expert count is refused (the experts hit,
+    E (1 - (1 - k/E)^T), went negative inside)."""
+    with pytest.raises(ConfigError) as refused:
+        build_workload(compose_run("workload=qwen3_30b_decode", "+workload.card_overrides.num_experts_per_tok=200").workload)
+    assert str(refused.value) == (
+        "workload.card_overrides.num_experts_per_tok=200: a token picks that many distinct experts, more than n_routed_experts=128")
+
+
 @pytest.mark.parametrize("ep", [2, 3])
 def test_an_expert_parallel_degree_between_one_and_every_device_is_refused(ep):
     with pytest.raises(ConfigError) as refused:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections import Counter
 
 import numpy as np
 
@@ -84,18 +85,23 @@ def fixed_cost_us(kind: np.ndarray, device: DeviceConfig) -> np.ndarray:
 
 
 @functools.lru_cache(maxsize=256)
-def fewest_in_node(ranks: int, devices_per_node: int) -> int:
-    """The fewest members of a group (itself included) that any member has in its own node, groups being
-    consecutive ranks: 8 of 16 on two nodes of 8; 2 for TP 4 on nodes of 6 (ranks 4-7 span two)."""
+def fewest_in_node(ranks: int, devices_per_node: int, stride: int = 1, devices: int = 0) -> int:
+    """The fewest members of a group (itself included) that any member has in its own node. A group is
+    `ranks` devices `stride` apart (a TP or EP group: consecutive; a DP group: every tp-th device, vLLM's
+    rank layout [dp][tp]), and the groups tile the deployment's `devices`; 0: not known (an imported op
+    list), consecutive groups at every alignment with the nodes, the worst counting. 8 of 16 on two nodes
+    of 8; TP 4 on nodes of 6: 4 with 4 devices (one node), 2 with 8 (ranks 4-7 span two); DP 4 over TP 4
+    on nodes of 8: 2 (ranks 0, 4 | 8, 12)."""
     if ranks <= 1 or devices_per_node <= 0:
         return max(ranks, 1)
-    period = math.lcm(ranks, devices_per_node)
+    block = ranks * max(stride, 1)
+    span = devices if devices > 0 else math.lcm(block, devices_per_node)
     fewest = ranks
-    for start in range(0, period, ranks):
-        first, last = start // devices_per_node, (start + ranks - 1) // devices_per_node
-        for node in range(first, last + 1):
-            members = min(start + ranks, (node + 1) * devices_per_node) - max(start, node * devices_per_node)
-            fewest = min(fewest, members)
+    for first in range(0, span, block):
+        for offset in range(max(stride, 1)):
+            members = [m for m in range(first + offset, first + block, max(stride, 1)) if devices <= 0 or m < devices]
+            if members:
+                fewest = min(fewest, min(Counter(m // devices_per_node for m in members).values()))
     return fewest
 
 
@@ -110,12 +116,16 @@ def scaleup_gbps_for(members: np.ndarray, link: LinkConfig) -> np.ndarray:
     return link.scaleup_gbps * peers / (link.devices_per_node - 1)
 
 
-def collective_us(comm: np.ndarray, ranks: np.ndarray, nbytes: np.ndarray, link: LinkConfig) -> np.ndarray:
-    """Transfer time of collectives (without the fixed kernel cost), broadcasting over steps."""
+def collective_us(
+    comm: np.ndarray, ranks: np.ndarray, nbytes: np.ndarray, link: LinkConfig, stride: np.ndarray | int = 1, devices: int = 0,
+) -> np.ndarray:
+    """Transfer time of collectives (without the fixed kernel cost), broadcasting over steps. Groups are
+    placed as `fewest_in_node` says (members `stride` apart among the deployment's `devices`)."""
     p = ranks.astype(np.float64)
-    # Groups are consecutive ranks: a group stays inside a node only where every member has all the others
-    # there (6 a node, TP 4: ranks 4-7 span two nodes, and the slowest group sets the pace).
-    local = np.vectorize(fewest_in_node, otypes=[np.float64])(np.maximum(ranks, 1).astype(np.int64), link.devices_per_node)
+    # A group stays inside a node only where every member has all the others there (6 a node, 8 devices,
+    # TP 4: ranks 4-7 span two nodes, and the slowest group sets the pace).
+    local = np.vectorize(fewest_in_node, otypes=[np.float64])(
+        np.maximum(ranks, 1).astype(np.int64), link.devices_per_node, np.maximum(stride, 1), int(devices))
     in_node = local >= np.maximum(p, 1.0)
     bytes_per_us = np.where(in_node, scaleup_gbps_for(p, link), link.internode_gbps) * 1e9 / US_PER_S
     hop_us = np.where(in_node, link.scaleup_latency_us, link.internode_latency_us)
@@ -145,7 +155,8 @@ def device_times(workload: Workload, hardware: HardwareConfig) -> tuple[np.ndarr
     core_rate = core_peak_flop_per_us(kind, device, int8) * efficiency
     compute_us = np.maximum(flops / (core_rate * cores), split_floor(flops, kind, device, int8) / efficiency)
     memory_us = nbytes / (device.hbm_gbps * device.hbm_efficiency * 1e9 / US_PER_S)
-    transfer_us = collective_us(workload.comm[None, :], workload.comm_ranks[None, :], nbytes, hardware.link)
+    transfer_us = collective_us(workload.comm[None, :], workload.comm_ranks[None, :], nbytes, hardware.link,
+                                workload.comm_stride[None, :], workload.devices)
     is_comm = kind == KIND_COMM
     is_copy = kind == KIND_COPY  # a DMA on a stream: the copy engine, not the AI cores
     model_us = fixed_cost_us(kind, device) + np.where(is_comm, transfer_us, np.maximum(compute_us, memory_us))

@@ -79,6 +79,10 @@ class Workload:
     # Each step's input tokens are copied in and its sampled tokens read back with a blocking sync
     # (False: the op list holds its own copies and syncs, as an imported profile does).
     step_io: bool = True
+    # Where a collective's ranks sit: the distance between a group's members (per op; 1: consecutive, a TP
+    # group; tp for a DP group) and the devices of the deployment they tile (0: not known, an imported list).
+    comm_stride: Optional[np.ndarray] = None
+    devices: int = 0
 
     def __post_init__(self) -> None:
         self._activation_bytes: Optional[np.ndarray] = None  # not a field: dataclasses.replace() recomputes it
@@ -96,6 +100,8 @@ class Workload:
             self.cache_bytes = np.zeros_like(self.bytes)
         if self.group is None:
             self.group = np.full(len(self.op_names), -1, dtype=np.int64)
+        if self.comm_stride is None:
+            self.comm_stride = np.ones(len(self.op_names), dtype=np.int32)
 
     def activation_bytes(self) -> np.ndarray:
         """(steps, ops) bytes an op allocates: its outputs, taken as half its traffic beyond the weights and

@@ -22,6 +22,7 @@ Columns (one row per op, in issue order; header names as below):
 | `not_before_us` | no | the op's stream was busy with work the file does not hold until this long after the step started |
 | `kernel`, `trace_stream` | no | the profiled kernel's full name and stream (for reading; not simulated) |
 | `comm`, `ranks` | no | collective (`all_reduce`, `all_gather`, `all_to_all`) and group size, to price a comm op without `device_us` |
+| `rank_stride`, `devices` | no | where a collective's ranks sit: members `rank_stride` apart (1: consecutive; a DP group: tp apart) among the deployment's `devices` (the same on every row; 0 or absent: not known, every alignment with the nodes, the worst counting) |
 | `step`, `batch`, `tokens`, `kv_len` | no | with `step`, rows are per step (every step lists the same ops) and may carry that step's sizes |
 
 A bad file stops the run with one line naming the row (the CSV line number) and the column. Numbers have
@@ -92,10 +93,11 @@ COLUMN_LIMITS = {
     "flops": LIMITS["workload.ops[].flops"], "bytes": LIMITS["workload.ops[].bytes"], "weight_bytes": LIMITS["workload.ops[].bytes"], "cache_bytes": LIMITS["workload.ops[].bytes"],
     "not_before_us": Limit(0, 1e9, "µs"),
     "stream": Limit(0, MAX_STREAMS - 1, "(0 compute, 1 communication)"),
-    "ranks": LIMITS["workload.tp"], "step": Limit(0, MAX_STEPS - 1), "group": Limit(0, MAX_ROWS - 1),
+    "ranks": LIMITS["workload.tp"], "rank_stride": LIMITS["workload.tp"], "devices": Limit(0, LIMITS["workload.tp"].high * LIMITS["workload.dp"].high, "devices (tp × dp)"),
+    "step": Limit(0, MAX_STEPS - 1), "group": Limit(0, MAX_ROWS - 1),
     "batch": LIMITS["workload.batch_size"], "tokens": Limit(1, 1 << 30, "tokens"), "kv_len": Limit(0, LIMITS["workload.context_len"].high, "tokens"),
 }
-INT_COLUMNS = ("stream", "ranks", "step", "batch", "tokens", "kv_len", "group")
+INT_COLUMNS = ("stream", "ranks", "rank_stride", "devices", "step", "batch", "tokens", "kv_len", "group")
 INFO_COLUMNS = ("kernel", "trace_stream")  # for reading the file; not simulated
 KNOWN_COLUMNS = {"name", "kind", "after", "comm", "shape_key", *NUMBER_COLUMNS, *INT_COLUMNS, *FLAG_COLUMNS, *INFO_COLUMNS}
 TRUE, FALSE = {"1", "true", "yes"}, {"0", "false", "no", ""}
@@ -135,6 +137,8 @@ def write_ops_csv(workload: Workload, path: Path, device_us: np.ndarray | None =
             "after": np.tile(np.array([" ".join(map(str, a)) if a else NO_DEPENDENCY for a in workload.after], dtype=object), steps),
             "comm": np.tile(np.array([COMM_NAMES[int(c)] for c in workload.comm], dtype=object), steps),
             "ranks": np.tile(workload.comm_ranks, steps),
+            "rank_stride": np.tile(workload.comm_stride, steps),
+            "devices": np.full(steps * n, workload.devices),
             "batch": np.repeat(workload.batch, n),
             "tokens": np.repeat(workload.tokens, n),
             "kv_len": np.repeat(workload.kv_len, n),
@@ -312,6 +316,10 @@ def read_ops_csv(path: str | Path, cfg: WorkloadConfig) -> Workload:
         workload.weight_bytes = np.nan_to_num(numbers["weight_bytes"][first])
     if "ranks" in numbers:
         workload.comm_ranks = np.nan_to_num(numbers["ranks"][first], nan=1).astype(np.int32)
+    if "rank_stride" in numbers:
+        workload.comm_stride = np.nan_to_num(numbers["rank_stride"][first], nan=1).astype(np.int32)
+    if "devices" in numbers:
+        workload.devices = int(np.nan_to_num(numbers["devices"], nan=0).max(initial=0))
     if step is not None:
         # A batch column without a tokens one: each sequence keeps the config's tokens (a prefill's
         # context_len), or a prefill of 2 and 3 prompts counted 7 prompts' tokens each step (batch_size 7).

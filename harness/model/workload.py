@@ -69,6 +69,7 @@ class Cost:
     value_dependent: bool = False
     comm: int = COMM_NONE
     ranks: int = 1
+    stride: int = 1  # between the group's members (a DP group: tp apart)
     routed: bool = False  # shapes follow the per-expert token counts: they change every step and layer
     host_us: float = 0.0  # kind=host: time on the host thread
     int8: bool = False  # an INT8 matmul (W8A8)
@@ -232,10 +233,10 @@ def _norm(dim_attr: str, fused_add: bool = False):
     return formula
 
 
-def _collective(comm: int, ranks: int, nbytes) -> Optional[Cost]:
+def _collective(comm: int, ranks: int, nbytes, stride: int = 1) -> Optional[Cost]:
     if ranks <= 1:
         return None
-    return Cost(OpKind.comm, bytes=nbytes, comm=comm, ranks=ranks)
+    return Cost(OpKind.comm, bytes=nbytes, comm=comm, ranks=ranks, stride=stride)
 
 
 def _attention(s: Shapes) -> Cost:
@@ -368,10 +369,11 @@ def _grouped(s: Shapes, n_in: float, n_out: float, parallel: str = "column") -> 
     matrix = n_in * n_out / m["shard"]  # this rank's slice of one expert
     params = m["local"] * matrix
     in_split = m["shard"] if parallel == "row" else 1
+    out_split = 1 if parallel == "row" else m["shard"]  # a row slice writes a whole (partial) output row
     return Cost(
         OpKind.cube,
         flops=2.0 * m["received"] * matrix,
-        bytes=m["active"] * matrix * width + m["rows"] * (n_in * in_width + n_out * s.act),
+        bytes=m["active"] * matrix * width + m["received"] * (n_in / in_split * in_width + n_out / out_split * s.act),
         params=params,
         full_params=s.n_routed_experts * n_in * n_out,
         weight_bytes=params * width,
@@ -387,7 +389,7 @@ def _dispatch(s: Shapes) -> Optional[Cost]:
     if m["comm"] == MOE_ALL_GATHER:
         # FusedMoEPrepareAndFinalizeWithAllGather._prepare_with_dp_group: the DP group's hidden states and
         # router logits all-gathered over DP (each rank's T rows; none at DP 1).
-        return _collective(COMM_ALL_GATHER, s.dp, s.tokens * (s.hidden_size + s.n_routed_experts) * s.act)
+        return _collective(COMM_ALL_GATHER, s.dp, s.tokens * (s.hidden_size + s.n_routed_experts) * s.act, stride=s.tp)
     cost = _collective(COMM_ALL_TO_ALL, s.ep, m["sent"] * s.num_experts_per_tok * s.hidden_size * (1 if s.quant else s.act))
     if cost is not None:
         cost.value_dependent = True  # the per-expert token counts set the split sizes (host reads them)
@@ -401,7 +403,7 @@ def _combine(s: Shapes) -> Optional[Cost]:
         # _finalize_with_dp_group: the outputs of every DP group's tokens reduce-scattered over DP, each rank
         # keeping its own T rows. A ring reduce-scatter moves what an all-gather of its output slice moves,
         # (dp - 1) hops of T x hidden: priced as that all-gather. None at DP 1.
-        return _collective(COMM_ALL_GATHER, s.dp, s.tokens * s.hidden_size * s.act)
+        return _collective(COMM_ALL_GATHER, s.dp, s.tokens * s.hidden_size * s.act, stride=s.tp)
     cost = _collective(COMM_ALL_TO_ALL, s.ep, m["sent"] * s.num_experts_per_tok * s.hidden_size * s.act)
     if cost is not None:
         cost.dynamic = cost.routed = True
@@ -676,6 +678,11 @@ def _load_card(path_text: str, modified_ns: int, name: str, overrides_json: str)
     _check_card_fields(card, where, {key for key, _ in overrides})
     if "layer_ops" in card:
         card["layer_groups"] = [{"count": card["num_hidden_layers"], "ops": card.pop("layer_ops")}]
+    k, experts = card.get("num_experts_per_tok"), card.get("n_routed_experts")
+    if k and experts and k > experts:  # a token picks k distinct experts
+        key = "num_experts_per_tok"
+        label = f"workload.card_overrides.{key}" if key in {o for o, _ in overrides} else f"{where} {key}"
+        raise ConfigError(f"{label}={k}: a token picks that many distinct experts, more than n_routed_experts={experts}")
     groups = card.get("layer_groups") or []
     if sum(g.get("count", 0) for g in groups) != card["num_hidden_layers"]:
         raise ConfigError(f"{where} layer_groups: counts add up to {sum(g.get('count', 0) for g in groups)}, not num_hidden_layers={card['num_hidden_layers']}")
@@ -924,6 +931,8 @@ def _from_card(
         after=after,
         comm=np.array([used[t].comm for t in templates], dtype=np.int8),
         comm_ranks=np.array([used[t].ranks for t in templates], dtype=np.int32),
+        comm_stride=np.array([used[t].stride for t in templates], dtype=np.int32),
+        devices=int(s.devices),
         flops=flops_t[:, template_ids],
         bytes=bytes_t[:, template_ids],
         device_us=np.full((steps, n), np.nan),

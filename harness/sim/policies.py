@@ -475,6 +475,8 @@ def fuse(workload: Workload, max_ops: int, cpu_ops: np.ndarray) -> tuple[Workloa
         after=[sorted({int(group_of[d]) for d in workload.after[g[0]]}) for g in groups],
         comm=workload.comm[firsts],
         comm_ranks=workload.comm_ranks[firsts],
+        comm_stride=workload.comm_stride[firsts],
+        devices=workload.devices,
         flops=summed(workload.flops),
         bytes=summed(workload.bytes),
         device_us=device_us,
