@@ -395,7 +395,7 @@ def test_a_host_twice_as_fast_halves_every_host_task_and_nothing_else(overrides)
     [
         # 12 tokens x 8 experts (TP 4, no EP: each rank sees every pick); 128 (1 - (15/16)^12) = 68.998 hit
         (12, False, 96, 96, 68.998197),
-        (12, True, 96, 128, 68.998197),  # graph shapes: rows padded up to a power of two, no more experts hit
+        (12, True, 96, 128, 68.998197),  # shape buckets: rows padded up to a power of two, no more experts hit
         (16, True, 128, 128, 82.422511),  # the batch padded to a 16-graph: its 4 padding tokens route too
         (1, False, 8, 8, 8.0),  # one token hits exactly its 8 experts
     ],
@@ -408,7 +408,7 @@ def test_routed_experts_read_are_set_by_the_tokens_that_route_not_by_padded_rows
     (15/16)^12 = 0.460951, 128 x 0.539049 = 68.998; (15/16)^16 = 0.356074, 128 x 0.643926 = 82.423; one
     token exactly 8. (Picks drawn independently with replacement had given 128 (1 - (127/128)^(8T)): 67.71,
     81.10 and 7.78, fewer than the 8 experts one token always hits.) Padding the rows of the experts
-    already hit (graph shapes) adds multiplications, not weights; padding the batch adds tokens, which
+    already hit (shape buckets) adds multiplications, not weights; padding the batch adds tokens, which
     route (vllm-ascend#16049: 12 -> 16 costs +11.4 % a step)."""
     from harness.model.workload import Shapes, _combine, _dispatch, _grouped, _moe, _moe_finalize_tp
 

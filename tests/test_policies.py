@@ -223,16 +223,22 @@ def test_a_graphs_padding_rows_read_no_kv_cache():
     assert workload.flops[:, o_proj].tolist() == [40 * 4096 * 4096 * 2.0] * 3
 
 
-def test_a_step_above_every_kept_size_multiplies_its_real_expert_rows():
-    """A graph run pads each expert's rows to a power of two only on the steps it replays or captures; a
-    step too large for any graph runs eagerly at its real shapes: its device time is an eager run's."""
+def test_a_graph_multiplies_the_expert_rows_its_tokens_route_and_only_shape_buckets_pad_them():
+    """Qwen3-30B-A3B on an H100: a batch of 24 (a capture size) and one of 600 (above every size, eager).
+    A replayed or captured step's grouped matmuls multiply the rows its tokens route, as an eager step's do
+    (a grouped matmul takes the per-expert counts as a device tensor: 24 x 8 = 192 picks over the 4 EP
+    ranks, 48 rows a rank); shape bucketing pads them to a power of two (64) on every step. (Graph steps
+    were padded to 64 before.)"""
     overrides = ("hardware=h100", "workload=qwen3_30b_decode", "workload.steps=2")
-    mixed, plan = prepare(compose_run(*overrides, "strategy=cuda_graph"), np.array([24, 600]), None)
+    graph, plan = prepare(compose_run(*overrides, "strategy=cuda_graph"), np.array([24, 600]), None)
     eager, _ = prepare(compose_run(*overrides, "strategy=eager"), np.array([24, 600]), None)
+    bucketed, _ = prepare(compose_run(*overrides, "strategy=cuda_graph", "strategy.shape_buckets=true"), np.array([24, 600]), None)
     assert plan.mode.tolist() == [B, E]
-    routed = (mixed.flags & FLAG_ROUTED) > 0
-    assert np.any(routed) and mixed.flops[1].tolist() == eager.flops[1].tolist()
-    assert mixed.flops[0, routed].sum() > eager.flops[0, routed].sum()  # the graph step: 24 x 8 = 192 picks, 256 rows
+    routed = (graph.flags & FLAG_ROUTED) > 0
+    gate_up = graph.op_names.index("layers.0.grouped_gate_up")
+    assert np.any(routed) and graph.flops[:, routed].tolist() == eager.flops[:, routed].tolist()
+    assert graph.flops[0, gate_up] == 2.0 * 48 * 2048 * 1536
+    assert bucketed.flops[0, gate_up] == 2.0 * 64 * 2048 * 1536
 
 
 def test_kv_lengths_pad_up_to_whole_blocks():

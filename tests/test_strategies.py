@@ -397,7 +397,7 @@ def test_frees_on_another_thread_raise_peak_memory():
 )
 def test_a_replay_refreshes_dynamic_ops_but_not_routed_ones(tmp_path, flags, after_launch, refresh_us):
     """Inside a captured graph a dynamic op's arguments are refreshed for each replay (50 µs on the A2),
-    before the launch or after it; a routed (MoE) op runs at padded static shapes and is not."""
+    before the launch or after it; a routed (MoE) op reads its per-expert counts from device tensors and is not."""
     path = tmp_path / "ops.csv"
     path.write_text(f"name,kind,device_us,dynamic,routed\na,vector,2,0,0\nr,vector,10,{flags}\nc,vector,3,0,0\n")
     static = tmp_path / "static.csv"

@@ -394,7 +394,7 @@ class StrategyConfig:
     dispatch: Dispatch = Dispatch.eager
     queue_capacity: int = 64  # bounded queue between host threads (async / pipeline), in ops
     graph: GraphStrategyConfig = field(default_factory=GraphStrategyConfig)
-    shape_buckets: bool = False  # decode: pad KV to kv_block, per-expert tokens to powers of 2, batch to graph.buckets
+    shape_buckets: bool = False  # decode: pad KV to kv_block, routed MoE rows to a power of 2, batch to graph.buckets
     kv_block: int = 256  # KV-length bucket when shape_buckets is on
     tiling_cache: bool = False  # cache tiling results under (op, shapes) keys
     tiling_cache_entries: int = 4096

@@ -352,7 +352,7 @@ def _moe(s: Shapes) -> dict:
     active = experts_local * (1.0 - (1.0 - k / experts) ** pool)
     received = picks
     pad = s.extra.get("moe_pad")
-    if pad is not None and np.any(pad):  # static shapes: per-expert token counts padded up to a power of two
+    if pad is not None and np.any(pad):  # shape buckets: the rank's routed rows padded up to a power of two
         # Padding rows inside the experts already hit: more rows to multiply, no more weights to read.
         received = np.where(pad, 2.0 ** np.ceil(np.log2(np.maximum(picks, 1.0))), picks)
     # rows: what the rank's expert slices multiply, counted in whole experts' rows (received / shard)
@@ -790,9 +790,9 @@ def build_workload(
     """Ops of every step with their costs, for the simulated rank.
 
     `batch` and `kv_len` (per step; default: `batch_size` sequences whose KV grows by one per step)
-    come from the serving loop when the batch changes step by step. `moe_pad` (for every step, or per
-    step) pads per-expert token counts to powers of two, which makes routed ops' shapes static (shape
-    bucketing, a graph's replay); a step run eagerly multiplies its real counts.
+    come from the serving loop when the batch changes step by step. `moe_pad` (shape bucketing) pads the
+    rows routed to the rank's experts to a power of two, which makes routed ops' shapes static; without
+    it (a graph's replay included) they multiply the rows their tokens route.
     `engine_layer_us` adds the serving engine's own model code per decoder layer (eager mode) as a
     host op at the start of every layer; `module_us` (hardware.host.module_us) prices the nn.Module calls
     of a card's unfused op sequence (kernels=unfused), a host op at the start of each part. `graphs`: the

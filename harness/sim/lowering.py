@@ -509,8 +509,8 @@ class _Body:
         one launch for the step): each run of graph ops is one graph launch (policies.graph_piece_of), and
         the split ops between runs (attention) are launched eagerly with their host stages; the next piece
         is launched after them on the host, as the model's forward reaches it.
-        The arguments of the dynamic ops a replay launches (attention's KV length; routed MoE ops run at
-        padded static shapes and have none) are refreshed in place, the split ops' too (the step's
+        The arguments of the dynamic ops a replay launches (attention's KV length; routed MoE ops read
+        their per-expert counts from device tensors and have none) are refreshed in place, the split ops' too (the step's
         attention metadata is built whichever way attention runs): all before the first launch, or, when
         `refresh_after_launch`, each after its piece's launch (a split op's before its own stages).
         Host-only ops and work carried in from before the step are not launched, and not refreshed."""

@@ -4,7 +4,7 @@ None of these decisions depends on simulated time, so they are taken in a pass o
 ops before lowering (the serving loop calls it again for each prefix of steps, which is causal):
 
 * **Shape bucketing** (decode, `strategy.shape_buckets`): KV lengths padded up to a multiple of
-  `strategy.kv_block`, per-expert token counts up to a power of two and the batch up to the smallest
+  `strategy.kv_block`, the rows routed to a rank's experts up to a power of two and the batch up to the smallest
   bucket (`strategy.graph.buckets`) that holds it, so dynamic ops keep their shapes for many steps.
   Graph modes pad the batch to its bucket in any case. Padded work
   is real device work; `padding_waste` is the share of device time spent on padding.
@@ -280,11 +280,10 @@ def prepare(run: RunConfig, batch: np.ndarray, kv_len: np.ndarray | None) -> tup
             info["graph_syncs_dropped"] = syncs
             info.setdefault("graph_note", f"{syncs} blocking sync(s) per step dropped inside the graph (assumed removable)")
 
-    # Inside graphs, routed (MoE) ops run at static shapes: token counts padded like the buckets do. A
-    # step run eagerly (above the largest kept size, past the budget) multiplies its real token counts.
-    moe_pad = buckets_on | (mode != EAGER)
-    workload = probe if graph_on and not fallback and graph.mode != GraphMode.capture and np.all(moe_pad == buckets_on) else (
-        padded_workload(padded, kv_padded, moe_pad))
+    # Routed (MoE) ops multiply the rows their tokens route, in a graph too: a grouped matmul takes the
+    # per-expert counts as a device tensor (vllm-ascend's npu_grouped_matmul group_list; vLLM's fused_moe
+    # pads each expert to its tile eagerly and replayed alike), so only shape bucketing pads them.
+    workload = probe if graph_on and not fallback and graph.mode != GraphMode.capture else padded_workload(padded, kv_padded, buckets_on)
     workload.real_batch = real.batch
     # Padding rows hold no KV cache (vLLM gives a graph's padding rows a dummy slot, no blocks): the cache
     # is the real sequences' at their real lengths; padding adds only compute and workspace.
