@@ -14,7 +14,7 @@ import pandas as pd
 import pytest
 from omegaconf import OmegaConf
 
-from conftest import free_port, run_cli, wait_until_up
+from conftest import compose_run, free_port, run_cli, wait_until_up
 
 SWEEP = ["-m", "hydra/launcher=joblib", "strategy=eager,acl_graph", "workload=llama2_7b_decode,qwen25_7b_decode",
          "workload.steps=4", "output.print_summary=false"]
@@ -475,6 +475,17 @@ def test_a_jobs_recorded_overrides_are_a_single_runs():
 
     assert recorded_overrides(("tracking.enabled=False", "workload.serving.enabled=True", "resume=True", "strategy=acl_graph")) == (
         "tracking.enabled=false workload.serving.enabled=true strategy=acl_graph")
+
+
+@pytest.mark.parametrize("written", ["1", "on", "yes", "true", "True"])
+def test_a_switch_is_recorded_as_the_run_read_it(written):
+    """`serving.enabled=1`, `=on`, `=yes` and `=true` are one setting: summary.json records each as
+    `=true`, so a sweep's comparison groups them together (the report split `=1` from `=true`)."""
+    from harness.cli.job import recorded_overrides
+
+    overrides = (f"workload.serving.enabled={written}", "workload.batch_size=08", "strategy=eager")
+    run = compose_run(*overrides)
+    assert recorded_overrides(overrides, run) == "workload.serving.enabled=true workload.batch_size=08 strategy=eager"
 
 
 def test_a_job_failed_then_fixed_and_resumed_counts_once_and_only_its_own_numbers(tmp_path):

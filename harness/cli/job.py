@@ -6,6 +6,7 @@ the Hydra side. With `resume=true` a finished run of the same configuration is r
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import enum
 import logging
 from pathlib import Path
@@ -30,20 +31,39 @@ def identity(run: RunConfig, overrides: tuple[str, ...] = ()) -> dict:
     sizes = {key: getattr(w, key) for key in WHAT_RAN_WORKLOAD_KEYS}
     return {  # the keys of WHAT_RAN_KEYS but config_hash (added beside them)
         **{key: value.value if isinstance(value, enum.Enum) else value for key, value in sizes.items()},
-        "serving": w.serving.enabled, "seed": run.seed, "overrides": recorded_overrides(overrides),
+        "serving": w.serving.enabled, "seed": run.seed, "overrides": recorded_overrides(overrides, run),
     }
 
 
-def recorded_overrides(overrides: tuple[str, ...]) -> str:
+def _config_value(run: RunConfig, dotted: str):
+    """The run's value at a dotted key (dataclass fields, then mapping keys), or None."""
+    node = run
+    for part in dotted.split("."):
+        if dataclasses.is_dataclass(node) and not isinstance(node, type) and part in {f.name for f in dataclasses.fields(node)}:
+            node = getattr(node, part)
+        elif isinstance(node, dict) and part in node:
+            node = node[part]
+        else:
+            return None
+    return node
+
+
+def recorded_overrides(overrides: tuple[str, ...], run: RunConfig | None = None) -> str:
     """The overrides as a single run's command line writes them: Hydra's sweeper rewrites a job's booleans
     (`true` → `True`), and a resumed job gains `resume=True`, which says where it ran, not what; so the same
-    job's summary.json is the same bytes from a run, a sweep and a resumed sweep."""
+    job's summary.json is the same bytes from a run, a sweep and a resumed sweep. A switch is written as
+    the run read it (`serving.enabled=1`, `=on`, `=yes` are `=true`): one setting, one spelling, so a
+    comparison does not split runs that are the same."""
     written = []
     for override in overrides:
         key, equals, value = override.partition("=")
         if key.lstrip("+~") == "resume":
             continue
-        written.append(f"{key}{equals}{value.lower()}" if value in ("True", "False") else override)
+        read = _config_value(run, key.lstrip("+~")) if run is not None and equals else None
+        if isinstance(read, bool):
+            written.append(f"{key}={'true' if read else 'false'}")
+        else:
+            written.append(f"{key}{equals}{value.lower()}" if value in ("True", "False") else override)
     return " ".join(written)
 
 
