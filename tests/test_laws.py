@@ -11,6 +11,8 @@ model, at steady state (graph builds and warm-up left out of the measured steps)
   the whole step as one graph, which does the same with one launch and no eager kernels; a longer exit gap
   never speeds a step, and changes only steps with eager kernels after graph pieces;
 - more AI cores, a faster host, more host threads never slower: tests/test_laws_resources.py;
+- a faster device or link, a deeper host queue, a larger tiling cache, fusion never slower, a longer prompt
+  never faster: tests/test_laws_knobs.py;
 - a longer context, a larger batch, padding never faster, more bandwidth never slower: tests/test_laws_sizes.py.
 The graph laws hold for the programs users compare too (`test_the_graph_laws_hold_for_other_programs`):
 HF transformers' own kernels and a serving engine's host work around the model. They compare one program:
