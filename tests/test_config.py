@@ -404,11 +404,11 @@ def test_the_memory_estimate_covers_the_arrays_a_run_builds():
     import numpy as np
 
     from harness.sim.simulate import BYTES_PER_OP_STEP, estimate_size
-    from harness.model.workload import build_workload
+    from harness.model.workload import build_workload, run_build_options
 
     for preset in ("llama2_7b_decode", "deepseek_v3", "qwen3_30b_prefill"):
         run = compose_run(f"workload={preset}", "workload.steps=64")
-        built = build_workload(run.workload, devices_per_node=run.hardware.link.devices_per_node)
+        built = build_workload(run.workload, devices_per_node=run.hardware.link.devices_per_node, **run_build_options(run))
         array_bytes = sum(v.nbytes for v in vars(built).values() if isinstance(v, np.ndarray))
         estimate = estimate_size(run)
         assert estimate.op_steps == built.n_ops * 64

@@ -12,7 +12,7 @@ from harness.sim.task_graph import CATEGORY
 from harness.sim.simulate import simulate_run
 from harness.config.schema import OpKind
 from harness.model.ops import FLAG_DYNAMIC, FLAG_VALUE_DEPENDENT, KIND_CODE
-from harness.model.workload import build_workload, parameter_count_b
+from harness.model.workload import build_workload, parameter_count_b, run_build_options
 
 # Published totals (billions): model cards / release notes of each model.
 PUBLISHED_B = {"deepseek_v3": 671.0, "qwen3_30b_a3b": 30.5, "qwen25_7b": 7.61, "llama2_7b": 6.74, "llama31_8b": 8.03, "llama2_70b": 68.98, "gptj_6b": 6.05, "falcon_180b": 180.0}
@@ -251,11 +251,36 @@ def test_shape_keys_follow_shapes():
     assert moe.flags[dispatch] & FLAG_VALUE_DEPENDENT  # split sizes come from the routing counts
 
 
-def test_value_dependent_dispatch_adds_host_syncs():
-    outcome = simulate_run(compose_run("workload=qwen3_30b_decode", "workload.steps=2"))
+@pytest.mark.parametrize("all_to_all_from, syncs", [(2, 48 + 1), (16, 1)])
+def test_value_dependent_dispatch_adds_host_syncs(all_to_all_from, syncs):
+    """Qwen3-30B-A3B at TP 4 / EP 4 on the A2: an all-to-all dispatch reads its split sizes on the host,
+    one sync a MoE layer (48) besides the sampled tokens'; the A2's all-gather method below 16 EP ranks
+    dispatches nothing."""
+    outcome = simulate_run(compose_run("workload=qwen3_30b_decode", "workload.steps=2",
+                                       f"hardware.link.moe_all_to_all_min_ep={all_to_all_from}"))
     tasks = outcome.result.graph.tasks
     syncs_per_step = np.count_nonzero((tasks["category"] == CATEGORY["sync"]) & (tasks["step"] == 0))
-    assert syncs_per_step == 48 + 1  # one per MoE layer's dispatch, one for the sampled tokens
+    assert syncs_per_step == syncs
+
+
+def test_an_a2_moe_layer_all_gathers_below_16_ep_ranks_and_exchanges_all_to_all_from_16():
+    """vllm-ascend v0.11.0 on A2 (_select_moe_comm_method): an EP group of 4 takes the all-gather method:
+    no token split and no dispatch or combine; every rank routes the batch's 16 tokens to its 32 whole
+    experts (16 x 8 / 4 = 32 picks) and the outputs are all-reduced over the 4 ranks (16 x 2,048 x 2 B).
+    EP 16 (TP 4 x DP 4) exchanges all-to-all: each TP rank dispatches its 4 tokens' 8 picks."""
+    from harness.model.ops import COMM_ALL_REDUCE, COMM_ALL_TO_ALL
+
+    run = compose_run("hardware=atlas_a2", "workload=qwen3_30b_decode", "workload.steps=1")
+    small = build_workload(run.workload, run.hardware.link.devices_per_node, **run_build_options(run))
+    names = [n for n in small.op_names if n.startswith("layers.0.")]
+    assert "layers.0.moe_dispatch" not in names and "layers.0.moe_combine" not in names
+    gate_up, reduce = small.op_names.index("layers.0.grouped_gate_up"), small.op_names.index("layers.0.moe_finalize_tp")
+    assert small.flops[0, gate_up] == 2.0 * 32 * 2048 * 1536
+    assert (small.comm[reduce], small.comm_ranks[reduce], small.bytes[0, reduce]) == (COMM_ALL_REDUCE, 4, 16 * 2048 * 2)
+    run16 = compose_run("hardware=atlas_a2", "workload=qwen3_30b_decode", "workload.steps=1", "workload.dp=4", "workload.ep=16")
+    large = build_workload(run16.workload, run16.hardware.link.devices_per_node, **run_build_options(run16))
+    dispatch = large.op_names.index("layers.0.moe_dispatch")
+    assert (large.comm[dispatch], large.comm_ranks[dispatch], large.bytes[0, dispatch]) == (COMM_ALL_TO_ALL, 16, 4 * 8 * 2048 * 2)
 
 
 def test_llama2_issues_an_all_reduce_per_attention_and_mlp_under_tensor_parallelism():

@@ -93,6 +93,7 @@ LIMITS: dict[str, Limit] = {
     "hardware.link.scaleup_latency_us": US,
     "hardware.link.internode_latency_us": US,
     "hardware.link.devices_per_node": DEVICES,
+    "hardware.link.moe_all_to_all_min_ep": Limit(2, DEVICES.high, "EP ranks"),
     **{f"hardware.graph.{name}": US for name in (
         "replay_launch_us", "task_dispatch_us", "exit_gap_us", "param_update_us", "sink_trigger_us", "address_update_us")},
     "hardware.graph.capture_ms": MS,

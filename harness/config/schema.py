@@ -201,6 +201,10 @@ class LinkConfig:
     devices_per_node: int = 8
     internode_gbps: float = 25.0  # between nodes (collectives spanning nodes run at this speed)
     internode_latency_us: float = 1.5
+    # How the serving stack moves a MoE layer's tokens here: an expert-parallel group of at least this many
+    # ranks splits its tokens over TP and exchanges them all-to-all (dispatch, combine); a smaller one
+    # all-gathers (every rank routes all its DP group's tokens to its own experts, the outputs all-reduced).
+    moe_all_to_all_min_ep: int = 2
 
     def __post_init__(self) -> None:
         check_limits(self)

@@ -92,6 +92,7 @@ class Shapes:
     ep: int
     quant: bool
     devices_per_node: int = 8
+    moe_all_to_all_min_ep: int = 2  # hardware.link's: smaller EP groups take the all-gather method
     kv_fp8: bool = False  # workload.kv_cache_dtype=fp8
     kv_read_per_query_head: bool = False  # workload.decode_kv_reads=per_query_head
     # Rows with a KV cache per step: `batch` unless padded (to a graph's size, or a shape bucket), whose padding
@@ -315,12 +316,14 @@ def _mla_cache_write(s: Shapes) -> Cost:
 # Which method a run takes is the model runner's choice (v0.11.0 NPUModelRunner._select_moe_comm_method;
 # main ascend_forward_context.select_moe_comm_method): ALLGATHER without EP; with EP on Atlas A2, MC2 when
 # the EP group has 16 ranks or more and the step's tokens fit its capacity, otherwise ALLGATHER as well;
-# on A3, MC2 or all-to-all. Here ep > 1 always takes the token split and all-to-all (MC2 / all2all).
+# on A3, MC2 or all-to-all. Here an EP group of hardware.link.moe_all_to_all_min_ep ranks or more takes the
+# token split and all-to-all (MC2 / all2all; atlas_a2: 16), a smaller one the all-gather method, its
+# experts whole on their EP ranks (the capacity condition is left out: decode steps fit it).
 MOE_ALL_TO_ALL, MOE_ALL_GATHER = "all_to_all", "all_gather"
 
 
 def _moe_comm(s: Shapes) -> str:
-    return MOE_ALL_GATHER if s.ep == 1 else MOE_ALL_TO_ALL
+    return MOE_ALL_GATHER if s.ep < max(2, s.moe_all_to_all_min_ep) else MOE_ALL_TO_ALL
 
 
 def _moe(s: Shapes) -> dict:
@@ -736,7 +739,7 @@ def _op_sequence_groups(card: dict, kernels: str = "fused") -> list[tuple[list, 
 def _shapes(
     card: dict, phase: Phase, context_len: int, batch: np.ndarray, tp: int, dp: int, ep: int, quant: bool, devices_per_node: int,
     kv: Optional[np.ndarray] = None, moe_pad: bool | np.ndarray = False, kv_fp8: bool = False, kv_read_per_query_head: bool = False,
-    kv_rows: Optional[np.ndarray] = None,
+    kv_rows: Optional[np.ndarray] = None, moe_all_to_all_min_ep: int = 2,
 ) -> Shapes:
     decode = phase == Phase.decode
     if kv is None:
@@ -755,6 +758,7 @@ def _shapes(
         ep=(ep or tp * dp) if is_moe else 1,
         quant=quant,
         devices_per_node=devices_per_node,
+        moe_all_to_all_min_ep=moe_all_to_all_min_ep,
         kv_fp8=kv_fp8,
         kv_read_per_query_head=kv_read_per_query_head,
         kv_rows=None if kv_rows is None else np.asarray(kv_rows, dtype=np.float64),
@@ -773,6 +777,7 @@ def run_build_options(run: RunConfig) -> dict:
         "engine_layer_us": run.engine.layer_overhead_us,
         "module_us": run.hardware.host.module_us,
         "graphs": run.strategy.graph.mode != GraphMode.none,
+        "moe_all_to_all_min_ep": run.hardware.link.moe_all_to_all_min_ep,
     }
 
 
@@ -786,6 +791,7 @@ def build_workload(
     module_us: float = 0.0,
     graphs: bool = False,
     kv_rows: Optional[np.ndarray] = None,
+    moe_all_to_all_min_ep: int = 2,
 ) -> Workload:
     """Ops of every step with their costs, for the simulated rank.
 
@@ -799,7 +805,7 @@ def build_workload(
     strategy captures or sinks the step as a graph, so an unfused sequence's KV cache is static under
     workload.kv_cache=auto (a graph needs fixed shapes; HF's DynamicCache changes them every step).
     `kv_rows` (per step): the rows of a padded `batch` that hold a KV cache, the real sequences; decode
-    attention reads only theirs.
+    attention reads only theirs. `moe_all_to_all_min_ep` (hardware.link's): how a MoE layer moves tokens.
     """
     if batch is None:
         batch = np.full(cfg.steps, cfg.batch_size, dtype=np.int64)
@@ -810,7 +816,7 @@ def build_workload(
         check_head_split(card, cfg.card, cfg.tp)
         static_kv = cfg.kv_cache == KvCache.static or (cfg.kv_cache == KvCache.auto and graphs)
         return _from_card(card, cfg, np.asarray(batch, dtype=np.int64), devices_per_node, kv_len, moe_pad, engine_layer_us, module_us, static_kv,
-                          kv_rows)
+                          kv_rows, moe_all_to_all_min_ep)
     if cfg.path is not None:
         return read_ops_csv(cfg.path, cfg)
     return from_static_ops(cfg, [
@@ -834,11 +840,12 @@ def check_head_split(card: dict, name: str, tp: int) -> None:
 def _from_card(
     card: dict, cfg: WorkloadConfig, batch: np.ndarray, devices_per_node: int, kv_len: Optional[np.ndarray], moe_pad: bool | np.ndarray,
     engine_layer_us: float = 0.0, module_us: float = 0.0, static_kv: bool = False, kv_rows: Optional[np.ndarray] = None,
+    moe_all_to_all_min_ep: int = 2,
 ) -> Workload:
     s = _shapes(
         card, cfg.phase, cfg.context_len, batch, cfg.tp, cfg.dp, cfg.ep, cfg.quant == Quant.w8a8, devices_per_node, kv_len, moe_pad,
         kv_fp8=cfg.kv_cache_dtype == KvCacheDtype.fp8, kv_read_per_query_head=cfg.decode_kv_reads == DecodeKvReads.per_query_head,
-        kv_rows=kv_rows,
+        kv_rows=kv_rows, moe_all_to_all_min_ep=moe_all_to_all_min_ep,
     )
     s.extra["engine_layer_us"] = engine_layer_us
     s.extra["module_us"] = module_us
