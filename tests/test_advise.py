@@ -155,7 +155,7 @@ def test_finer_capture_sizes_beat_coarse_ones_at_a_batch_between_them():
     advice = advise_runs(A2, question(space=space))
     coarse, fine = advice.candidates
     assert advice.ranked[0] is fine
-    # Padding that is left is the routed experts' token counts, padded to powers of two either way.
+    # What padding is left: the batch padded to its capture size (the coarse grid's sizes lie further apart).
     assert figures(coarse.summary)["padding_waste"] > figures(fine.summary)["padding_waste"] + 0.03
     from harness.advisor.answer import why
 

@@ -198,6 +198,9 @@ def test_a_zero_length_sync_just_before_the_next_graph_launch_ends_the_step(tmp_
     applied, found = find_windows(load_profile(trace_file(tmp_path, events)))
     assert applied == "graph"
     assert [(w.start_us, w.end_us) for w in found] == [(0.0, sync_at), (sync_at, 52.0)]
+    # The sync is the first step's last op, not the second's first: both steps hold the same ops.
+    steps = imported_from(tmp_path, events).found
+    assert [[op["name"] for op in step.ops] for step in steps] == [["a", "[sync] cudaStreamSynchronize"]] * 2
 
 
 @pytest.mark.parametrize("generate_ends_at", [30.0, 31.0])

@@ -1,6 +1,7 @@
 """Laws of the knobs a what-if turns, on every hardware preset (tests/test_laws.py says why laws are tests):
 a faster device is never slower (matmul and vector peaks, the share of the matmul peak reached, the
-fixed cost of a kernel or a collective, the front-end gap, the host link), a deeper host queue never
+fixed cost of a kernel, the front-end gap, the host link), nor are faster collectives (their fixed cost,
+the scale-up link's latency, the network between nodes), a deeper host queue never
 slows an async or pipelined step, a larger tiling cache never does (an LRU cache hits at least as often
 with more entries: what it holds at a smaller size it also holds at a larger one), fusing element-wise
 ops never does, and a longer prompt never makes a prefill faster. A file of its own so that the suite's
@@ -30,8 +31,7 @@ FASTER = {
     "vector_tflops": lambda run, f: with_device(run, vector_tflops=run.hardware.device.vector_tflops * f),
     "matmul_efficiency": lambda run, f: with_device(run, matmul_efficiency=min(1.0, run.hardware.device.matmul_efficiency * f)),
     "kernel fixed costs": lambda run, f: with_device(run, matmul_fixed_us=run.hardware.device.matmul_fixed_us / f,
-                                                     vector_fixed_us=run.hardware.device.vector_fixed_us / f,
-                                                     comm_fixed_us=run.hardware.device.comm_fixed_us / f),
+                                                     vector_fixed_us=run.hardware.device.vector_fixed_us / f),
     "kernel_gap_us": lambda run, f: with_device(run, kernel_gap_us=run.hardware.device.kernel_gap_us / f),
     "pcie_gbps": lambda run, f: with_link(run, pcie_gbps=run.hardware.link.pcie_gbps * f),
 }
@@ -45,6 +45,22 @@ def test_a_faster_device_is_never_slower(hardware, strategy, knob):
     for batch in (1, 16):
         times = [run_with(hardware, DENSE, strategy, batch, lambda run, f=f: FASTER[knob](run, f)) for f in (0.5, 1.0, 2.0)]
         assert non_decreasing(times[::-1]), f"{knob} x0.5, x1, x2 at batch {batch}: {times}"
+
+
+# The same for collectives, on a model that has them (Qwen3-30B-A3B at TP 4 with EP 4) replayed as a graph.
+FASTER_COLLECTIVES = {
+    "comm_fixed_us": lambda run, f: with_device(run, comm_fixed_us=run.hardware.device.comm_fixed_us / f),
+    "scaleup_latency_us": lambda run, f: with_link(run, scaleup_latency_us=run.hardware.link.scaleup_latency_us / f),
+    "internode_gbps (nodes of 2)": lambda run, f: with_link(run, devices_per_node=2, internode_gbps=run.hardware.link.internode_gbps * f),
+}
+
+
+@pytest.mark.parametrize("knob", sorted(FASTER_COLLECTIVES))
+@pytest.mark.parametrize("hardware", HARDWARE)
+def test_faster_collectives_are_never_slower(hardware, knob):
+    times = [run_with(hardware, "qwen3_30b_decode", graph_strategy(hardware), 16, lambda run, f=f: FASTER_COLLECTIVES[knob](run, f))
+             for f in (0.5, 1.0, 2.0)]
+    assert non_decreasing(times[::-1]), f"{knob} x0.5, x1, x2: {times}"
 
 
 @pytest.mark.parametrize("strategy", ["async", "pipeline"])

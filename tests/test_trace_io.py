@@ -14,7 +14,7 @@ from harness.sim.task_graph import LANE_HOST
 from harness.sim.outcome import WALL_CLOCK_KEYS
 from harness.sim.simulate import simulate_run
 from harness.model.ops_csv import write_ops_csv
-from harness.model.workload import build_workload
+from harness.model.workload import build_workload, run_build_options
 
 DIFFERENT_BY_NATURE = WALL_CLOCK_KEYS | {"peak_mem_gb", "devices", "tp"}  # a trace knows no memory plan or layout
 
@@ -22,7 +22,7 @@ DIFFERENT_BY_NATURE = WALL_CLOCK_KEYS | {"peak_mem_gb", "devices", "tp"}  # a tr
 @pytest.mark.parametrize("preset,strategy", [("qwen3_30b_decode", "pipeline"), ("llama2_7b_prefill", "eager"), ("deepseek_v3", "async")])
 def test_exported_op_list_reproduces_the_run(tmp_path, preset, strategy):
     run = compose_run(f"workload={preset}", f"strategy={strategy}", "workload.steps=3")
-    wl = build_workload(run.workload, devices_per_node=run.hardware.link.devices_per_node)
+    wl = build_workload(run.workload, devices_per_node=run.hardware.link.devices_per_node, **run_build_options(run))
     path = tmp_path / "ops.csv"
     write_ops_csv(wl, path, device_times(wl, run.hardware)[0])
     phase = run.workload.phase.value
@@ -155,6 +155,27 @@ def test_where_a_collectives_ranks_sit_survives_the_round_trip(tmp_path):
     pd.read_csv(path, keep_default_na=False, dtype=str).drop(columns=["rank_stride", "devices"]).to_csv(bare, index=False)
     consecutive = build_workload(compose_run("hardware=atlas_a2", "workload=trace", f"workload.path={bare}").workload)
     assert device_times(consecutive, run.hardware)[0][0, dispatch] < device_times(wl, run.hardware)[0][0, dispatch]
+
+
+@pytest.mark.parametrize(
+    "rows, message",
+    [
+        ("ar,comm,10,all_reduce,8,1,8\nag,comm,10,all_gather,8,1,16\n",
+         "line 3 column 'devices': '16' differs from the first row's 8: one deployment a file"),
+        ("ar,comm,10,all_reduce,8,1,4\nag,comm,10,all_gather,8,1,4\n",
+         "line 2 column 'devices': '4' is not a whole number of its groups of 8 ranks 1 apart"),
+        ("ar,comm,10,all_reduce,2,4,6\nag,comm,10,all_gather,2,4,6\n",
+         "line 2 column 'devices': '6' is not a whole number of its groups of 2 ranks 4 apart"),
+    ],
+)
+def test_a_deployment_its_groups_do_not_tile_is_refused(tmp_path, rows, message):
+    """`devices` is the deployment's, one for the file, and its groups tile it whole: 4 devices hold no group
+    of 8 (it was priced as crossing nodes, TP 8 over the network), 6 no pair 4 apart."""
+    path = tmp_path / "ops.csv"
+    path.write_text("name,kind,bytes,comm,ranks,rank_stride,devices\n" + rows)
+    with pytest.raises(ConfigError) as refused:
+        build_workload(compose_run("workload=trace", f"workload.path={path}").workload)
+    assert str(refused.value) == f"workload.path={str(path)!r} {message}"
 
 
 # ---------------------------------------------------------------- measured op lists (imported profiles)

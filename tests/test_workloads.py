@@ -481,13 +481,16 @@ def test_experts_split_over_tp_read_whole_input_rows_or_write_whole_output_rows(
     assert w.bytes[0, down] == pytest.approx(hit * 192 * 2048 * 2 + 128 * (192 + 2048) * 2, rel=1e-12)
 
 
-def test_a_token_cannot_pick_more_experts_than_there_are():
-    """A token's top-k are k distinct experts: k above the card's expert count is refused (the experts hit,
-    E (1 - (1 - k/E)^T), went negative inside)."""
+@pytest.mark.parametrize("override, message", [
+    ("num_experts_per_tok=200", "workload.card_overrides.num_experts_per_tok=200: a token picks that many distinct experts, more than n_routed_experts=128"),
+    ("n_routed_experts=4", "workload.card_overrides.n_routed_experts=4: fewer experts than a token picks (num_experts_per_tok=8)"),
+])
+def test_a_token_cannot_pick_more_experts_than_there_are(override, message):
+    """A token's top-k are k distinct experts: k above the card's expert count is refused, naming the key the
+    user set (the experts hit, E (1 - (1 - k/E)^T), went negative inside)."""
     with pytest.raises(ConfigError) as refused:
-        build_workload(compose_run("workload=qwen3_30b_decode", "+workload.card_overrides.num_experts_per_tok=200").workload)
-    assert str(refused.value) == (
-        "workload.card_overrides.num_experts_per_tok=200: a token picks that many distinct experts, more than n_routed_experts=128")
+        build_workload(compose_run("workload=qwen3_30b_decode", f"+workload.card_overrides.{override}").workload)
+    assert str(refused.value) == message
 
 
 @pytest.mark.parametrize("ep", [2, 3])

@@ -300,6 +300,7 @@ class TraceIndex:
         self.calls = calls
         self.call_rows = list(calls.itertuples(index=False))
         self.call_start = calls["start_us"].to_numpy()
+        self.call_end = calls["end_us"].to_numpy()
         self.t_stream = tasks["stream"].tolist()
         self.t_start = tasks["start_us"].tolist()
         self.t_end = tasks["end_us"].tolist()
@@ -315,8 +316,17 @@ class TraceIndex:
         self.issued_by = dict(zip(calls["key"].tolist(), calls["start_us"].tolist()))
 
     def calls_in(self, window: Window) -> slice:
-        a, b = np.searchsorted(self.call_start, [window.start_us, window.end_us], side="left")
-        return slice(int(a), int(b))
+        return slice(self._boundary(window.start_us), self._boundary(window.end_us))
+
+    def _boundary(self, t: float) -> int:
+        """The first call of a window starting at `t`. A call of no length recorded at `t` (a sync that ends
+        the window before it there) came before whatever starts at `t` (calls are sorted by start, then end:
+        it sorts first), so it stays with the window that ends at `t`; the trace's first calls always stay."""
+        i = int(np.searchsorted(self.call_start, t, side="left"))
+        if i > 0:
+            while i < len(self.call_start) and self.call_start[i] == t and self.call_end[i] <= t:
+                i += 1
+        return i
 
 
 @functools.lru_cache(maxsize=65536)

@@ -95,7 +95,8 @@ def fewest_in_node(ranks: int, devices_per_node: int, stride: int = 1, devices: 
     if ranks <= 1 or devices_per_node <= 0:
         return max(ranks, 1)
     block = ranks * max(stride, 1)
-    span = devices if devices > 0 else math.lcm(block, devices_per_node)
+    # The placement repeats every lcm(block, devices_per_node) devices: no need to walk further.
+    span = math.lcm(block, devices_per_node) if devices <= 0 else min(devices, math.lcm(block, devices_per_node))
     fewest = ranks
     for first in range(0, span, block):
         for offset in range(max(stride, 1)):

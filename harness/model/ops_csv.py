@@ -16,7 +16,7 @@ Columns (one row per op, in issue order; header names as below):
 | `stream` | no | device stream: 0 compute, 1 communication, 2..15 more streams (default: by kind) |
 | `after` | no | earlier ops (0-based indices within the step, space separated) it waits for; empty: the previous op; `-`: none |
 | `framework_us`, `infer_shape_us`, `tiling_us`, `alloc_us`, `launch_us`, `free_us` | no | measured host stage costs of the op in this step (empty: the hardware preset's); with any of them the file describes whole measured steps: its own copies and syncs, no token copies or end-of-step sync added |
-| `group` | no | index of the op whose host call also issued this one (a graph launch and its kernels): no host work of its own; the leader launches a kernel (not `host` or `sync`), and if it is carried in, so is its group |
+| `group` | no | index of the op whose host call also issued this one (a graph launch and its kernels): no host work of its own; the leader launches a kernel (not `host` or `sync`), and if it is carried in, so is its group (the reader marks it) |
 | `in_graph`, `carried_in` | no | flags: ran inside a captured graph (device-side dispatch per task); launched before the step (device work only) |
 | `int8` | no | flag: an INT8 (W8A8) matmul, priced at the device's INT8 peak |
 | `not_before_us` | no | the op's stream was busy with work the file does not hold until this long after the step started |
@@ -114,6 +114,20 @@ def _first_bad(broken: np.ndarray, error) -> None:
     """Raise error(i) for the first row where `broken` holds."""
     if broken.any():
         raise error(int(np.flatnonzero(broken)[0]))
+
+
+def _check_placement(numbers: dict, first: np.ndarray, workload: Workload, bad) -> None:
+    """The deployment's `devices`: one value for the whole file, and tiled whole by every collective's
+    groups (ranks x rank_stride devices a block); a group cut off at the end would be priced as crossing
+    nodes it does not cross."""
+    devices = np.nan_to_num(numbers["devices"], nan=0).astype(np.int64)
+    _first_bad(devices != devices[0], lambda i: bad(i, "devices", str(devices[i]), f"differs from the first row's {devices[0]}: one deployment a file"))
+    workload.devices = int(devices[0])
+    if workload.devices > 0:
+        block = np.maximum(workload.comm_ranks, 1) * np.maximum(workload.comm_stride, 1)
+        uneven = (workload.comm_ranks > 1) & (workload.devices % block != 0)
+        _first_bad(uneven, lambda j: bad(int(first[j]), "devices", str(workload.devices),
+                                         f"is not a whole number of its groups of {workload.comm_ranks[j]} ranks {workload.comm_stride[j]} apart"))
 
 
 def write_ops_csv(workload: Workload, path: Path, device_us: np.ndarray | None = None) -> None:
@@ -281,6 +295,12 @@ def read_ops_csv(path: str | Path, cfg: WorkloadConfig) -> Workload:
             if 0 <= leader < j and op_kinds[leader] in HOST_ONLY_KINDS:
                 raise bad(int(first[j]), "group", str(leader),
                           f"names a {kind_text[first[leader]]} op, which launches nothing: ops of a group are issued by their leader's launch")
+        # One call issued the group: launched before the step, all of it was (every step builder then
+        # treats its ops as carried in).
+        led = group >= 0
+        carried_leader = np.zeros(n, dtype=bool)
+        carried_leader[led] = (flags[first][group[led]] & FLAG_CARRIED_IN) > 0
+        flags[first[carried_leader]] |= FLAG_CARRIED_IN
     measured = [c for c in COST_COLUMNS if c in numbers]
     if measured:
         host_cost = np.stack([grid(c, np.nan) for c in COST_COLUMNS] + [grid("host_us", np.nan)], axis=-1)
@@ -319,7 +339,7 @@ def read_ops_csv(path: str | Path, cfg: WorkloadConfig) -> Workload:
     if "rank_stride" in numbers:
         workload.comm_stride = np.nan_to_num(numbers["rank_stride"][first], nan=1).astype(np.int32)
     if "devices" in numbers:
-        workload.devices = int(np.nan_to_num(numbers["devices"], nan=0).max(initial=0))
+        _check_placement(numbers, first, workload, bad)
     if step is not None:
         # A batch column without a tokens one: each sequence keeps the config's tokens (a prefill's
         # context_len), or a prefill of 2 and 3 prompts counted 7 prompts' tokens each step (batch_size 7).

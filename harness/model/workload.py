@@ -683,8 +683,10 @@ def _load_card(path_text: str, modified_ns: int, name: str, overrides_json: str)
         card["layer_groups"] = [{"count": card["num_hidden_layers"], "ops": card.pop("layer_ops")}]
     k, experts = card.get("num_experts_per_tok"), card.get("n_routed_experts")
     if k and experts and k > experts:  # a token picks k distinct experts
-        key = "num_experts_per_tok"
-        label = f"workload.card_overrides.{key}" if key in {o for o, _ in overrides} else f"{where} {key}"
+        overridden = {o for o, _ in overrides}
+        if "n_routed_experts" in overridden and "num_experts_per_tok" not in overridden:
+            raise ConfigError(f"workload.card_overrides.n_routed_experts={experts}: fewer experts than a token picks (num_experts_per_tok={k})")
+        label = "workload.card_overrides.num_experts_per_tok" if "num_experts_per_tok" in overridden else f"{where} num_experts_per_tok"
         raise ConfigError(f"{label}={k}: a token picks that many distinct experts, more than n_routed_experts={experts}")
     groups = card.get("layer_groups") or []
     if sum(g.get("count", 0) for g in groups) != card["num_hidden_layers"]:

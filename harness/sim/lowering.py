@@ -456,9 +456,9 @@ class _Body:
                 device_task[j] = self.device_task(j, producers, self.start, in_graph)
                 continue
             leader = int(workload.group[j])
-            if 0 <= leader < j:  # issued by the host call that launched op `leader`, before the step if it was
-                launch = self.start if flags[leader] & FLAG_CARRIED_IN else int(launch_of[leader])
-                device_task[j] = self.device_task(j, producers, launch, in_graph)
+            if 0 <= leader < j:  # issued by the host call that launched op `leader` (in the step: a carried-in
+                # leader's group is carried in too, ops_csv)
+                device_task[j] = self.device_task(j, producers, int(launch_of[leader]), in_graph)
                 continue
             if flags[j] & FLAG_VALUE_DEPENDENT and producers:
                 _read_back(tpl, producers, lanes.d2h, j, _FIXED, copy_time_us(VALUE_READ_BYTES, hardware.link), host.sync_us)
