@@ -241,6 +241,22 @@ def test_a_graph_multiplies_the_expert_rows_its_tokens_route_and_only_shape_buck
     assert bucketed.flops[0, gate_up] == 2.0 * 64 * 2048 * 1536
 
 
+@pytest.mark.parametrize("overrides, note", [
+    ((), "MoE: all-gather method (EP 4 below hardware.link.moe_all_to_all_min_ep=16): each rank routes all its tokens (gathered"
+         " over DP) to its own experts, the outputs summed back (reduce-scattered over DP, all-reduced over TP)"),
+    (("workload.dp=4", "workload.ep=16"), "MoE: tokens split over TP and exchanged all-to-all over EP 16 (dispatch, combine)"),
+    (("workload.ep=1",), "MoE: experts split over the 4 devices (ep=1): every rank multiplies every token (gathered over DP) by"
+                         " its slice of each expert, the partial outputs summed back (reduce-scattered over DP, all-reduced over TP)"),
+])
+def test_a_moe_run_says_how_its_tokens_moved(overrides, note):
+    """The op names are the same whichever way a MoE layer moves its tokens (Qwen3-30B-A3B at TP 4 on the A2):
+    the run says which (a dense model says nothing)."""
+    _, plan = prepare(compose_run("hardware=atlas_a2", "workload=qwen3_30b_decode", "workload.steps=1", *overrides), np.full(1, 16), None)
+    assert plan.info["moe_note"] == note
+    _, dense = prepare(compose_run("workload=llama2_7b_decode", "workload.steps=1"), np.full(1, 1), None)
+    assert "moe_note" not in dense.info
+
+
 def test_kv_lengths_pad_up_to_whole_blocks():
     """A serving batch's mean KV length can be fractional: even a block of 1 rounds it up."""
     assert pad_up(np.array([2.5, 3.0, 256.5]), 1).tolist() == [3.0, 3.0, 257.0]

@@ -12,10 +12,13 @@ import shlex
 import sys
 from pathlib import Path
 
+import numpy as np
+
 from harness.config.compose import compose_run
 from harness.config.messages import one_line
 from harness.config.schema import WorkloadConfig
 from harness.model.device import device_times
+from harness.model.ops import HOST_ONLY_KINDS
 from harness.base.commands import CommandParser
 from harness.base.errors import HarnessError, fail
 from harness.base.files import check_folder
@@ -41,7 +44,9 @@ def main(argv: list[str] | None = None) -> None:
         fail(str(exc))
     except Exception as exc:  # composition errors: unknown key, wrong type
         fail(one_line(exc))
-    print(f"wrote {workload.steps} steps × {workload.n_ops} ops of {run.workload.name} to {args.out}", file=sys.stderr)
+    host_only = int(np.isin(workload.kind, HOST_ONLY_KINDS).sum())  # a run's ops/step counts kernels only
+    rows = f"{workload.n_ops} ops" + (f" ({workload.n_ops - host_only} kernels + {host_only} host ops)" if host_only else "")
+    print(f"wrote {workload.steps} step{'s' if workload.steps != 1 else ''} × {rows} of {run.workload.name} to {args.out}", file=sys.stderr)
     print(f"read it back: {read_back_command(run.workload, workload.steps, args.out, args.overrides)}", file=sys.stderr)
 
 

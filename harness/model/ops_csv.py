@@ -120,14 +120,16 @@ def _check_placement(numbers: dict, first: np.ndarray, workload: Workload, bad) 
     """The deployment's `devices`: one value for the whole file, and tiled whole by every collective's
     groups (ranks x rank_stride devices a block); a group cut off at the end would be priced as crossing
     nodes it does not cross."""
-    devices = np.nan_to_num(numbers["devices"], nan=0).astype(np.int64)
-    _first_bad(devices != devices[0], lambda i: bad(i, "devices", str(devices[i]), f"differs from the first row's {devices[0]}: one deployment a file"))
-    workload.devices = int(devices[0])
-    if workload.devices > 0:
+    values = numbers["devices"]
+    given = ~np.isnan(values)  # empty cells say nothing; the rows that give it must agree
+    known = int(values[given][0]) if given.any() else 0
+    _first_bad(given & (values != known), lambda i: bad(i, "devices", str(int(values[i])), f"differs from the {known} of the rows before it: one deployment a file"))
+    workload.devices = known
+    if known > 0:
         block = np.maximum(workload.comm_ranks, 1) * np.maximum(workload.comm_stride, 1)
-        uneven = (workload.comm_ranks > 1) & (workload.devices % block != 0)
-        _first_bad(uneven, lambda j: bad(int(first[j]), "devices", str(workload.devices),
-                                         f"is not a whole number of its groups of {workload.comm_ranks[j]} ranks {workload.comm_stride[j]} apart"))
+        uneven = (workload.comm_ranks > 1) & (known % block != 0)
+        _first_bad(uneven, lambda j: bad(int(first[j]), "devices", str(known),
+                                         f"cannot hold whole groups of {workload.comm_ranks[j]} ranks {workload.comm_stride[j]} apart ({block[j]} devices a group)"))
 
 
 def write_ops_csv(workload: Workload, path: Path, device_us: np.ndarray | None = None) -> None:

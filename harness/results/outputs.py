@@ -252,6 +252,8 @@ def format_summary(summary: dict, names: dict, run_dir: Path) -> str:
         lines.append(f"  tiling cache hit rate {summary['tiling_cache_hit_rate']:.1%}")
     if "tiling_note" in summary:
         lines.append(f"  note         {summary['tiling_note']}")
+    if "moe_note" in summary:
+        lines.append(f"  note         {summary['moe_note']}")
     if "requests_completed" in summary:
         serving = f"  serving      {summary['requests_completed']} requests done, batch mean {summary['batch_mean']:.1f}"
         if "request_latency_ms_p50" in summary:

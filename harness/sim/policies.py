@@ -185,6 +185,20 @@ def graphs_memory_gb(run: RunConfig, step: Workload) -> float:
     return count * run.hardware.graph.graph_mem_mib * MIB / 1e9
 
 
+def moe_exchange_note(cfg, all_to_all_from: int) -> str:
+    """How the run's MoE layers move their tokens (harness/model/workload.py _moe_comm), said once: the
+    op names are the same either way."""
+    devices = cfg.tp * cfg.dp
+    ep = cfg.ep or devices
+    if ep == 1:
+        return (f"MoE: experts split over the {devices} devices (ep=1): every rank multiplies every token (gathered over DP) by its"
+                " slice of each expert, the partial outputs summed back (reduce-scattered over DP, all-reduced over TP)")
+    if ep < all_to_all_from:
+        return (f"MoE: all-gather method (EP {ep} below hardware.link.moe_all_to_all_min_ep={all_to_all_from}): each rank routes all"
+                " its tokens (gathered over DP) to its own experts, the outputs summed back (reduce-scattered over DP, all-reduced over TP)")
+    return f"MoE: tokens split over TP and exchanged all-to-all over EP {ep} (dispatch, combine)"
+
+
 def prepare(run: RunConfig, batch: np.ndarray, kv_len: np.ndarray | None) -> tuple[Workload, StepPlan]:
     """The workload as the strategy runs it (padded, fused) and the plan of every step."""
     cfg, strategy, hardware = run.workload, run.strategy, run.hardware
@@ -210,6 +224,8 @@ def prepare(run: RunConfig, batch: np.ndarray, kv_len: np.ndarray | None) -> tup
     host_padded = bucket_batch(real.batch, sorted(set(graph.buckets)))[0] if buckets_on else real.batch.copy()
     padded = host_padded
     info: dict = {}
+    if cfg.card is not None and np.any(real.flags & FLAG_ROUTED):
+        info["moe_note"] = moe_exchange_note(cfg, hardware.link.moe_all_to_all_min_ep)
     graph_on = graph.mode != GraphMode.none and cfg.phase in graph.phases
     max_graphs = graph_budget(hardware.graph, layer_count(real), cfg)
     fallback = ""
