@@ -94,13 +94,15 @@ def fewest_in_node(ranks: int, devices_per_node: int, stride: int = 1, devices: 
     on nodes of 8: 2 (ranks 0, 4 | 8, 12)."""
     if ranks <= 1 or devices_per_node <= 0:
         return max(ranks, 1)
-    block = ranks * max(stride, 1)
+    stride = max(stride, 1)
+    block = ranks * stride
     # The placement repeats every lcm(block, devices_per_node) devices: no need to walk further.
-    span = math.lcm(block, devices_per_node) if devices <= 0 else min(devices, math.lcm(block, devices_per_node))
+    period = math.lcm(block, devices_per_node)
+    span = min(devices, period) if devices > 0 else period
     fewest = ranks
     for first in range(0, span, block):
-        for offset in range(max(stride, 1)):
-            members = [m for m in range(first + offset, first + block, max(stride, 1)) if devices <= 0 or m < devices]
+        for offset in range(stride):
+            members = [m for m in range(first + offset, first + block, stride) if devices <= 0 or m < devices]
             if members:
                 fewest = min(fewest, min(Counter(m // devices_per_node for m in members).values()))
     return fewest

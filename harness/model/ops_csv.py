@@ -22,7 +22,7 @@ Columns (one row per op, in issue order; header names as below):
 | `not_before_us` | no | the op's stream was busy with work the file does not hold until this long after the step started |
 | `kernel`, `trace_stream` | no | the profiled kernel's full name and stream (for reading; not simulated) |
 | `comm`, `ranks` | no | collective (`all_reduce`, `all_gather`, `all_to_all`) and group size, to price a comm op without `device_us` |
-| `rank_stride`, `devices` | no | where a collective's ranks sit: members `rank_stride` apart (1: consecutive; a DP group: tp apart) among the deployment's `devices` (the same on every row; 0 or absent: not known, every alignment with the nodes, the worst counting) |
+| `rank_stride`, `devices` | no | where a collective's ranks sit: members `rank_stride` apart (1: consecutive; a DP group: tp apart) among the deployment's `devices` (one value for the file, empty cells saying nothing; 0 or absent: not known, every alignment with the nodes, the worst counting) |
 | `step`, `batch`, `tokens`, `kv_len` | no | with `step`, rows are per step (every step lists the same ops) and may carry that step's sizes |
 
 A bad file stops the run with one line naming the row (the CSV line number) and the column. Numbers have

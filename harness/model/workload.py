@@ -322,8 +322,13 @@ def _mla_cache_write(s: Shapes) -> Cost:
 MOE_ALL_TO_ALL, MOE_ALL_GATHER = "all_to_all", "all_gather"
 
 
+def moe_exchange(ep: int, all_to_all_from: int) -> str:
+    """How an EP group of `ep` ranks moves a MoE layer's tokens (ep 1: no EP, the all-gather method too)."""
+    return MOE_ALL_GATHER if ep < max(2, all_to_all_from) else MOE_ALL_TO_ALL
+
+
 def _moe_comm(s: Shapes) -> str:
-    return MOE_ALL_GATHER if s.ep < max(2, s.moe_all_to_all_min_ep) else MOE_ALL_TO_ALL
+    return moe_exchange(s.ep, s.moe_all_to_all_min_ep)
 
 
 def _moe(s: Shapes) -> dict:

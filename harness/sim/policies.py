@@ -53,7 +53,7 @@ from harness.model.ops import (
     Workload,
     mix_keys,
 )
-from harness.model.workload import build_workload, run_build_options
+from harness.model.workload import MOE_ALL_TO_ALL, build_workload, moe_exchange, run_build_options
 
 EAGER, BUILD, REPLAY = 0, 1, 2
 MIB = 2**20
@@ -185,18 +185,18 @@ def graphs_memory_gb(run: RunConfig, step: Workload) -> float:
     return count * run.hardware.graph.graph_mem_mib * MIB / 1e9
 
 
-def moe_exchange_note(cfg, all_to_all_from: int) -> str:
-    """How the run's MoE layers move their tokens (harness/model/workload.py _moe_comm), said once: the
-    op names are the same either way."""
+def moe_exchange_note(cfg: WorkloadConfig, all_to_all_from: int) -> str:
+    """How the run's MoE layers move their tokens (workload.moe_exchange), said once: the op names are the
+    same either way."""
     devices = cfg.tp * cfg.dp
     ep = cfg.ep or devices
+    if moe_exchange(ep, all_to_all_from) == MOE_ALL_TO_ALL:
+        return f"MoE: tokens split over TP and exchanged all-to-all over EP {ep} (dispatch, combine)"
     if ep == 1:
         return (f"MoE: experts split over the {devices} devices (ep=1): every rank multiplies every token (gathered over DP) by its"
                 " slice of each expert, the partial outputs summed back (reduce-scattered over DP, all-reduced over TP)")
-    if ep < all_to_all_from:
-        return (f"MoE: all-gather method (EP {ep} below hardware.link.moe_all_to_all_min_ep={all_to_all_from}): each rank routes all"
-                " its tokens (gathered over DP) to its own experts, the outputs summed back (reduce-scattered over DP, all-reduced over TP)")
-    return f"MoE: tokens split over TP and exchanged all-to-all over EP {ep} (dispatch, combine)"
+    return (f"MoE: all-gather method (EP {ep} below hardware.link.moe_all_to_all_min_ep={all_to_all_from}): each rank routes all"
+            " its tokens (gathered over DP) to its own experts, the outputs summed back (reduce-scattered over DP, all-reduced over TP)")
 
 
 def prepare(run: RunConfig, batch: np.ndarray, kv_len: np.ndarray | None) -> tuple[Workload, StepPlan]:
