@@ -310,6 +310,20 @@ def test_experiment_may_be_named_without_the_plus(capsys):
     assert capsys.readouterr().err == ""
 
 
+def test_every_command_composes_experiment_without_the_plus(tmp_path, capsys):
+    """harness.export_ops and harness.advise compose through compose_config: `experiment=x` stopped them
+    ("not in the defaults list") where `python -m harness experiment=x` ran."""
+    from harness.cli.export_ops import main as export_ops
+    from harness.config.compose import compose_run
+
+    assert compose_run(["experiment=a2_qwen3_b12_eager"]) == compose_run(["+experiment=a2_qwen3_b12_eager"])
+    assert compose_run(["experiment=a2_qwen3_b12_eager"]).workload.batch_size == 12
+    export_ops(["experiment=a2_qwen3_b12_eager", "workload.steps=1", "--out", str(tmp_path / "ops.csv")])
+    err = capsys.readouterr().err
+    assert "of qwen3_30b_decode to" in err and "experiment=a2_qwen3_b12_eager" in err.splitlines()[-1]
+    assert (tmp_path / "ops.csv").stat().st_size > 0
+
+
 def test_cuda_graph_is_acl_graph_by_its_gpu_name():
     """The same capture and replay; vLLM on CUDA writes the attention metadata before the replay, where
     vllm-ascend refreshes each layer's arguments after launching it."""

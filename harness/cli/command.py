@@ -26,7 +26,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from harness.sweep.compose_cache import compose_job
-from harness.config.compose import to_run_config
+from harness.config.compose import to_run_config, with_optional_groups_added
 from harness.config.messages import one_line
 from harness.config.paths import CONF_DIR
 from harness.config.schema import RunConfig, flatten
@@ -70,15 +70,10 @@ def _split_argv(argv: list[str]) -> tuple[list[str], str, bool]:
     return overrides, config_name, True
 
 
-# Groups not in conf/config.yaml's defaults list that may be named without Hydra's `+`
-# (lightning-hydra-template's convention: `experiment=name`).
-_OPTIONAL_GROUPS = ("experiment",)
-
-
 def normalize_argv(argv: list[str]) -> list[str]:
     """`experiment=x` → `+experiment=x`, so the README's and the templates' spelling both work; on Ray, a
     relative `hydra.sweep.dir` is anchored at the launch folder."""
-    argv = [f"+{arg}" if arg.split("=", 1)[0] in _OPTIONAL_GROUPS and "=" in arg else arg for arg in argv]
+    argv = with_optional_groups_added(argv)
     if "hydra/launcher=ray" in argv:
         argv = [_anchored_at_launch(arg) for arg in argv]
     return argv

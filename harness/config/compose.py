@@ -49,13 +49,25 @@ def register_configs() -> None:
     warnings.filterwarnings("ignore", message=r"\s*'hydra/launcher/ray' is validated against ConfigStore schema", category=UserWarning)
 
 
+# Groups not in conf/config.yaml's defaults list that may be named without Hydra's `+`
+# (lightning-hydra-template's convention: `experiment=name`).
+OPTIONAL_GROUPS = ("experiment",)
+
+
+def with_optional_groups_added(overrides: list[str] | tuple[str, ...]) -> list[str]:
+    """`experiment=x` → `+experiment=x`, so every command takes the README's spelling as well as Hydra's
+    (`python -m harness.export_ops experiment=x` and `harness.advise` refused it where `python -m harness`
+    ran it)."""
+    return [f"+{o}" if o.split("=", 1)[0] in OPTIONAL_GROUPS and "=" in o else o for o in overrides]
+
+
 def compose_config(overrides: list[str] | tuple[str, ...] = ()) -> DictConfig:
     """Hydra's composition of conf/ with `overrides`, as `python -m harness` makes it (values not yet checked)."""
     from hydra import compose, initialize_config_dir
 
     register_configs()
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        return compose(config_name="config", overrides=list(overrides))
+        return compose(config_name="config", overrides=with_optional_groups_added(overrides))
 
 
 def compose_run(overrides: list[str] | tuple[str, ...] = ()) -> RunConfig:
