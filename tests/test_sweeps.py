@@ -239,6 +239,35 @@ def test_report_orders_rows_eager_first_in_numeric_order_and_names_missing_eager
     assert to_markdown(table).endswith("\n\nNo speed-up (nan) where no eager run has the same values: a2 w workload.batch_size=1.")
 
 
+def test_comparison_shows_request_latencies_where_some_run_has_them():
+    """A serving or prefill sweep's table had throughput and step time but no TTFT or TPOT (MLflow's runs
+    table showed them): the columns come after the step time when a run has them, empty for a run without
+    one (not "nan"), and stay out of a table whose runs have none."""
+    from harness.results.comparison import comparison, to_markdown
+
+    runs = pd.DataFrame(
+        {
+            "hardware": ["a2"] * 2,
+            "workload": ["w"] * 2,
+            "strategy": ["eager", "eager"],
+            "throughput_tok_s": [10.0, 20.0],
+            "step_ms_mean": [5.0, 6.0],
+            "median_ttft_ms": [53.25, np.nan],
+            "median_tpot_ms": [np.nan, np.nan],
+            "overrides": ["workload.batch_size=1", "workload.batch_size=8"],
+        }
+    )
+    table = comparison(runs)
+    columns = table.columns.tolist()
+    assert columns.index("median_ttft_ms") == columns.index("step_ms_mean") + 1
+    assert "median_tpot_ms" not in columns  # no run has one
+    lines = to_markdown(table).splitlines()
+    assert "53.250 |" in lines[2] and "nan" not in lines[3]
+    cells = [c.strip() for c in lines[3].split("|")]
+    assert cells[columns.index("median_ttft_ms") + 1] == ""
+    assert "median_ttft_ms" not in comparison(runs.drop(columns=["median_ttft_ms"])).columns
+
+
 def test_timeline_draws_host_ops_not_stripes_and_leaves_idle_lanes_out(tmp_path, monkeypatch):
     import matplotlib
 

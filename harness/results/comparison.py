@@ -18,6 +18,10 @@ from harness.results.outputs import WHERE_THINGS_GO, run_notes
 
 KEYS = ["hardware", "workload", "strategy"]
 SHOWN = ["throughput_tok_s", "speedup_vs_eager", "step_ms_mean", "bubble_ratio", "bubble_front_end", "bound"]
+# A request's latencies, where a run has them: a prefill's first token (`ttft_ms`), a serving run's
+# median first token and time per output token (vLLM's names). Shown after the step time when some run
+# of the table has them (MLflow's runs table shows the same three); a run without one leaves it empty.
+LATENCY_SHOWN = ["ttft_ms", "median_ttft_ms", "median_tpot_ms"]
 
 
 def load_run_dirs(paths: list[Path]) -> pd.DataFrame:
@@ -65,7 +69,8 @@ def comparison(runs: pd.DataFrame) -> pd.DataFrame:
     table["speedup_vs_eager"] = table["throughput_tok_s"].to_numpy() / np.asarray(base, dtype=float)
     if "notes" not in table.columns:  # run folders: from the summaries; MLflow runs carry a notes tag
         table["notes"] = [run_notes(row) for row in table.to_dict("records")]
-    columns = KEYS + [c for c in SHOWN if c in table.columns] + ["notes"]
+    shown = SHOWN[:SHOWN.index("step_ms_mean") + 1] + LATENCY_SHOWN + SHOWN[SHOWN.index("step_ms_mean") + 1:]
+    columns = KEYS + [c for c in shown if c in table.columns and (c not in LATENCY_SHOWN or table[c].notna().any())] + ["notes"]
     if "swept" in table.columns and table["swept"].ne("").any():
         columns.insert(len(KEYS), "swept")
     order = table.assign(
@@ -79,10 +84,13 @@ def to_markdown(table: pd.DataFrame) -> str:
     """The comparison as Markdown: fixed decimals (not 1.21e+03), the notes column as text, and under it why
     a speed-up is empty (no eager run with the same values)."""
     table = table.fillna({"notes": ""}) if "notes" in table else table
+    latency = [c for c in LATENCY_SHOWN if c in table]
+    if latency:  # a decode run has no first-token time: empty there, not "nan" (a speed-up's nan is explained below)
+        table = table.assign(**{c: table[c].astype(object).where(table[c].notna(), None) for c in latency})
     shared = _notes_of_every_row(table)
     if shared:  # said once, under the table: repeated on every row it hid the numbers (MLflow's preview)
         table = table.assign(notes=[_without(notes, shared) for notes in table["notes"]])
-    markdown = table.to_markdown(index=False, floatfmt=".3f")
+    markdown = table.to_markdown(index=False, floatfmt=".3f", missingval="")
     if shared:
         markdown += "\n\nEvery run: " + "; ".join(shared) + "."
     lacking = missing_eager(table)

@@ -39,6 +39,7 @@ from harness.config.messages import one_line
 from harness.config.schema import ArtifactPolicy, TrackingConfig, flatten, sqlite_path, unflatten
 from harness.base.errors import HarnessError, TrackingError
 from harness.base.files import write_text
+from harness.results.comparison import LATENCY_SHOWN
 from harness.results.outputs import STEPS_FILE, SUMMARY_FILE, TRACE_FILE, WHERE_THINGS_GO, read_steps, run_notes, short_setting
 from harness.sim.outcome import WHAT_RAN_KEYS, WHAT_RAN_PARAMS
 from harness.base.stopping import store_call
@@ -245,7 +246,7 @@ STEP_SERIES, WARMUP_SERIES = "series/step_ms", "series/warmup_step_ms"
 OLD_SERIES = ("step_ms", "warmup_step_ms")  # their names in stores written before
 HEADLINE_COLUMNS = (
     "attributes.`Run Name`", *(f"metrics.`headline/{key}`" for key in ("throughput_tok_s", "step_ms_p50", "step_ms_p99", "bubble_ratio")),
-    "tags.`bound`", *(f"metrics.`headline/{key}`" for key in ("ttft_ms", "median_ttft_ms", "median_tpot_ms")),
+    "tags.`bound`", *(f"metrics.`headline/{key}`" for key in LATENCY_SHOWN),
 )
 VIEW_TAG = (f"mlflow.sharedViewState.{HEADLINE_VIEW}", json.dumps({"selectedColumns": list(HEADLINE_COLUMNS)}))
 
