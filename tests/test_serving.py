@@ -1,6 +1,8 @@
 """Serving batches: a seeded request stream under continuous batching, simulated exactly step by step."""
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -295,3 +297,23 @@ def test_the_terminal_prints_vllms_tpot_as_tpot():
                 if x.lstrip().startswith("serving"))
     assert summary["requests_completed"] > 0 and "tpot_ms_mean" not in summary
     assert line.endswith(f", latency p50 {summary['request_latency_ms_p50']:.0f} ms, TPOT p50 {summary['median_tpot_ms']:.1f} ms")
+
+
+def test_a_serving_run_says_batch_size_and_context_len_are_not_read(tmp_path):
+    """A sweep over workload.batch_size with serving on gave rows with the same numbers (its batches are the
+    requests admitted) and nothing said why; written on the command line, the run says so. Not written,
+    nothing to say; a run without serving reads them."""
+    from harness.cli.job import execute
+    from harness.config.schema import flatten
+
+    def note(*overrides: str) -> str:
+        run = compose_run(*overrides, "tracking.enabled=false")
+        folder = tmp_path / str(len(list(tmp_path.iterdir())))
+        outcome = execute(run, folder, flatten(dataclasses.asdict(run)), overrides)
+        return outcome.summary.get("serving_note", "")
+
+    said = note(*SERVING, "workload.batch_size=8", "workload.context_len=64")
+    assert said.startswith("workload.batch_size and workload.context_len not read by a serving run: its batches are the"
+                           " requests admitted (up to workload.serving.max_batch=32)")
+    assert "not read" not in note(*SERVING)
+    assert "not read" not in note("workload.batch_size=8", "workload.steps=4")

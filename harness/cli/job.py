@@ -79,6 +79,21 @@ def _say_steps_set_by_the_trace(outcome: RunResult, run: RunConfig, overrides: t
         outcome.summary["steps_note"] = note + ("; " + outcome.summary["steps_note"] if "steps_note" in outcome.summary else "")
 
 
+def _say_unread_in_serving(outcome: RunResult, run: RunConfig, overrides: tuple[str, ...]) -> None:
+    """workload.batch_size or context_len written for a serving run, which reads neither: its batches are
+    the requests it admits and their KV lengths the requests' own. A sweep over batch_size gave rows with
+    the same numbers and nothing said why."""
+    if not run.workload.serving.enabled:
+        return
+    written = {o.lstrip("+~").partition("=")[0] for o in overrides}
+    unread = [key for key in ("workload.batch_size", "workload.context_len") if key in written]
+    if unread:
+        s = run.workload.serving
+        note = (f"{' and '.join(unread)} not read by a serving run: its batches are the requests admitted (up to"
+                f" workload.serving.max_batch={s.max_batch}), their KV lengths the requests' own (workload.serving.prompt_len_mean={s.prompt_len_mean:g})")
+        outcome.summary["serving_note"] = note + ("; " + outcome.summary["serving_note"] if "serving_note" in outcome.summary else "")
+
+
 def execute(
     run: RunConfig, run_dir: Path, params: dict, overrides: tuple[str, ...] = (), outputs_dir: Path | None = None
 ) -> RunResult:
@@ -117,6 +132,7 @@ def execute(
         what_ran = {**identity(run, overrides), "config_hash": digest}
         outcome.summary.update(what_ran)
         _say_steps_set_by_the_trace(outcome, run, overrides)
+        _say_unread_in_serving(outcome, run, overrides)
         names = run.names
         write_outputs(run_dir, outcome, names, trace_steps=run.output.trace_steps, timeline_steps=timeline_steps, drawer=drawer)
     if run.tracking.enabled:

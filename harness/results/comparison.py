@@ -70,6 +70,7 @@ def comparison(runs: pd.DataFrame) -> pd.DataFrame:
     if "notes" not in table.columns:  # run folders: from the summaries; MLflow runs carry a notes tag
         table["notes"] = [run_notes(row) for row in table.to_dict("records")]
     shown = SHOWN[:SHOWN.index("step_ms_mean") + 1] + LATENCY_SHOWN + SHOWN[SHOWN.index("step_ms_mean") + 1:]
+    table = _one_row_a_setting(table, group + ["strategy"], [c for c in shown if c in table.columns])
     columns = KEYS + [c for c in shown if c in table.columns and (c not in LATENCY_SHOWN or table[c].notna().any())] + ["notes"]
     if "swept" in table.columns and table["swept"].ne("").any():
         columns.insert(len(KEYS), "swept")
@@ -78,6 +79,41 @@ def comparison(runs: pd.DataFrame) -> pd.DataFrame:
         _swept_key=table["swept"].map(_numeric_key) if "swept" in table.columns else 0,
     ).sort_values(["hardware", "workload", "_swept_key", "_eager_first", "strategy"], key=None)
     return order[columns].reset_index(drop=True)
+
+
+def _one_row_a_setting(table: pd.DataFrame, setting: list[str], numbers: list[str]) -> pd.DataFrame:
+    """Runs of one setting (two sweeps read together, a job run twice) were two rows nothing told apart.
+    Runs of one configuration with the same numbers are one row that says how many; where they differ
+    (another configuration under the same overrides, such as an edited preset, or another version of the
+    harness), each row says so and names its run."""
+    keep = np.ones(len(table), dtype=bool)
+    notes = table["notes"].fillna("").astype(str).tolist()
+    for _, rows in table.groupby(setting, sort=False, dropna=False).indices.items():
+        if len(rows) < 2:
+            continue
+        values = table.iloc[rows][numbers]
+        same_numbers = all(values[c].nunique(dropna=False) == 1 for c in numbers)
+        same_config = "config_hash" not in table or table.iloc[rows]["config_hash"].nunique(dropna=False) == 1
+        if same_numbers and same_config:
+            keep[rows[1:]] = False
+            notes[rows[0]] = _joined(notes[rows[0]], f"{len(rows)} runs of this configuration, the same numbers")
+            continue
+        for row in rows:
+            notes[row] = _joined(notes[row], f"one of {len(rows)} runs of this setting that differ ({_run_name(table.iloc[row])})")
+    return table.assign(notes=notes)[keep]
+
+
+def _joined(notes: str, note: str) -> str:
+    return f"{notes}; {note}" if notes else note
+
+
+def _run_name(row: pd.Series) -> str:
+    """A run as a user finds it: its folder (sweep folder / job folder), or its MLflow run id."""
+    run_dir = row.get("run_dir")
+    if isinstance(run_dir, str) and run_dir:
+        return "/".join(Path(run_dir).parts[-2:])
+    run_id = row.get("run_id")
+    return f"run {run_id}" if isinstance(run_id, str) and run_id else "no run folder"
 
 
 def to_markdown(table: pd.DataFrame) -> str:
