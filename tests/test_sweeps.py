@@ -268,6 +268,35 @@ def test_comparison_shows_request_latencies_where_some_run_has_them():
     assert "median_ttft_ms" not in comparison(runs.drop(columns=["median_ttft_ms"])).columns
 
 
+def test_runs_of_one_setting_are_one_row_or_named_apart():
+    """Two sweeps read together gave two rows of each setting that nothing told apart. The same
+    configuration with the same numbers: one row that says how many; where they differ, each row names
+    its run (folder or MLflow run id); the eager mean still sets the speed-up."""
+    from harness.results.comparison import comparison
+
+    runs = pd.DataFrame(
+        {
+            "hardware": ["a2"] * 4,
+            "workload": ["w"] * 4,
+            "strategy": ["eager", "eager", "async", "async"],
+            "throughput_tok_s": [10.0, 10.0, 30.0, 40.0],
+            "config_hash": ["e", "e", "a1", "a2"],
+            "overrides": ["strategy=eager", "strategy=eager", "strategy=async", "strategy=async"],
+            "run_dir": ["/x/sweep1/0_w_eager", "/x/sweep2/0_w_eager", "/x/sweep1/1_w_async", None],
+            "run_id": [None, None, None, "abc123"],
+        }
+    )
+    table = comparison(runs)
+    assert table["strategy"].tolist() == ["eager", "async", "async"]
+    assert table["notes"].iloc[0] == "2 runs of this configuration, the same numbers"
+    assert table["notes"].iloc[1] == "one of 2 runs of this setting that differ (sweep1/1_w_async)"
+    assert table["notes"].iloc[2] == "one of 2 runs of this setting that differ (run abc123)"
+    assert table["speedup_vs_eager"].tolist() == pytest.approx([1.0, 3.0, 4.0])
+    # The same numbers under two configurations (an edited preset) are two runs, not one.
+    runs.loc[1, "config_hash"] = "e2"
+    assert comparison(runs)["strategy"].tolist() == ["eager", "eager", "async", "async"]
+
+
 def test_timeline_draws_host_ops_not_stripes_and_leaves_idle_lanes_out(tmp_path, monkeypatch):
     import matplotlib
 
