@@ -257,6 +257,18 @@ def test_a_moe_run_says_how_its_tokens_moved(overrides, note):
     assert "moe_note" not in dense.info
 
 
+@pytest.mark.parametrize("hardware", ["h100", "h200", "b200", "a100", "l40s", "mi300x"])
+def test_gpu_presets_move_moe_tokens_as_the_gpu_engines_do_by_default(hardware):
+    """vLLM's all2all backend (allgather_reducescatter) and SGLang's --moe-a2a-backend none gather tokens at
+    any EP size; the GPU presets priced every EP group as an all-to-all exchange. Opting into one (DeepEP):
+    moe_all_to_all_min_ep=2."""
+    run = ("workload=qwen3_30b_decode", "workload.steps=1", "workload.dp=4", "workload.ep=16", f"hardware={hardware}")
+    _, plan = prepare(compose_run(*run), np.full(1, 16), None)
+    assert plan.info["moe_note"].startswith("MoE: all-gather method (EP 16 below hardware.link.moe_all_to_all_min_ep=4096)")
+    _, plan = prepare(compose_run(*run, "hardware.link.moe_all_to_all_min_ep=2"), np.full(1, 16), None)
+    assert plan.info["moe_note"] == "MoE: tokens split over TP and exchanged all-to-all over EP 16 (dispatch, combine)"
+
+
 def test_kv_lengths_pad_up_to_whole_blocks():
     """A serving batch's mean KV length can be fractional: even a block of 1 rounds it up."""
     assert pad_up(np.array([2.5, 3.0, 256.5]), 1).tolist() == [3.0, 3.0, 257.0]

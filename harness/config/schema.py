@@ -204,7 +204,11 @@ class LinkConfig:
     # How the serving stack moves a MoE layer's tokens here: an expert-parallel group of at least this many
     # ranks splits its tokens over TP and exchanges them all-to-all (dispatch, combine); a smaller one
     # all-gathers (every rank routes all its DP group's tokens to its own experts, the outputs all-reduced).
-    moe_all_to_all_min_ep: int = 2
+    # 4096 (never all-to-all) as the GPU engines do by default: vLLM's all2all backend is
+    # allgather_reducescatter (vllm-project/vllm#33728, restored as the portable default by #53952), SGLang's
+    # --moe-a2a-backend is none ("Uses All-Reduce or All-Gather for token dispatch", its expert-parallelism
+    # docs); DeepEP and the like are opted into (hardware.link.moe_all_to_all_min_ep=2). atlas_a2: 16.
+    moe_all_to_all_min_ep: int = 4096
 
     def __post_init__(self) -> None:
         check_limits(self)
