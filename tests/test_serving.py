@@ -55,6 +55,22 @@ def test_request_stream_is_seeded():
     assert np.mean(many.prompt_len) == pytest.approx(run.workload.serving.prompt_len_mean, rel=0.03)
 
 
+def test_request_i_is_the_same_whatever_the_run_length_or_max_batch():
+    """The count drawn follows workload.steps and max_batch; one generator drew every gap, then every
+    length, so the first request's prompt was 472 tokens at max_batch 32 and 240 steps, 773 at max_batch
+    128, 2364 at 60 steps: candidates the advisor compared served other requests."""
+    run = compose_run(*SERVING, "workload.serving.len_cv=0.5")
+    short, long = draw_requests(run.workload.serving, 0, 40), draw_requests(run.workload.serving, 0, 4000)
+    for field in ("arrival_us", "prompt_len", "output_len"):
+        np.testing.assert_array_equal(getattr(short, field), getattr(long, field)[:40])
+    # Through the runs: the requests both runs finish got the same lengths and arrived at the same time.
+    a = batch_requests(compose_run(*SERVING, "workload.serving.max_batch=8"))
+    b = batch_requests(compose_run(*SERVING, "workload.serving.max_batch=128", "workload.steps=90"))
+    n = min(len(a.requests.arrival_us), len(b.requests.arrival_us))
+    np.testing.assert_array_equal(a.requests.prompt_len[:n], b.requests.prompt_len[:n])
+    np.testing.assert_array_equal(a.requests.arrival_us[:n], b.requests.arrival_us[:n])
+
+
 def test_the_stream_after_the_initial_requests_starts_at_time_zero():
     """100 requests waiting at t = 0 and a 10 rps Poisson stream: the stream's first request comes one
     drawn gap after 0 and ~100 arrive in the first 10 s (the initial requests' gaps once delayed it to

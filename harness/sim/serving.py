@@ -58,21 +58,25 @@ class ServingBatches:
 
 
 def draw_requests(serving: ServingConfig, seed: int, count: int) -> Requests:
-    rng = np.random.default_rng([seed, SERVING_STREAM])
-    gaps_us = rng.exponential(US_PER_S / serving.arrival_rate_rps, size=count)
+    """`count` requests of the seeded stream. Request i is the same whatever `count` is: arrival gaps,
+    prompt and output lengths each come from a generator of their own, drawn in request order (one
+    generator drawing all gaps, then all lengths, moved every length when the count changed, and the count
+    follows workload.steps and max_batch: runs of one stream differing in those served other requests)."""
+    gaps_rng, prompt_rng, output_rng = (np.random.default_rng([seed, SERVING_STREAM, k]) for k in range(3))
+    gaps_us = gaps_rng.exponential(US_PER_S / serving.arrival_rate_rps, size=count)
     # The initial requests wait at time 0 and the stream starts then too (the gaps drawn for the initial
     # ones once pushed it back by initial / rate: 100 at 10 rps, a first arrival at 10.7 s).
     initial = min(serving.initial_requests, count)
     arrival = np.concatenate([np.zeros(initial), np.cumsum(gaps_us[: count - initial])])
 
-    def lengths(mean: float) -> np.ndarray:
+    def lengths(mean: float, rng: np.random.Generator) -> np.ndarray:
         if serving.len_cv == 0:
             return np.full(count, max(1, round(mean)), dtype=np.int64)
         sigma2 = np.log1p(serving.len_cv**2)
         drawn = rng.lognormal(np.log(mean) - sigma2 / 2, np.sqrt(sigma2), size=count)
         return np.maximum(1, np.rint(drawn)).astype(np.int64)
 
-    return Requests(arrival, lengths(serving.prompt_len_mean), lengths(serving.output_len_mean))
+    return Requests(arrival, lengths(serving.prompt_len_mean, prompt_rng), lengths(serving.output_len_mean, output_rng))
 
 
 def steps_plan_alone(strategy: StrategyConfig) -> bool:
