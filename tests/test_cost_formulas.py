@@ -267,6 +267,30 @@ def test_request_latencies_of_a_hand_made_plan():
     assert "2 completed request(s) (TTFT on 2 first tokens), fewer than 20" in summary["serving_note"]
 
 
+def test_request_latencies_leave_the_warm_up_out_as_throughput_does():
+    """Five 10 ms steps, the first two warm-up: the window starts at step 2's release, 20 ms. r0 (arrives 0)
+    and r1 (15 ms) arrived in the warm-up and are left out; r2 (20 ms, first token at 40, still running)
+    and r3 (25 ms, tokens at 40 and 50) are measured. Throughput left the warm-up out and the request
+    figures counted it, with a batch mean over every step."""
+    plan = ServingBatches(
+        batch=np.array([1, 2, 2, 3, 2]), kv_len=np.zeros(5), release_us=np.arange(5) * 10_000.0, step_us=np.full(5, 10_000.0),
+        requests=Requests(arrival_us=np.array([0.0, 15_000.0, 20_000.0, 25_000.0]), prompt_len=np.full(4, 100),
+                          output_len=np.array([3, 2, 9, 2])),
+        admitted_us=np.array([0.0, 20_000.0, 30_000.0, 30_000.0]), finished_us=np.array([30_000.0, 40_000.0, np.nan, 50_000.0]),
+        first_token_us=np.array([10_000.0, 30_000.0, 40_000.0, 40_000.0]),
+        itl_us=np.array([10_000.0, 10_000.0, 10_000.0, 10_000.0, 10_000.0]), itl_request=np.array([0, 0, 1, 2, 3]),
+    )
+    summary = serving_summary(plan, warmup_steps=2)
+    assert summary["requests_completed"] == 1 and summary["batch_mean"] == pytest.approx(7 / 3) and summary["batch_max"] == 3
+    assert summary["mean_e2el_ms"] == 25.0 and summary["queue_ms_mean"] == 5.0  # r3: 50 - 25, admitted 30 - 25
+    assert summary["mean_ttft_ms"] == pytest.approx((20 + 15) / 2)  # r2: 40 - 20, r3: 40 - 25
+    assert summary["mean_tpot_ms"] == 10.0 and summary["mean_itl_ms"] == 10.0
+    assert summary["serving_note"].startswith("latency figures and the batch over the measured window: the 2 requests arriving"
+                                              " after the 2 warm-up step(s)")
+    every = serving_summary(plan)
+    assert every["requests_completed"] == 3 and every["batch_mean"] == 2.0 and "measured window" not in every["serving_note"]
+
+
 def finished_plan(requests: int, output_len: int = 2) -> ServingBatches:
     """`requests` requests arriving at 0, each admitted at once and done after `output_len` 10 ms steps."""
     n = requests

@@ -55,6 +55,7 @@ class ServingBatches:
     generated: np.ndarray | None = None
     idle_us: np.ndarray | None = None  # how long the server waited for a request before each step
     scheduled_here: np.ndarray | None = None  # async scheduling: the steps that scheduled themselves (engine_costs)
+    itl_request: np.ndarray | None = None  # the request each gap of itl_us belongs to (None: every request is measured)
 
 
 def draw_requests(serving: ServingConfig, seed: int, count: int) -> Requests:
@@ -104,6 +105,7 @@ def batch_requests(run: RunConfig, progress=None) -> ServingBatches:
     first_token = np.full(requests.arrival_us.size, np.nan)
     last_token = np.full(requests.arrival_us.size, np.nan)
     gaps: list[np.ndarray] = []
+    gap_owners: list[np.ndarray] = []
     generated = np.zeros(requests.arrival_us.size, dtype=np.int64)
     undelivered: list[np.ndarray] = []  # sequences that made a token in each step of this block so far
     running: list[int] = []
@@ -168,15 +170,18 @@ def batch_requests(run: RunConfig, progress=None) -> ServingBatches:
             undelivered = []
             seen = ~np.isnan(last_token[delivered])
             gaps.append(now - last_token[delivered[seen]])
+            gap_owners.append(delivered[seen])
             first_token[delivered[~seen]] = now
             last_token[delivered] = now
             finished[delivered[generated[delivered] >= requests.output_len[delivered]]] = now
         running = [int(r) for r in (ids[generated[ids] < requests.output_len[ids]] if block_ends else ids)]
     itl = np.concatenate(gaps) if gaps else np.zeros(0)
-    return ServingBatches(batch, kv_len, release, step_us, requests, admitted, finished, first_token, itl, produced, idle_us, scheduled_here)
+    owners = np.concatenate(gap_owners) if gap_owners else np.zeros(0, dtype=np.int64)
+    return ServingBatches(batch, kv_len, release, step_us, requests, admitted, finished, first_token, itl, produced, idle_us,
+                          scheduled_here, owners)
 
 
-def serving_summary(plan: ServingBatches) -> dict:
+def serving_summary(plan: ServingBatches, warmup_steps: int = 0) -> dict:
     """Request-level numbers of a serving run (ms): latency from arrival to last token and queueing, and
     vLLM's benchmark_serving names and definitions (`mean_ttft_ms`, `median_tpot_ms`, `p99_itl_ms`,
     `mean_e2el_ms`, ...): TPOT from the first token to the last over the tokens after the first, over the
@@ -184,12 +189,24 @@ def serving_summary(plan: ServingBatches) -> dict:
     every token, was dropped: printed as "TPOT" it was not vLLM's.) Requests arrive already prefilled, so
     TTFT here is the wait for the first decode step's token, without prefill (`ttft_note`); it counts
     every request whose first token came in the run, done or not (vLLM's benchmark waits for every
-    request to finish; a run's window ends with some in flight)."""
-    done = ~np.isnan(plan.finished_us)
+    request to finish; a run's window ends with some in flight). With `warmup_steps`, the figures are those
+    of the measured window, as throughput's are: its steps' batches, and the requests arriving once the
+    warm-up steps are over (they counted the warm-up's too, beside a throughput that did not)."""
+    measured = np.ones(plan.requests.arrival_us.size, dtype=bool)
+    itl_us = plan.itl_us
+    batch = plan.batch
+    if warmup_steps > 0:
+        window_start_us = plan.release_us[warmup_steps]
+        window_end_us = plan.release_us[-1] + plan.step_us[-1]
+        measured = (plan.requests.arrival_us >= window_start_us) & (plan.requests.arrival_us <= window_end_us)
+        assert plan.itl_request is not None, "a plan with warm-up steps names each gap's request"
+        itl_us = plan.itl_us[measured[plan.itl_request]]
+        batch = plan.batch[warmup_steps:]
+    done = ~np.isnan(plan.finished_us) & measured
     req = plan.requests
     latency_ms = (plan.finished_us[done] - req.arrival_us[done]) / 1e3
     queue_ms = (plan.admitted_us[done] - req.arrival_us[done]) / 1e3
-    out = {"requests_completed": int(done.sum()), "batch_mean": float(plan.batch.mean()), "batch_max": int(plan.batch.max())}
+    out = {"requests_completed": int(done.sum()), "batch_mean": float(batch.mean()), "batch_max": int(batch.max())}
     if done.any():
         out.update(
             {
@@ -198,12 +215,12 @@ def serving_summary(plan: ServingBatches) -> dict:
                 "queue_ms_mean": float(queue_ms.mean()),
             }
         )
-    started = ~np.isnan(plan.first_token_us)
+    started = ~np.isnan(plan.first_token_us) & measured
     # vLLM's definitions (benchmarks/benchmark_serving.py): TPOT excludes the first token; ITL is every gap.
     series = {"ttft": (plan.first_token_us[started] - req.arrival_us[started]) / 1e3}
     many = done & (req.output_len > 1)
     series["tpot"] = (plan.finished_us[many] - plan.first_token_us[many]) / (req.output_len[many] - 1) / 1e3
-    series["itl"] = plan.itl_us / 1e3
+    series["itl"] = itl_us / 1e3
     series["e2el"] = latency_ms
     for name, values in series.items():
         if values.size:
@@ -211,10 +228,16 @@ def serving_summary(plan: ServingBatches) -> dict:
             out[f"median_{name}_ms"] = float(np.median(values))
             out[f"p99_{name}_ms"] = float(np.percentile(values, 99))
     out["ttft_note"] = "requests arrive prefilled: TTFT is the wait for the first decode token, without prefill"
+    notes = []
+    if warmup_steps > 0:
+        notes.append(f"latency figures and the batch over the measured window: the {int(measured.sum())} requests arriving after"
+                     f" the {warmup_steps} warm-up step(s) (workload.warmup_steps)")
     if done.sum() < MIN_REQUESTS_FOR_PERCENTILES:
-        out["serving_note"] = (
+        notes.append(
             f"latency figures rest on {int(done.sum())} completed request(s) (TTFT on {int(started.sum())} first tokens),"
             f" fewer than {MIN_REQUESTS_FOR_PERCENTILES}:"
             " raise workload.steps or lower workload.serving.output_len_mean"
         )  # said where the figures are shown (terminal, reports, MLflow), not logged: an advice's workers printed it once a candidate
+    if notes:
+        out["serving_note"] = "; ".join(notes)
     return out

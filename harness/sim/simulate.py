@@ -362,7 +362,7 @@ def _simulate_prepared(run: RunConfig, prepared: PreparedRun, chunk_tasks: int) 
             f"tokens per step = workload.batch_size ({run.workload.batch_size}): an op list does not say what a step produces"
         )
     if serving is not None:
-        summary.update(serving_summary(serving))
+        summary.update(serving_summary(serving, run.workload.warmup_steps))
     if engine_note:
         summary["engine_note"] = engine_note
     return RunResult(summary=summary, step_columns=steps_table, result=result, workload=workload)
