@@ -135,6 +135,20 @@ def test_splitting_ops_without_a_captured_graph_are_refused_in_one_line():
 def test_splitting_ops_that_are_not_in_the_workload_are_refused_in_one_line():
     with pytest.raises(ConfigError, match=r"^strategy.graph.splitting_ops=\['attention'\]: no op of type attention in this workload \(types: a, b, c\)$"):
         simulate_run(piecewise_run(["attention"]))
+    # One of the list present is enough; a type that no card has is a typo even beside one that is present.
+    assert simulate_run(piecewise_run(["b", "mla_attention"])).summary["launches_per_step"] == simulate_run(piecewise_run(["b"])).summary["launches_per_step"]
+    with pytest.raises(ConfigError, match=r"^strategy.graph.splitting_ops=\['b', 'atention'\]: no op of type atention in this workload"):
+        simulate_run(piecewise_run(["b", "atention"]))
+
+
+@pytest.mark.parametrize("hardware", ["h100", "b200", "mi300x"])
+def test_the_piecewise_preset_splits_mla_attention_as_vllm_does(hardware):
+    """strategy=cuda_graph_piecewise named only `attention`: DeepSeek's is `mla_attention`, and every GPU
+    refused the pair (a sweep holding it, whole). One piece a layer plus one, either kind."""
+    for workload, layers in (("deepseek_v3", 61), ("llama31_8b_decode", 32)):
+        run = compose_run(f"hardware={hardware}", f"workload={workload}", "strategy=cuda_graph_piecewise", "workload.steps=2")
+        # layers + 1 graph pieces with each layer's attention launched alone between them
+        assert simulate_run(run).summary["launches_per_step"] == 2 * layers + 1
 
 
 def test_sink_loads_once_and_triggers():
