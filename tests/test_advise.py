@@ -59,6 +59,17 @@ def test_a_candidate_is_the_run_its_overrides_compose(overrides):
     assert candidates._patched(make_run(H100 + groups), dotted) is not None  # made the fast way, not composed
 
 
+def test_a_candidate_of_an_imported_op_list_is_the_run_it_composes():
+    """workload=trace is valid only with workload.path beside it: the advisor checked the preset alone
+    first and refused ("empty op list") what python -m harness runs."""
+    from pathlib import Path
+
+    path = Path(__file__).parent / "data" / "tiny_ops.csv"
+    overrides = ["hardware=h100", "workload=trace", f"workload.path={path}", "strategy=async"]
+    assert make_run(overrides) == compose_run(overrides)
+    assert make_run(overrides).workload.path == str(path)
+
+
 @pytest.mark.parametrize("bad", ["workload.batch_size=x", "workload.batch_size=0", "strategy.graph.bucket=[1]", "engine.multi_step=-1"])
 def test_a_refused_candidate_is_refused_in_the_words_of_any_run(bad):
     """A candidate's refusal is the one line `python -m harness` prints for the same value (ConfigError as

@@ -121,7 +121,10 @@ def _make_run(overrides: list[str]) -> RunConfig:
     if any(o.startswith(("+", "~")) for o in dotted):  # Hydra's own syntax: compose it all
         return compose_run(overrides)
     launch_conf = launch_folder_conf()
-    base = _base_run(groups, launch_conf)
+    try:
+        base = _base_run(groups, launch_conf)
+    except ConfigError:  # a preset valid only with keys given beside it (workload=trace needs workload.path)
+        return compose_run(overrides)
     if not dotted:
         return base
     patched = _patched(base, dotted)
