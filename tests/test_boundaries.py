@@ -444,8 +444,16 @@ def test_a_run_of_graph_builds_alone_says_its_figures_include_them():
     one = simulate_run(compose_run("workload=llama2_7b_prefill", "strategy=ge_sink", "workload.steps=1")).summary
     assert one["ttft_ms"] == pytest.approx(one["capture_ms"]) and one["ttft_ms"] > 1000
     assert one["steps_note"].startswith("every measured step builds its graph: the figures include the capture or load")
+    # The terminal said "the figures include the capture" and then "built in ... (outside the steady state above)".
+    from pathlib import Path
+
+    from harness.results.outputs import format_summary
+
+    names = {"hardware": "atlas_a2", "workload": "llama2_7b_prefill", "strategy": "ge_sink"}
+    assert "(in the figures above: no step replays)" in format_summary(one, names, Path("run"))
     three = simulate_run(compose_run("workload=llama2_7b_prefill", "strategy=ge_sink", "workload.steps=3")).summary
     assert three["ttft_ms"] < 200 and "builds its graph" not in three.get("steps_note", "")
+    assert "(outside the steady state above)" in format_summary(three, names, Path("run"))
 
 
 @pytest.mark.parametrize("warmup, measured", [(0, 4), (3, 1)])

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from harness.base.files import atomic_write, write_json, write_text
+from harness.sim.metrics import ALL_BUILDS_NOTE
 from harness.sim.outcome import shown_steps
 from harness.sim.task_graph import CATEGORIES, LANE_COPY, LANE_DEVICE, LANE_EXTERNAL
 
@@ -244,7 +245,8 @@ def format_summary(summary: dict, names: dict, run_dir: Path) -> str:
     if "graph_captures" in summary:
         graph = f"  graph        {summary['graph_captures']} built"
         if "capture_ms" in summary:
-            graph += f" in {summary['capture_ms']:.0f} ms (outside the steady state above)"
+            included = ALL_BUILDS_NOTE in summary.get("steps_note", "")
+            graph += f" in {summary['capture_ms']:.0f} ms ({'in the figures above: no step replays' if included else 'outside the steady state above'})"
         lines.append(graph + f", padding waste {summary.get('padding_waste', 0.0):.1%}")
     if "graph_note" in summary:
         lines.append(f"  note         {summary['graph_note']}")

@@ -28,6 +28,11 @@ from harness.model.ops import HOST_ONLY_KINDS, Workload
 # finished requests in a serving run).
 MIN_SAMPLES_FOR_P99 = 20
 
+# What a run all of whose measured steps build their graph says (its figures hold the builds); the
+# terminal then does not call the builds "outside the steady state" (harness.results.outputs).
+ALL_BUILDS_NOTE = ("every measured step builds its graph: the figures include the capture or load (capture_ms too);"
+                   " a replay needs a step of a shape built before: raise workload.steps, or coarsen the shape buckets")
+
 US_PER_MS = 1e3
 HOST_CATEGORIES = ("framework", "infer_shape", "tiling", "alloc", "launch", "sync", "graph", "cpu", "engine")
 
@@ -233,8 +238,7 @@ def summarize(measures: StepMeasures, workload: Workload, plan: StepPlan | None 
     )
     notes = []
     if np.all(mode[measured] == BUILD):  # nothing but graph builds to measure (measured_steps' fallback)
-        notes.append("every measured step builds its graph: the figures include the capture or load (capture_ms too);"
-                     " raise workload.steps for replays")
+        notes.append(ALL_BUILDS_NOTE)
     if measured.sum() < MIN_SAMPLES_FOR_P99:
         notes.append(p99_note(int(measured.sum()), "raise workload.steps for a tail"))
     if notes:
