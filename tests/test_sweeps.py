@@ -297,6 +297,33 @@ def test_runs_of_one_setting_are_one_row_or_named_apart():
     assert comparison(runs)["strategy"].tolist() == ["eager", "eager", "async", "async"]
 
 
+def test_a_speed_up_is_over_the_eager_run_of_the_same_setting_however_written(tmp_path):
+    """`-m experiment=a2_deepseek_eager,a2_deepseek_acl_graph` (the calibration's own pair) gave the graph no
+    speed-up: their overrides differ beyond the strategy. What ran is compared (setting_hash: everything
+    but the strategy and where files go), and a default written out is the default."""
+    import dataclasses
+
+    from harness.config.schema import flatten
+    from harness.results.comparison import comparison
+    from harness.results.resume import config_hash, setting_hash
+
+    def params(*overrides):
+        return flatten(dataclasses.asdict(compose_run(*overrides)))
+
+    eager, graph = params("experiment=a2_deepseek_eager"), params("experiment=a2_deepseek_acl_graph")
+    assert setting_hash(eager) == setting_hash(graph) and config_hash(eager) != config_hash(graph)
+    assert setting_hash(params("strategy=eager")) == setting_hash(params("strategy=eager", "workload.batch_size=1", "tracking.enabled=false"))
+    assert setting_hash(eager) != setting_hash(params("experiment=a2_deepseek_eager", "workload.batch_size=4"))
+    runs = pd.DataFrame({
+        "hardware": ["a2"] * 3, "workload": ["w"] * 3, "strategy": ["eager", "acl_graph", "acl_graph"],
+        "throughput_tok_s": [10.0, 50.0, 70.0], "setting_hash": ["s", "s", "t"],
+        "overrides": ["+experiment=x_eager", "+experiment=x_graph", "+experiment=y_graph"],
+    })
+    table = comparison(runs).set_index("swept")
+    assert table.loc["+experiment=x_graph", "speedup_vs_eager"] == pytest.approx(5.0)
+    assert np.isnan(table.loc["+experiment=y_graph", "speedup_vs_eager"])  # no eager run of its setting
+
+
 def test_timeline_draws_host_ops_not_stripes_and_leaves_idle_lanes_out(tmp_path, monkeypatch):
     import matplotlib
 

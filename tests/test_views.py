@@ -68,6 +68,9 @@ def test_every_number_of_every_run_is_the_same_in_every_view(views):
             [client.get_experiment_by_name("hostbound").experiment_id], filter_string=f"tags.run_dir = '{run_dir}'"
         )
         metrics, params = mlflow_run.data.metrics, mlflow_run.data.params
+        # The setting a report finds each run's eager run by: the same in the summary, the store and its report.
+        setting = json.loads(path.read_text())["setting_hash"]
+        assert mlflow_run.data.tags["setting_hash"] == setting == row_of(report_store, run_dir)["setting_hash"], path.parent.name
         for key, value in summary.items():
             where = f"{path.parent.name}: {key}"
             if key in WHAT_RAN_KEYS:  # what ran is the config: a param, as the config wrote it
@@ -90,7 +93,7 @@ def test_what_ran_is_the_configs_own_value():
     run = compose_run("workload=qwen3_30b_decode", "workload.batch_size=3", "seed=7", "workload.serving.enabled=true")
     params = flatten(OmegaConf.to_container(OmegaConf.structured(run), resolve=True, enum_to_str=True))
     what_ran = identity(run)
-    assert set(WHAT_RAN_PARAMS) == set(WHAT_RAN_KEYS) - {"overrides", "config_hash"}
+    assert set(WHAT_RAN_PARAMS) == set(WHAT_RAN_KEYS) - {"overrides", "config_hash", "setting_hash"}
     for key, param in WHAT_RAN_PARAMS.items():
         assert str(params[param]) == str(what_ran[key]), key
 

@@ -16,7 +16,7 @@ from harness.base.errors import ConfigError, TrackingError
 from harness.base.stopping import Stopped, raise_if_stopped
 from harness.config.schema import RunConfig
 from harness.results.outputs import STEPS_FILE, read_steps, write_outputs
-from harness.results.resume import config_hash, find_finished, finished_hash, reuse
+from harness.results.resume import config_hash, find_finished, finished_hash, reuse, setting_hash
 from harness.results.drawer import BackgroundDrawer
 from harness.sim.outcome import WHAT_RAN_WORKLOAD_KEYS, RunResult
 from harness.sim.simulate import simulate_run
@@ -29,7 +29,7 @@ def identity(run: RunConfig, overrides: tuple[str, ...] = ()) -> dict:
     """What ran, for summary.json: the deployment's sizes and the overrides on top of the presets."""
     w = run.workload
     sizes = {key: getattr(w, key) for key in WHAT_RAN_WORKLOAD_KEYS}
-    return {  # the keys of WHAT_RAN_KEYS but config_hash (added beside them)
+    return {  # the keys of WHAT_RAN_KEYS but the hashes (added beside them)
         **{key: value.value if isinstance(value, enum.Enum) else value for key, value in sizes.items()},
         "serving": w.serving.enabled, "seed": run.seed, "overrides": recorded_overrides(overrides, run),
     }
@@ -129,7 +129,7 @@ def execute(
     raise_if_stopped()  # one swallowed on its way up: not a whole simulation more
     with BackgroundDrawer() if timeline_steps > 0 else contextlib.nullcontext() as drawer:
         outcome = simulate_run(run)
-        what_ran = {**identity(run, overrides), "config_hash": digest}
+        what_ran = {**identity(run, overrides), "config_hash": digest, "setting_hash": setting_hash(params)}
         outcome.summary.update(what_ran)
         _say_steps_set_by_the_trace(outcome, run, overrides)
         _say_unread_in_serving(outcome, run, overrides)

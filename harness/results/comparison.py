@@ -64,8 +64,12 @@ def comparison(runs: pd.DataFrame) -> pd.DataFrame:
     if "overrides" in table.columns:
         table["swept"] = swept_values(table["overrides"])
     group = ["hardware", "workload"] + (["swept"] if "swept" in table.columns else [])
-    eager = table[table["strategy"] == "eager"].groupby(group)["throughput_tok_s"].mean()
-    base = table.set_index(group).index.map(lambda key: eager.get(key, np.nan))
+    # The eager run of the same setting: by what ran (setting_hash) where every run says, else by the
+    # overrides other than the strategy (summaries from before setting_hash).
+    same = (["hardware", "workload", "setting_hash"] if "setting_hash" in table.columns and table["setting_hash"].notna().all()
+            else group)
+    eager = table[table["strategy"] == "eager"].groupby(same)["throughput_tok_s"].mean()
+    base = table.set_index(same).index.map(lambda key: eager.get(key, np.nan))
     table["speedup_vs_eager"] = table["throughput_tok_s"].to_numpy() / np.asarray(base, dtype=float)
     if "notes" not in table.columns:  # run folders: from the summaries; MLflow runs carry a notes tag
         table["notes"] = [run_notes(row) for row in table.to_dict("records")]

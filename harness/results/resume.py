@@ -32,6 +32,15 @@ def config_hash(params: dict) -> str:
     return hashlib.sha256(json.dumps(kept, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
+def setting_hash(params: dict) -> str:
+    """16 hex digits of what a run simulates but its strategy: runs that schedule the same work, which a
+    comparison's speed-up sets side by side (the eager run of the same setting however each was written:
+    `experiment=a2_deepseek_eager,a2_deepseek_acl_graph`, or a default written out). The params as given
+    (an MLflow store's are text: hashes compare within one source)."""
+    kept = {k: v for k, v in params.items() if not k.startswith(_NOT_THE_CONFIGURATION) and not k.startswith("strategy.")}
+    return hashlib.sha256(json.dumps(kept, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
 def input_digests(params: dict) -> dict[str, str]:
     """Digests of the files a run reads beside its config: the config names them, but an edited file
     under the same name is another run (an op-list CSV edited and rerun with resume=true copied the old

@@ -40,6 +40,7 @@ from harness.config.schema import ArtifactPolicy, TrackingConfig, flatten, sqlit
 from harness.base.errors import HarnessError, TrackingError
 from harness.base.files import write_text
 from harness.results.comparison import LATENCY_SHOWN
+from harness.results.resume import setting_hash
 from harness.results.outputs import STEPS_FILE, SUMMARY_FILE, TRACE_FILE, WHERE_THINGS_GO, read_steps, run_notes, short_setting
 from harness.sim.outcome import WHAT_RAN_KEYS, WHAT_RAN_PARAMS
 from harness.base.stopping import store_call
@@ -432,6 +433,8 @@ def log_run(
     tags = {**names, "bound": summary["bound"], "run_dir": str(Path(run_dir).resolve())}
     if overrides:  # the same record of what was swept that a run folder keeps (.hydra/overrides.yaml)
         tags["overrides"] = overrides
+    if params:  # summary.json's, from the same resolved config: a report finds each run's eager run by it
+        tags["setting_hash"] = setting_hash(params)
     notes = run_notes(summary)
     if notes:  # the summary's words (captures, fallbacks, warnings) are not metrics
         tags["notes"] = notes
