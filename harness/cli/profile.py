@@ -22,7 +22,8 @@ machine (harness/importers/fit.py).
 
 `--what-if` then simulates the replay and the alternatives (async dispatch, the host pipeline,
 graph capture/replay, a tiling cache, fusion) on the same op list and hardware, and writes
-`whatif.csv` / `whatif.md`. A bad file stops with one line naming it and what is missing (exit 2)
+`whatif.csv` / `whatif.md`; a run without it removes those an earlier run left in DIR (and says so), so
+the folder holds one run's files. A bad file stops with one line naming it and what is missing (exit 2)
 before anything is written.
 """
 from __future__ import annotations
@@ -38,7 +39,7 @@ import numpy as np
 import pandas as pd
 
 from harness.base.commands import CommandParser
-from harness.base.errors import HarnessError, fail
+from harness.base.errors import EXIT_WRITE_FAILED, HarnessError, fail
 from harness.base.files import check_folder
 from harness.importers import READ_LIMIT_MB, load_profile
 from harness.config.paths import CONF_DIR, LAUNCH_FOLDER_CONF
@@ -242,10 +243,13 @@ def main(argv: Optional[list[str]] = None) -> None:
     write_text(args.out / REPLAY_FILE, replay + "\n")
     print(describe(record))
     print(replay)
-    if args.what_if:
+    if not args.what_if:
+        remove_stale_what_if(args.out)
+    else:
         try:
             results = what_if(imported, overrides, summary)
         except HarnessError as exc:
+            remove_stale_what_if(args.out)  # this run's files are written: an earlier run's what-if beside them would read as theirs
             fail(str(exc))
         atomic_write(args.out / WHATIF_CSV, lambda tmp: results.to_csv(tmp, index=False))
         shown = results.drop(columns=["bound_reason"]).round({"step_ms": 3, "speedup": 2, "device_busy": 3, "bubble": 3})
@@ -253,6 +257,23 @@ def main(argv: Optional[list[str]] = None) -> None:
         print(shown.to_markdown(index=False))
     if fit_path is not None:
         write_fit(fit_path, args, imported, table, summary, eager_gaps, graph_gaps, exit_gaps)
+
+
+def remove_stale_what_if(out: Path) -> None:
+    """Remove the what-if files an earlier `--what-if` run left in `out`: beside this run's profile.json they
+    would read as its alternatives, simulated on another op list. Says so in one line when it removes any."""
+    removed = []
+    for name in (WHATIF_CSV, WHATIF_MD):
+        try:
+            (out / name).unlink()
+        except FileNotFoundError:
+            continue
+        except OSError as exc:
+            fail(f"--out={out}: cannot remove {name} an earlier --what-if run left there ({exc.strerror or exc})", EXIT_WRITE_FAILED)
+        removed.append(name)
+    if removed:
+        print(f"hostbound: note: removed {' and '.join(removed)} from {out}: an earlier --what-if run's, not this run's"
+              " (add --what-if to simulate this one)", file=sys.stderr)
 
 
 def check_fit(name: Optional[str], base: Optional[str], unprofiled_step_ms: Optional[float] = None) -> Optional[Path]:

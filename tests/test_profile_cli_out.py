@@ -1,0 +1,54 @@
+"""`python -m harness.profile TRACE --out DIR`: the folder holds one run's files, so an earlier run's
+what-if never sits beside another trace's profile (harness/cli/profile.py)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from harness.base.errors import HarnessError
+from harness.cli import profile
+from harness.cli.profile import WHATIF_CSV, WHATIF_MD
+
+TRACES = Path(__file__).parent / "data" / "traces"
+GP100, ALEXNET = TRACES / "hta_gpu_annot_gp100.json.gz", TRACES / "hta_alexnet_a100.json.gz"
+
+
+def notes(capsys) -> list[str]:
+    return [line for line in capsys.readouterr().err.splitlines() if line.startswith("hostbound: note: ")]
+
+
+def test_a_run_without_what_if_removes_an_earlier_runs(tmp_path, capsys):
+    """gp100 with --what-if, then alexnet into the same folder without it: gp100's whatif.csv / whatif.md stayed
+    beside alexnet's profile.json. They go, said in one line; a run with nothing to remove says nothing."""
+    out = tmp_path / "out"
+    profile.main([str(GP100), "--out", str(out), "--what-if"])
+    assert (out / WHATIF_CSV).is_file() and (out / WHATIF_MD).is_file()
+    capsys.readouterr()
+    profile.main([str(ALEXNET), "--out", str(out)])
+    said = notes(capsys)
+    assert len(said) == 1 and WHATIF_CSV in said[0] and WHATIF_MD in said[0]
+    assert not (out / WHATIF_CSV).exists() and not (out / WHATIF_MD).exists()
+    assert json.loads((out / "profile.json").read_text())["trace"] == str(ALEXNET)
+    profile.main([str(ALEXNET), "--out", str(out)])
+    assert notes(capsys) == []
+
+
+def test_a_failed_what_if_leaves_no_earlier_one(tmp_path, capsys, monkeypatch):
+    """A --what-if that stops after the profile is written: the earlier run's what-if must not be left beside
+    it as if it were this run's."""
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / WHATIF_MD).write_text("an earlier trace's table\n")
+
+    def stop(*_args):
+        raise HarnessError("the what-if stopped")
+
+    monkeypatch.setattr(profile, "what_if", stop)
+    with pytest.raises(SystemExit) as ended:
+        profile.main([str(ALEXNET), "--out", str(out), "--what-if"])
+    assert ended.value.code == 2
+    assert not (out / WHATIF_MD).exists() and (out / "profile.json").is_file()
+    err = capsys.readouterr().err.splitlines()
+    assert err[-1] == "hostbound: error: the what-if stopped" and WHATIF_MD in err[-2]
