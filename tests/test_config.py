@@ -536,3 +536,22 @@ def test_an_experiments_recorded_keys_are_those_of_the_file_hydra_runs(tmp_path,
     (tmp_path / "conf" / "experiment" / "a2_llama2_sink.yaml").write_text("# @package _global_\nhardware:\n  host:\n    threads: 3\n")
     monkeypatch.chdir(tmp_path)
     assert experiment_keys("a2_llama2_sink") == shipped and "hardware.host.threads" not in shipped
+
+
+@pytest.mark.parametrize("override", ["workload.serving.enabled=2", "strategy.fusion=-1", "tracking.enabled=7", "strategy.tiling_cache='2'"])
+def test_a_switch_set_to_a_number_other_than_0_or_1_is_refused(override, capsys):
+    """OmegaConf reads any integer as a switch: serving.enabled=2 ran a serving run. Every way in refuses it
+    in one line: the command line (preflight), compose_run (export_ops, profile), the advisor's candidates."""
+    from harness.advisor.candidates import make_run
+    from harness.config.compose import compose_run
+
+    expected = f"{override}: must be true or false"
+    with pytest.raises(SystemExit):
+        preflight([override])
+    assert capsys.readouterr().err.strip() == f"hostbound: error: {expected}"
+    with pytest.raises(ConfigError, match=f"^{re.escape(expected)}$"):
+        compose_run([override])
+    with pytest.raises(ConfigError, match=f"^{re.escape(expected)}$"):
+        make_run(["hardware=h100", override])
+    for written in ("true", "off", "1", "0", "yes"):  # OmegaConf's words stay
+        compose_run([f"{override.split('=')[0]}={written}"])

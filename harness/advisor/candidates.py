@@ -22,7 +22,7 @@ from harness.base.stopping import held, raise_if_stopped
 from harness.config.advise import AdviseConfig
 from harness.config.compose import compose_config, compose_run, to_run_config
 from harness.config.limits import LIMITS, check_number
-from harness.config.messages import group_options, one_line
+from harness.config.messages import group_options, not_a_switch, one_line
 from harness.config.paths import CONF_DIR, launch_folder_conf
 from harness.config.schema import GraphMode, RunConfig
 from harness.model.workload import build_workload, run_build_options
@@ -97,6 +97,9 @@ def make_run(overrides: list[str]) -> RunConfig:
     """The RunConfig `python -m harness <overrides>` would run: presets composed by Hydra (cached), the other
     keys merged onto it and every value checked. A key or preset Hydra refuses is a ConfigError in the
     words a run's refusal has ("workload.batchsize=3: no such key (did you mean ...)"), not a traceback."""
+    refused = not_a_switch(overrides)  # the fast path below converts values without compose_config's check
+    if refused:
+        raise ConfigError(refused)
     with held():  # a stop raised inside OmegaConf leaves its nodes broken (see compose_run)
         try:
             run = _make_run(overrides)

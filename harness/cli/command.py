@@ -27,7 +27,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from harness.sweep.compose_cache import compose_job
 from harness.config.compose import to_run_config, with_optional_groups_added
-from harness.config.messages import one_line
+from harness.config.messages import not_a_switch, one_line
 from harness.config.paths import CONF_DIR
 from harness.config.schema import RunConfig, flatten
 from harness.base.files import check_folder
@@ -193,6 +193,9 @@ def preflight(argv: list[str]) -> None:
         single = not _is_multirun(argv) and len(variants) == 1
         checked: set[str] = set()  # combinations that differ only in what check_run does not read (seed, dispatch, tracking, ...)
         for variant in variants:
+            refused = not_a_switch(variant)
+            if refused:
+                fail(refused)
             try:
                 cfg = compose_job(loader, config_name, variant)  # as compose() would, from the cache
                 with open_dict(cfg):

@@ -3,6 +3,7 @@ value the user wrote, with "did you mean" for a misspelt key or preset."""
 from __future__ import annotations
 
 import difflib
+import functools
 import re
 from pathlib import Path
 from typing import Optional, Sequence
@@ -142,6 +143,42 @@ def _schema_node(key: str) -> object:
             return None
         node = node._get_node(part)
     return node
+
+
+# What a switch may be written as (OmegaConf's words); OmegaConf also reads any integer as a switch
+# (`workload.serving.enabled=2` ran serving, `-1` too), which nobody writing 2 means.
+_SWITCH_WORDS = frozenset({"true", "false", "yes", "no", "on", "off", "1", "0", "null", "none", "~"})
+
+
+@functools.lru_cache(maxsize=1)
+def _switch_keys() -> frozenset[str]:
+    """The schema's boolean keys, dotted (walked once: a schema node costs ~20 ms to find)."""
+    from omegaconf.nodes import BooleanNode
+
+    keys = set()
+
+    def walk(node: DictConfig, prefix: str) -> None:
+        for name in node:
+            child = node._get_node(name)
+            if isinstance(child, DictConfig):
+                walk(child, f"{prefix}{name}.")
+            elif isinstance(child, BooleanNode):
+                keys.add(f"{prefix}{name}")
+
+    walk(OmegaConf.structured(RunConfig), "")
+    return frozenset(keys)
+
+
+def not_a_switch(overrides: Sequence[str]) -> Optional[str]:
+    """The one-line refusal of the first override that sets a switch to a number other than 0 or 1 (or to
+    another word than OmegaConf's), None when there is none. Null and interpolations are left to the
+    checks after composition."""
+    for override in overrides:
+        key, equals, value = override.lstrip("+~").partition("=")
+        word = value.strip().strip("'\"").lower()
+        if equals and key in _switch_keys() and word not in _SWITCH_WORDS and not word.startswith("${"):
+            return f"{override}: must be true or false"
+    return None
 
 
 def _plain(value: object) -> str:
