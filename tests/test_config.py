@@ -555,3 +555,21 @@ def test_a_switch_set_to_a_number_other_than_0_or_1_is_refused(override, capsys)
         make_run(["hardware=h100", override])
     for written in ("true", "off", "1", "0", "yes"):  # OmegaConf's words stay
         compose_run([f"{override.split('=')[0]}={written}"])
+
+
+def test_one_source_of_ops_a_run():
+    """workload.path beside the default card ran the card, the header naming the file ("path=ok.csv");
+    an op list beside a card or a path was read by nobody. Refused in one line naming what runs instead."""
+    from pathlib import Path
+
+    from harness.config.compose import compose_run
+
+    csv = str(Path(__file__).parent / "data" / "tiny_ops.csv")
+    with pytest.raises(ConfigError, match=rf"^workload.path='{re.escape(csv)}': not read while workload.card=llama2_7b is set: workload=trace"):
+        compose_run([f"workload.path={csv}"])
+    with pytest.raises(ConfigError, match=r"^workload.card='llama2_7b': is read instead of workload.ops: set workload.card=null"):
+        compose_run(["workload.ops=[{name:a,device_us:2}]"])
+    with pytest.raises(ConfigError, match=r"is read instead of workload.ops: give one of them$"):
+        compose_run(["workload=trace", f"workload.path={csv}", "workload.ops=[{name:a,device_us:2}]"])
+    assert compose_run(["workload=trace", f"workload.path={csv}"]).workload.path == csv
+    assert len(compose_run(["workload.card=null", "workload.ops=[{name:a,device_us:2}]"]).workload.ops) == 1

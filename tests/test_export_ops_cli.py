@@ -13,7 +13,7 @@ from harness.sim.simulate import simulate_run
 
 # Summary keys that name or echo what ran rather than measure it: a file read back is another workload
 # (its name, its overrides, a card's echoed settings), with no memory plan.
-NAMING = WALL_CLOCK_KEYS | {"workload", "overrides", "config_hash", "peak_mem_gb", "moe_note", "quant", "kv_cache_dtype", "decode_kv_reads"}
+NAMING = WALL_CLOCK_KEYS | {"workload", "overrides", "config_hash", "setting_hash", "peak_mem_gb", "moe_note", "quant", "kv_cache_dtype", "decode_kv_reads"}
 
 
 def export(tmp_path, capsys, *overrides: str, out: str = "ops.csv") -> tuple[list[str], list[str]]:

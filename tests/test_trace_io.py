@@ -102,7 +102,7 @@ def test_the_export_prints_the_command_that_reproduces_the_run(tmp_path):
         ran = run_cli(*overrides, "tracking.enabled=false", f"hydra.run.dir={name}", cwd=tmp_path)
         assert ran.returncode == 0, ran.stderr
     original, replayed = (json.loads((tmp_path / name / "summary.json").read_text()) for name in ("original", "replayed"))
-    naming = WALL_CLOCK_KEYS | {"peak_mem_gb", "workload", "overrides", "config_hash", "moe_note"}
+    naming = WALL_CLOCK_KEYS | {"peak_mem_gb", "workload", "overrides", "config_hash", "setting_hash", "moe_note"}
     assert {k: v for k, v in original.items() if k not in naming} == {k: v for k, v in replayed.items() if k not in naming}
     assert original["ttft_ms"] > 0 and original["tp"] == 4 and original["batch_size"] == 8
 

@@ -340,6 +340,14 @@ class WorkloadConfig:
         check_field(self, self.ep in (0, 1, self.devices), "ep",
                     f"must be 0 or {self.devices} (experts spread over every device, tp × dp, as vLLM's expert parallelism) or 1"
                     " (none: every device holds its slice of every expert)")
+        # One source of ops a run: a second one given beside it was read by nobody, while the header named
+        # it ("path=ok.csv" over a run of the default card).
+        if self.card is not None:
+            check_field(self, self.path is None, "path",
+                        f"not read while workload.card={self.card} is set: workload=trace (or workload.card=null) runs the file")
+            check_field(self, not self.ops, "card", "is read instead of workload.ops: set workload.card=null to run the op list")
+        elif self.path is not None:
+            check_field(self, not self.ops, "path", "is read instead of workload.ops: give one of them")
         if self.card is None and self.path is None:
             check_field(self, len(self.ops) > 0, "ops", "empty op list: set workload.card, workload.path or workload.ops")
         elif self.card is None:
