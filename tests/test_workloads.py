@@ -500,6 +500,10 @@ def test_an_expert_parallel_degree_between_one_and_every_device_is_refused(ep):
     assert str(refused.value) == (
         f"workload.ep={ep}: must be 0 or 4 (experts spread over every device, tp × dp, as vLLM's expert parallelism) or 1"
         " (none: every device holds its slice of every expert)")
+    # On one device the two ways in are the same number: said once (it read "0 or 1 (...) or 1 (...)").
+    with pytest.raises(ConfigError) as refused:
+        compose_run(f"workload.ep={ep}")
+    assert str(refused.value) == f"workload.ep={ep}: must be 0 or 1 on one device (tp × dp = 1): expert parallelism spreads experts over several"
 
 
 def test_the_vocab_parallel_embedding_sums_its_rows_across_tp():

@@ -339,7 +339,8 @@ class WorkloadConfig:
         check_field(self, self.warmup_steps < self.steps, "warmup_steps", f"must be < workload.steps={self.steps}")
         check_field(self, self.ep in (0, 1, self.devices), "ep",
                     f"must be 0 or {self.devices} (experts spread over every device, tp × dp, as vLLM's expert parallelism) or 1"
-                    " (none: every device holds its slice of every expert)")
+                    " (none: every device holds its slice of every expert)" if self.devices > 1 else
+                    "must be 0 or 1 on one device (tp × dp = 1): expert parallelism spreads experts over several")
         # One source of ops a run: a second one given beside it was read by nobody, while the header named
         # it ("path=ok.csv" over a run of the default card).
         if self.card is not None:
