@@ -573,3 +573,18 @@ def test_one_source_of_ops_a_run():
         compose_run(["workload=trace", f"workload.path={csv}", "workload.ops=[{name:a,device_us:2}]"])
     assert compose_run(["workload=trace", f"workload.path={csv}"]).workload.path == csv
     assert len(compose_run(["workload.card=null", "workload.ops=[{name:a,device_us:2}]"]).workload.ops) == 1
+
+
+@pytest.mark.parametrize("argv, said", [
+    (["--cfg", "job", "workload.batch_size=0"], "workload.batch_size=0: must be in 1..1048576 sequences"),
+    (["-c", "job", "--resolve", "strategy=cudagraph"], "strategy=cudagraph: no such strategy preset (did you mean cuda_graph?)"),
+    (["--cfg", "job", "-p", "workload", "workload.bach_size=1"], "workload.bach_size=1: no such key (did you mean workload.batch_size?)"),
+])
+def test_printing_the_config_checks_its_overrides_as_a_run(argv, said, capsys):
+    """`python -m harness --cfg job` (a README command) printed the config of a batch of 0 and exited 0, and
+    an unknown preset took Hydra's many lines: its overrides are checked as a run's."""
+    with pytest.raises(SystemExit):
+        preflight(argv)
+    assert capsys.readouterr().err.startswith(f"hostbound: error: {said}")
+    preflight(["--cfg", "job", "workload.batch_size=4"])  # a good one is printed, not refused
+    assert capsys.readouterr().err == ""

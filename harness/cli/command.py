@@ -39,8 +39,10 @@ from harness.base.stopping import Stopped, leaves, stop_with
 log = logging.getLogger(__name__)
 
 # Hydra flags that take a value, and flags after which there is nothing to check.
-_FLAGS_WITH_VALUE = {"--config-path", "-cp", "--config-name", "-cn", "--config-dir", "-cd", "--experimental-rerun"}
-_INFO_FLAGS = {"--help", "-h", "--hydra-help", "--info", "-i", "--shell-completion", "-sc", "--version", "--cfg", "-c", "--resolve", "-p", "--package"}
+# `--cfg job` prints the composed config: its overrides are checked as a run's are (a bad value printed the
+# config and exited 0, an unknown preset took Hydra's many lines).
+_FLAGS_WITH_VALUE = {"--config-path", "-cp", "--config-name", "-cn", "--config-dir", "-cd", "--experimental-rerun", "--cfg", "-c", "--package", "-p"}
+_INFO_FLAGS = {"--help", "-h", "--hydra-help", "--info", "-i", "--shell-completion", "-sc", "--version"}
 
 
 def _is_multirun(argv: list[str]) -> bool:
