@@ -268,27 +268,29 @@ def test_request_latencies_of_a_hand_made_plan():
 
 
 def test_request_latencies_leave_the_warm_up_out_as_throughput_does():
-    """Five 10 ms steps, the first two warm-up: the window starts at step 2's release, 20 ms. r0 (arrives 0)
-    and r1 (15 ms) arrived in the warm-up and are left out; r2 (20 ms, first token at 40, still running)
-    and r3 (25 ms, tokens at 40 and 50) are measured. Throughput left the warm-up out and the request
-    figures counted it, with a batch mean over every step."""
+    """Five 10 ms steps, the first two warm-up: tokens come at 10, 20, ... 50 ms and the window takes those
+    after 20 ms. TTFT: r1 (arrived 15, first token 30) and r2 (20, 40); r0 and r3 had theirs in the warm-up.
+    Latency and TPOT: r0 (done at 30) and r1 (40); r3 finished at 20. ITL: the gaps ending at 30 and 40 ms,
+    not the two ending at 20. The figures counted the warm-up's beside a throughput that did not; counting
+    only requests that arrived after the warm-up left a saturated run none (they queue past its end)."""
     plan = ServingBatches(
         batch=np.array([1, 2, 2, 3, 2]), kv_len=np.zeros(5), release_us=np.arange(5) * 10_000.0, step_us=np.full(5, 10_000.0),
-        requests=Requests(arrival_us=np.array([0.0, 15_000.0, 20_000.0, 25_000.0]), prompt_len=np.full(4, 100),
-                          output_len=np.array([3, 2, 9, 2])),
-        admitted_us=np.array([0.0, 20_000.0, 30_000.0, 30_000.0]), finished_us=np.array([30_000.0, 40_000.0, np.nan, 50_000.0]),
-        first_token_us=np.array([10_000.0, 30_000.0, 40_000.0, 40_000.0]),
-        itl_us=np.array([10_000.0, 10_000.0, 10_000.0, 10_000.0, 10_000.0]), itl_request=np.array([0, 0, 1, 2, 3]),
+        requests=Requests(arrival_us=np.array([0.0, 15_000.0, 20_000.0, 0.0]), prompt_len=np.full(4, 100),
+                          output_len=np.array([3, 2, 9, 5])),
+        admitted_us=np.array([0.0, 20_000.0, 30_000.0, 0.0]), finished_us=np.array([30_000.0, 40_000.0, np.nan, 20_000.0]),
+        first_token_us=np.array([10_000.0, 30_000.0, 40_000.0, 10_000.0]),
+        itl_us=np.array([25_000.0, 10_000.0, 10_000.0, 40_000.0]), itl_end_us=np.array([20_000.0, 30_000.0, 40_000.0, 20_000.0]),
     )
     summary = serving_summary(plan, warmup_steps=2)
-    assert summary["requests_completed"] == 1 and summary["batch_mean"] == pytest.approx(7 / 3) and summary["batch_max"] == 3
-    assert summary["mean_e2el_ms"] == 25.0 and summary["queue_ms_mean"] == 5.0  # r3: 50 - 25, admitted 30 - 25
-    assert summary["mean_ttft_ms"] == pytest.approx((20 + 15) / 2)  # r2: 40 - 20, r3: 40 - 25
-    assert summary["mean_tpot_ms"] == 10.0 and summary["mean_itl_ms"] == 10.0
-    assert summary["serving_note"].startswith("latency figures and the batch over the measured window: the 2 requests arriving"
-                                              " after the 2 warm-up step(s)")
+    assert summary["requests_completed"] == 2 and summary["batch_mean"] == pytest.approx(7 / 3) and summary["batch_max"] == 3
+    assert summary["mean_e2el_ms"] == pytest.approx((30 + 25) / 2) and summary["queue_ms_mean"] == pytest.approx((0 + 5) / 2)
+    assert summary["mean_ttft_ms"] == pytest.approx((15 + 20) / 2)
+    assert summary["mean_tpot_ms"] == pytest.approx((20 / 2 + 10 / 1) / 2)  # r3's (20 - 10) / 4 left out
+    assert summary["mean_itl_ms"] == pytest.approx(10.0)  # not (25 + 10 + 10 + 40) / 4
+    assert summary["serving_note"].startswith("latency figures and the batch over the measured window: the tokens after the 2 warm-up")
     every = serving_summary(plan)
-    assert every["requests_completed"] == 3 and every["batch_mean"] == 2.0 and "measured window" not in every["serving_note"]
+    assert every["requests_completed"] == 3 and every["batch_mean"] == 2.0 and every["mean_itl_ms"] == pytest.approx(85 / 4)
+    assert every["mean_ttft_ms"] == pytest.approx((10 + 15 + 20 + 10) / 4) and "measured window" not in every["serving_note"]
 
 
 def finished_plan(requests: int, output_len: int = 2) -> ServingBatches:

@@ -98,3 +98,9 @@ def test_an_experiments_read_back_reads_the_file(tmp_path, capsys):
     assert figures(back) == figures(args)
     falcon = compose_run(*export(tmp_path, capsys, "experiment=h100_trtllm_fp8_falcon180b_b1024_128_decode", "workload.steps=1", out="f.csv")[0])
     assert falcon.workload.card is None and falcon.workload.path == str(tmp_path / "f.csv")
+    # An experiment of its own op list (a GEMM's rows): the read-back empties it, one source of ops a run.
+    gemm = ["experiment=h100_gemm_m256_43008x5376"]
+    back = export(tmp_path, capsys, *gemm, out="g.csv")[0]
+    ran, read = figures(gemm), figures(back)
+    # The op list's run says its tokens are batch_size's; the file written out holds each step's tokens.
+    assert compose_run(*back).workload.ops == [] and ran.pop("throughput_note").startswith("tokens per step") and read == ran

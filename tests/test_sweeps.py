@@ -322,6 +322,20 @@ def test_a_speed_up_is_over_the_eager_run_of_the_same_setting_however_written(tm
     table = comparison(runs).set_index("swept")
     assert table.loc["+experiment=x_graph", "speedup_vs_eager"] == pytest.approx(5.0)
     assert np.isnan(table.loc["+experiment=y_graph", "speedup_vs_eager"])  # no eager run of its setting
+    # A sweep over a strategy key compares each run with the eager run of its own value (setting_hash
+    # leaves strategy.* out: the two eager runs were averaged, an eager row's speed-up 0.67).
+    swept = [(s, f) for f in ("false", "true") for s in ("eager", "acl_graph")]
+    runs = pd.DataFrame({
+        "hardware": ["a2"] * 4, "workload": ["w"] * 4, "strategy": [s for s, _ in swept], "throughput_tok_s": [10.0, 30.0, 20.0, 40.0],
+        "setting_hash": [setting_hash(params(f"strategy={s}", f"strategy.fusion={f}")) for s, f in swept],
+        "overrides": [f"strategy={s} strategy.fusion={f}" for s, f in swept],
+    })
+    table = comparison(runs).set_index(["strategy", "swept"])["speedup_vs_eager"]
+    assert table.to_dict() == pytest.approx({("eager", "strategy.fusion=false"): 1.0, ("acl_graph", "strategy.fusion=false"): 3.0,
+                                             ("eager", "strategy.fusion=true"): 1.0, ("acl_graph", "strategy.fusion=true"): 2.0})
+    # A run from before setting_hash is matched by its overrides, the others by what ran.
+    runs.loc[3, "setting_hash"] = np.nan
+    assert comparison(runs).set_index(["strategy", "swept"])["speedup_vs_eager"][("eager", "strategy.fusion=false")] == 1.0
 
 
 def test_timeline_draws_host_ops_not_stripes_and_leaves_idle_lanes_out(tmp_path, monkeypatch):

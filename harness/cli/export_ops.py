@@ -111,6 +111,8 @@ def read_back_command(workload: WorkloadConfig, steps: int, path: Path, override
         # card and ignored the file), and the ways a card's bytes are priced, which a file's rows already hold
         # (with no card they are refused). Keys on the command line come last and win.
         held.append("workload.card=null")
+        if w.ops:  # an experiment's own op list (the GEMM rows) beside the file would be refused: one source of ops a run
+            held.append("workload.ops=[]")
         if w.kv_cache_dtype != KvCacheDtype.auto:
             held.append(f"workload.kv_cache_dtype={KvCacheDtype.auto.value}")
         if w.decode_kv_reads != DecodeKvReads.shared:

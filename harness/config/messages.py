@@ -147,7 +147,7 @@ def _schema_node(key: str) -> object:
 
 # What a switch may be written as (OmegaConf's words); OmegaConf also reads any integer as a switch
 # (`workload.serving.enabled=2` ran serving, `-1` too), which nobody writing 2 means.
-_SWITCH_WORDS = frozenset({"true", "false", "yes", "no", "on", "off", "1", "0", "null", "none", "~"})
+_SWITCH_WORDS = frozenset({"true", "false", "yes", "no", "y", "n", "on", "off", "1", "0", "null", "none", "~"})
 
 
 @functools.lru_cache(maxsize=1)

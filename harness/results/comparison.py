@@ -63,18 +63,15 @@ def comparison(runs: pd.DataFrame) -> pd.DataFrame:
     table = runs.copy()
     if "overrides" in table.columns:
         table["swept"] = swept_values(table["overrides"])
-    group = ["hardware", "workload"] + (["swept"] if "swept" in table.columns else [])
-    # The eager run of the same setting: by what ran (setting_hash) where every run says, else by the
-    # overrides other than the strategy (summaries from before setting_hash).
-    same = (["hardware", "workload", "setting_hash"] if "setting_hash" in table.columns and table["setting_hash"].notna().all()
-            else group)
+    table["_setting"] = _settings(table)
+    same = ["hardware", "workload", "_setting"]
     eager = table[table["strategy"] == "eager"].groupby(same)["throughput_tok_s"].mean()
     base = table.set_index(same).index.map(lambda key: eager.get(key, np.nan))
     table["speedup_vs_eager"] = table["throughput_tok_s"].to_numpy() / np.asarray(base, dtype=float)
     if "notes" not in table.columns:  # run folders: from the summaries; MLflow runs carry a notes tag
         table["notes"] = [run_notes(row) for row in table.to_dict("records")]
     shown = SHOWN[:SHOWN.index("step_ms_mean") + 1] + LATENCY_SHOWN + SHOWN[SHOWN.index("step_ms_mean") + 1:]
-    table = _one_row_a_setting(table, group + ["strategy"], [c for c in shown if c in table.columns])
+    table = _one_row_a_setting(table, same + ["strategy"], [c for c in shown if c in table.columns])
     columns = KEYS + [c for c in shown if c in table.columns and (c not in LATENCY_SHOWN or table[c].notna().any())] + ["notes"]
     if "swept" in table.columns and table["swept"].ne("").any():
         columns.insert(len(KEYS), "swept")
@@ -83,6 +80,18 @@ def comparison(runs: pd.DataFrame) -> pd.DataFrame:
         _swept_key=table["swept"].map(_numeric_key) if "swept" in table.columns else 0,
     ).sort_values(["hardware", "workload", "_swept_key", "_eager_first", "strategy"], key=None)
     return order[columns].reset_index(drop=True)
+
+
+def _settings(table: pd.DataFrame) -> pd.Series:
+    """Per run, the setting its eager run must share: what ran but the strategy (setting_hash) with the
+    strategy's own keys that differ between the runs (a sweep over strategy.fusion compares each with the
+    eager run of its own value); for a run that has no setting_hash (a summary from before it), the
+    overrides that differ, as before. Per row: one old run left the whole table matched by overrides."""
+    swept = table["swept"] if "swept" in table.columns else pd.Series("", index=table.index)
+    hashes = table["setting_hash"] if "setting_hash" in table.columns else pd.Series(np.nan, index=table.index)
+    knobs = swept.map(lambda text: " ".join(o for o in str(text).split() if o.lstrip("+~").startswith("strategy.")))
+    return pd.Series([f"{h} {k}" if isinstance(h, str) and h else f"overrides: {w}" for h, k, w in zip(hashes, knobs, swept)],
+                     index=table.index)
 
 
 def _one_row_a_setting(table: pd.DataFrame, setting: list[str], numbers: list[str]) -> pd.DataFrame:
@@ -102,8 +111,9 @@ def _one_row_a_setting(table: pd.DataFrame, setting: list[str], numbers: list[st
             keep[rows[1:]] = False
             notes[rows[0]] = _joined(notes[rows[0]], f"{len(rows)} runs of this configuration, the same numbers")
             continue
+        mean = "; the speed-ups of this setting are over their mean" if (table.iloc[rows]["strategy"] == "eager").all() else ""
         for row in rows:
-            notes[row] = _joined(notes[row], f"one of {len(rows)} runs of this setting that differ ({_run_name(table.iloc[row])})")
+            notes[row] = _joined(notes[row], f"one of {len(rows)} runs of this setting that differ ({_run_name(table.iloc[row])}){mean}")
     return table.assign(notes=notes)[keep]
 
 

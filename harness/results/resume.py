@@ -35,9 +35,11 @@ def config_hash(params: dict) -> str:
 def setting_hash(params: dict) -> str:
     """16 hex digits of what a run simulates but its strategy: runs that schedule the same work, which a
     comparison's speed-up sets side by side (the eager run of the same setting however each was written:
-    `experiment=a2_deepseek_eager,a2_deepseek_acl_graph`, or a default written out). The params as given
-    (an MLflow store's are text: hashes compare within one source)."""
+    `experiment=a2_deepseek_eager,a2_deepseek_acl_graph`, or a default written out). The files it reads count
+    as in config_hash: an edited CSV under the same name is another setting. summary.json holds it, and so
+    does the run's MLflow tag, hashed from the same resolved config when it is logged."""
     kept = {k: v for k, v in params.items() if not k.startswith(_NOT_THE_CONFIGURATION) and not k.startswith("strategy.")}
+    kept.update(input_digests(params))
     return hashlib.sha256(json.dumps(kept, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 

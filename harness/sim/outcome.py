@@ -55,8 +55,8 @@ WHAT_RAN_WORKLOAD_KEYS = (
     "batch_size", "context_len", "phase", "quant", "kernels", "kv_cache_dtype", "decode_kv_reads", "tp", "dp", "ep", "steps", "warmup_steps",
 )
 WHAT_RAN_KEYS = (*WHAT_RAN_WORKLOAD_KEYS, "serving", "seed", "overrides", "config_hash", "setting_hash")
-# The param (flattened config key) each of them is in MLflow; `overrides` is a tag there, the hashes not kept
-# (a store's reader computes setting_hash from the params).
+# The param (flattened config key) each of them is in MLflow; `overrides` and `setting_hash` are tags there,
+# `config_hash` is not kept.
 WHAT_RAN_PARAMS = {
     **{key: f"workload.{key}" for key in WHAT_RAN_WORKLOAD_KEYS},
     "serving": "workload.serving.enabled",

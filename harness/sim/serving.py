@@ -55,7 +55,7 @@ class ServingBatches:
     generated: np.ndarray | None = None
     idle_us: np.ndarray | None = None  # how long the server waited for a request before each step
     scheduled_here: np.ndarray | None = None  # async scheduling: the steps that scheduled themselves (engine_costs)
-    itl_request: np.ndarray | None = None  # the request each gap of itl_us belongs to (None: every request is measured)
+    itl_end_us: np.ndarray | None = None  # when each gap of itl_us ended (its token delivered; None: every gap is measured)
 
 
 def draw_requests(serving: ServingConfig, seed: int, count: int) -> Requests:
@@ -105,7 +105,7 @@ def batch_requests(run: RunConfig, progress=None) -> ServingBatches:
     first_token = np.full(requests.arrival_us.size, np.nan)
     last_token = np.full(requests.arrival_us.size, np.nan)
     gaps: list[np.ndarray] = []
-    gap_owners: list[np.ndarray] = []
+    gap_ends: list[np.ndarray] = []
     generated = np.zeros(requests.arrival_us.size, dtype=np.int64)
     undelivered: list[np.ndarray] = []  # sequences that made a token in each step of this block so far
     running: list[int] = []
@@ -170,15 +170,15 @@ def batch_requests(run: RunConfig, progress=None) -> ServingBatches:
             undelivered = []
             seen = ~np.isnan(last_token[delivered])
             gaps.append(now - last_token[delivered[seen]])
-            gap_owners.append(delivered[seen])
+            gap_ends.append(np.full(int(seen.sum()), now))
             first_token[delivered[~seen]] = now
             last_token[delivered] = now
             finished[delivered[generated[delivered] >= requests.output_len[delivered]]] = now
         running = [int(r) for r in (ids[generated[ids] < requests.output_len[ids]] if block_ends else ids)]
     itl = np.concatenate(gaps) if gaps else np.zeros(0)
-    owners = np.concatenate(gap_owners) if gap_owners else np.zeros(0, dtype=np.int64)
+    ends = np.concatenate(gap_ends) if gap_ends else np.zeros(0)
     return ServingBatches(batch, kv_len, release, step_us, requests, admitted, finished, first_token, itl, produced, idle_us,
-                          scheduled_here, owners)
+                          scheduled_here, ends)
 
 
 def serving_summary(plan: ServingBatches, warmup_steps: int = 0) -> dict:
@@ -189,20 +189,23 @@ def serving_summary(plan: ServingBatches, warmup_steps: int = 0) -> dict:
     every token, was dropped: printed as "TPOT" it was not vLLM's.) Requests arrive already prefilled, so
     TTFT here is the wait for the first decode step's token, without prefill (`ttft_note`); it counts
     every request whose first token came in the run, done or not (vLLM's benchmark waits for every
-    request to finish; a run's window ends with some in flight). With `warmup_steps`, the figures are those
-    of the measured window, as throughput's are: its steps' batches, and the requests arriving once the
-    warm-up steps are over (they counted the warm-up's too, beside a throughput that did not)."""
-    measured = np.ones(plan.requests.arrival_us.size, dtype=bool)
+    request to finish; a run's window ends with some in flight). With `warmup_steps`, the figures are the
+    measured window's, as throughput's are: its steps' batches, the first tokens (TTFT), the last tokens
+    (latency, TPOT, end to end) and the inter-token gaps that came in it. They counted the warm-up's too,
+    beside a throughput that did not. (Counting only the requests that arrived after the warm-up left a
+    saturated run none: they queue behind the backlog past the window's end.)"""
+    first_in = np.ones(plan.requests.arrival_us.size, dtype=bool)
+    last_in = first_in
     itl_us = plan.itl_us
     batch = plan.batch
     if warmup_steps > 0:
-        window_start_us = plan.release_us[warmup_steps]
-        window_end_us = plan.release_us[-1] + plan.step_us[-1]
-        measured = (plan.requests.arrival_us >= window_start_us) & (plan.requests.arrival_us <= window_end_us)
-        assert plan.itl_request is not None, "a plan with warm-up steps names each gap's request"
-        itl_us = plan.itl_us[measured[plan.itl_request]]
+        window_start_us = plan.release_us[warmup_steps]  # tokens are delivered at a step's end: after this
+        first_in = plan.first_token_us > window_start_us
+        last_in = plan.finished_us > window_start_us
+        assert plan.itl_end_us is not None, "a plan with warm-up steps says when each gap ended"
+        itl_us = plan.itl_us[plan.itl_end_us > window_start_us]
         batch = plan.batch[warmup_steps:]
-    done = ~np.isnan(plan.finished_us) & measured
+    done = ~np.isnan(plan.finished_us) & last_in
     req = plan.requests
     latency_ms = (plan.finished_us[done] - req.arrival_us[done]) / 1e3
     queue_ms = (plan.admitted_us[done] - req.arrival_us[done]) / 1e3
@@ -215,7 +218,7 @@ def serving_summary(plan: ServingBatches, warmup_steps: int = 0) -> dict:
                 "queue_ms_mean": float(queue_ms.mean()),
             }
         )
-    started = ~np.isnan(plan.first_token_us) & measured
+    started = ~np.isnan(plan.first_token_us) & first_in
     # vLLM's definitions (benchmarks/benchmark_serving.py): TPOT excludes the first token; ITL is every gap.
     series = {"ttft": (plan.first_token_us[started] - req.arrival_us[started]) / 1e3}
     many = done & (req.output_len > 1)
@@ -230,8 +233,8 @@ def serving_summary(plan: ServingBatches, warmup_steps: int = 0) -> dict:
     out["ttft_note"] = "requests arrive prefilled: TTFT is the wait for the first decode token, without prefill"
     notes = []
     if warmup_steps > 0:
-        notes.append(f"latency figures and the batch over the measured window: the {int(measured.sum())} requests arriving after"
-                     f" the {warmup_steps} warm-up step(s) (workload.warmup_steps)")
+        notes.append(f"latency figures and the batch over the measured window: the tokens after the {warmup_steps} warm-up"
+                     " step(s) (workload.warmup_steps)")
     if done.sum() < MIN_REQUESTS_FOR_PERCENTILES:
         notes.append(
             f"latency figures rest on {int(done.sum())} completed request(s) (TTFT on {int(started.sum())} first tokens),"
