@@ -14,14 +14,10 @@ import pandas as pd
 from omegaconf import OmegaConf
 
 from harness.base.files import atomic_write
-from harness.results.outputs import WHERE_THINGS_GO, run_notes
+from harness.results.outputs import LATENCY_SHOWN, WHERE_THINGS_GO, run_notes
 
 KEYS = ["hardware", "workload", "strategy"]
 SHOWN = ["throughput_tok_s", "speedup_vs_eager", "step_ms_mean", "bubble_ratio", "bubble_front_end", "bound"]
-# A request's latencies, where a run has them: a prefill's first token (`ttft_ms`), a serving run's
-# median first token and time per output token (vLLM's names). Shown after the step time when some run
-# of the table has them (MLflow's runs table shows the same three); a run without one leaves it empty.
-LATENCY_SHOWN = ["ttft_ms", "median_ttft_ms", "median_tpot_ms"]
 
 
 def load_run_dirs(paths: list[Path]) -> pd.DataFrame:

@@ -12,8 +12,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from harness.base.files import atomic_write, write_json, write_text
-from harness.sim.metrics import ALL_BUILDS_NOTE
-from harness.sim.outcome import shown_steps
+from harness.sim.outcome import ALL_BUILDS_NOTE, shown_steps
 from harness.sim.task_graph import CATEGORIES, LANE_COPY, LANE_DEVICE, LANE_EXTERNAL
 
 if TYPE_CHECKING:
@@ -32,6 +31,11 @@ WHERE_THINGS_GO = ("tracking.", "output.", "hydra", "resume")
 # A sweep's folder: its comparison of the jobs, and the mark a job that failed leaves in its own folder.
 RESULTS_CSV = "results.csv"
 RESULTS_MD = "results.md"
+# A request's latencies, where a run has them: a prefill's first token (`ttft_ms`), a serving run's
+# median first token and time per output token (vLLM's names). A comparison shows them after the step
+# time when some run of its table has them, and MLflow's runs table shows the same three (here, not in
+# comparison.py: the store's logging process imports no pandas).
+LATENCY_SHOWN = ["ttft_ms", "median_ttft_ms", "median_tpot_ms"]
 JOB_FAILED_FILE = "JOB_FAILED.txt"  # in a job's folder: the one line that stopped it
 
 

@@ -17,6 +17,7 @@ import numpy as np
 from numba import njit
 
 from harness.config.schema import Phase
+from harness.sim.outcome import ALL_BUILDS_NOTE
 from harness.sim.busy import BusyTime
 from harness.sim.kernel import SimulationResult
 from harness.sim.task_graph import CATEGORIES, CATEGORY, LANE_DEVICE, LANE_HOST
@@ -27,11 +28,6 @@ from harness.model.ops import HOST_ONLY_KINDS, Workload
 # Fewer samples than this and a p99 is little more than their maximum: the summary says so (steps here,
 # finished requests in a serving run).
 MIN_SAMPLES_FOR_P99 = 20
-
-# What a run all of whose measured steps build their graph says (its figures hold the builds); the
-# terminal then does not call the builds "outside the steady state" (harness.results.outputs).
-ALL_BUILDS_NOTE = ("every measured step builds its graph: the figures include the capture or load (capture_ms too);"
-                   " a replay needs a step of a shape built before: raise workload.steps, or coarsen the shape buckets")
 
 US_PER_MS = 1e3
 HOST_CATEGORIES = ("framework", "infer_shape", "tiling", "alloc", "launch", "sync", "graph", "cpu", "engine")

@@ -85,3 +85,10 @@ class RunResult:
         import pandas as pd
 
         return pd.DataFrame(self.step_columns)
+
+
+# What a run all of whose measured steps build their graph says (sim/metrics.py; its figures hold the
+# builds): the terminal then does not call the builds "outside the steady state" (harness.results.outputs).
+# Here, not in metrics: the processes that draw and log import outputs without Numba.
+ALL_BUILDS_NOTE = ("every measured step builds its graph: the figures include the capture or load (capture_ms too);"
+                   " a replay needs a step of a shape built before: raise workload.steps, or coarsen the shape buckets")

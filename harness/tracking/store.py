@@ -39,9 +39,8 @@ from harness.config.messages import one_line
 from harness.config.schema import ArtifactPolicy, TrackingConfig, flatten, sqlite_path, unflatten
 from harness.base.errors import HarnessError, TrackingError
 from harness.base.files import write_text
-from harness.results.comparison import LATENCY_SHOWN
 from harness.results.resume import setting_hash
-from harness.results.outputs import STEPS_FILE, SUMMARY_FILE, TRACE_FILE, WHERE_THINGS_GO, read_steps, run_notes, short_setting
+from harness.results.outputs import LATENCY_SHOWN, STEPS_FILE, SUMMARY_FILE, TRACE_FILE, WHERE_THINGS_GO, read_steps, run_notes, short_setting
 from harness.sim.outcome import WHAT_RAN_KEYS, WHAT_RAN_PARAMS
 from harness.base.stopping import store_call
 
