@@ -648,6 +648,15 @@ def _check_card_fields(card: dict, where: str, overridden: set) -> None:
     for key in CARD_REQUIRED:
         if card.get(key) is None:
             raise ConfigError(f"{where} {key}: missing (every card needs {', '.join(CARD_REQUIRED)})")
+    # Each KV head serves a whole group of query heads (MHA, GQA, MQA alike); checked only at TP > 1
+    # before, so 64 KV heads for 32 query heads, or 5 for 32, ran at TP 1.
+    heads, kv_heads = card["num_attention_heads"], card["num_key_value_heads"]
+    if isinstance(heads, int) and isinstance(kv_heads, int) and (kv_heads > heads or heads % kv_heads):
+        if "num_attention_heads" in overridden and "num_key_value_heads" not in overridden:  # blame what was changed
+            raise ConfigError(f"workload.card_overrides.num_attention_heads={heads}: must be a multiple of num_key_value_heads={kv_heads}"
+                              " (each KV head serves a whole group of query heads)")
+        label = "workload.card_overrides.num_key_value_heads" if "num_key_value_heads" in overridden else f"{where} num_key_value_heads"
+        raise ConfigError(f"{label}={kv_heads}: must divide num_attention_heads={heads} (each KV head serves a whole group of query heads)")
     for i, group in enumerate(card.get("layer_groups") or []):
         if not isinstance(group, dict) or set(group) - {"count", "ops"}:
             raise ConfigError(f"{where} layer_groups[{i}]={group!r}: must be {{count: N, ops: [...]}}")
