@@ -108,6 +108,23 @@ def test_the_tests_of_a_mutant_are_those_reaching_its_statement(tmp_path, monkey
     assert reach.tests_for("m.py", 7) is None
 
 
+def test_a_default_on_a_continuation_line_of_a_def_runs_at_import(tmp_path, monkeypatch):
+    """`def g(x,\n      y=1):` evaluates y's default with the `def`, at import: its mutants run every test.
+    They were taken for lines inside g that no test reaches, and never ran (12 of workload.py's)."""
+    (tmp_path / "m.py").write_text(
+        "def g(x,\n"  # 1
+        "      y=1):\n"  # 2
+        "    return x + y\n"  # 3
+        "h = lambda a, b=2: (\n"  # 4
+        "    a + b)\n"  # 5
+    )
+    target = mutation.Target("t", ["m.py"], ["tests/test_a.py"])
+    reach = coverage_of(tmp_path, monkeypatch, target, {3: {"tests/test_a.py::test_one|run"}, 5: {"tests/test_a.py::test_one|run"}})
+    assert reach.tests_for("m.py", 2) is None  # the signature: every test
+    assert reach.tests_for("m.py", 3) == ["tests/test_a.py::test_one"]  # the body: its tests
+    assert reach.tests_for("m.py", 5) == ["tests/test_a.py::test_one"]  # a lambda's body
+
+
 def test_a_line_run_while_a_test_was_set_up_runs_that_tests_file(tmp_path, monkeypatch):
     """A module-scoped fixture runs in the setup of the first test using it: coverage credits that test
     alone, though every test of the file may use what it built."""

@@ -331,7 +331,11 @@ class Coverage:
             if isinstance(node, ast.stmt) and node.lineno <= line <= node.end_lineno:
                 if statement is None or (node.lineno >= statement.lineno and node.end_lineno <= statement.end_lineno):
                     statement = node
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)) and node.lineno < line <= node.end_lineno:
+            # Inside a function's body, not its signature: a default on a continuation line of a multi-line
+            # `def` runs with the `def`, at import (it was taken for a body line no test reaches: never run).
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.body[0].lineno <= line <= node.end_lineno:
+                in_function = True
+            if isinstance(node, ast.Lambda) and node.body.lineno <= line <= node.end_lineno:
                 in_function = True
         if statement is None:
             return None
