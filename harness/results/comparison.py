@@ -52,8 +52,9 @@ def write_csv(path: Path, table: pd.DataFrame) -> None:
 
 def comparison(runs: pd.DataFrame) -> pd.DataFrame:
     """Per (hardware, workload, other swept values): each strategy's throughput, speed-up over the eager
-    run with the same values (NaN, and said by `missing_eager`, when there is none), step time, bubble,
-    bound; eager first, swept values in numeric order."""
+    run of the same setting (`_settings`; NaN, and said by `missing_eager`, when there is none), step
+    time, request latencies where any run has them, bubble, bound; one row a setting (`_one_row_a_setting`);
+    eager first, swept values in numeric order."""
     if runs.empty:
         return runs
     table = runs.copy()
