@@ -27,7 +27,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from harness.sweep.compose_cache import compose_job
 from harness.config.compose import to_run_config, with_optional_groups_added
-from harness.config.messages import not_a_switch, one_line
+from harness.config.messages import not_a_run_key, not_a_switch, one_line
 from harness.config.paths import CONF_DIR
 from harness.config.schema import RunConfig, flatten
 from harness.base.files import check_folder
@@ -162,9 +162,9 @@ def preflight(argv: list[str]) -> None:
     overrides, config_name, check = _split_argv(argv)
     if not check:
         return
-    for override in overrides:
-        if override.lstrip("+~").partition("=")[0].split(".")[0] == "advise":
-            fail(f"{override}: a question for python -m harness.advise (the best configuration under limits), not a run's key")
+    refused = not_a_run_key(overrides)
+    if refused:
+        fail(refused)
     try:
         variants, total = sweep_combinations(overrides)
         _, sweeps = _sweep_axes(overrides)

@@ -34,13 +34,6 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", type=Path, required=True, help="CSV file to write (its folder is made if missing)")
     parser.add_argument("--no-device-us", action="store_true", help="leave device_us empty: the cost model prices the ops when read")
     args = parser.parse_args(argv)
-    advise = [o for o in args.overrides if o.lstrip("+~").partition("=")[0].split(".")[0] == "advise"]
-    if advise:
-        # `python -m harness`'s own check says it (a question for harness.advise); composing it here told the
-        # user to add +advise=..., which then failed as no such key.
-        from harness.cli.command import preflight
-
-        preflight(advise)
     if args.out.is_dir():
         fail(f"--out={args.out}: is a folder; give the CSV file to write")
     try:

@@ -67,6 +67,11 @@ def recorded_overrides(overrides: tuple[str, ...], run: RunConfig | None = None)
     return " ".join(written)
 
 
+def _say_first(summary: dict, key: str, note: str) -> None:
+    """`note` ahead of what the summary's `key` already says."""
+    summary[key] = note + (f"; {summary[key]}" if key in summary else "")
+
+
 def _say_steps_set_by_the_trace(outcome: RunResult, run: RunConfig, overrides: tuple[str, ...]) -> None:
     """workload.steps written on the command line for a trace CSV with a step column, whose steps ran instead:
     the header and summary say steps=3 where 4 ran (documented; said here, beside the figures)."""
@@ -76,7 +81,7 @@ def _say_steps_set_by_the_trace(outcome: RunResult, run: RunConfig, overrides: t
     if written and ran != run.workload.steps * repeat:  # workload.repeat plays the steps again: that is no surprise
         note = f"{ran} steps ran, not workload.steps={run.workload.steps}: the trace's step column sets them"
         note += f" ({ran // repeat}, played {repeat} times: workload.repeat)" if repeat > 1 else ""
-        outcome.summary["steps_note"] = note + ("; " + outcome.summary["steps_note"] if "steps_note" in outcome.summary else "")
+        _say_first(outcome.summary, "steps_note", note)
 
 
 def _say_unread_in_serving(outcome: RunResult, run: RunConfig, overrides: tuple[str, ...]) -> None:
@@ -91,7 +96,7 @@ def _say_unread_in_serving(outcome: RunResult, run: RunConfig, overrides: tuple[
         s = run.workload.serving
         note = (f"{' and '.join(unread)} not read by a serving run: its batches are the requests admitted (up to"
                 f" workload.serving.max_batch={s.max_batch}), their KV lengths the requests' own (workload.serving.prompt_len_mean={s.prompt_len_mean:g})")
-        outcome.summary["serving_note"] = note + ("; " + outcome.summary["serving_note"] if "serving_note" in outcome.summary else "")
+        _say_first(outcome.summary, "serving_note", note)
 
 
 def execute(

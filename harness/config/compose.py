@@ -16,7 +16,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from harness.base.errors import ConfigError
 from harness.base.stopping import held, raise_if_stopped
-from harness.config.messages import no_such_key, not_a_switch, one_line
+from harness.config.messages import no_such_key, not_a_run_key, not_a_switch, one_line
 from harness.config.paths import CONF_DIR, launch_folder_conf
 from harness.config.schema import RunConfig, flatten
 
@@ -66,7 +66,7 @@ def compose_config(overrides: list[str] | tuple[str, ...] = ()) -> DictConfig:
     from hydra import compose, initialize_config_dir
 
     register_configs()
-    refused = not_a_switch(overrides)
+    refused = not_a_run_key(overrides) or not_a_switch(overrides)
     if refused:
         raise ConfigError(refused)
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):

@@ -169,6 +169,15 @@ def _switch_keys() -> frozenset[str]:
     return frozenset(keys)
 
 
+def not_a_run_key(overrides: Sequence[str]) -> Optional[str]:
+    """The one-line refusal of `advise=…` / `advise.*` given to a run: a question for harness.advise.
+    Composed, it read "not in the defaults list; add it with +advise=…", which then failed as no such key."""
+    for override in overrides:
+        if override.lstrip("+~").partition("=")[0].split(".")[0] == "advise":
+            return f"{override}: a question for python -m harness.advise (the best configuration under limits), not a run's key"
+    return None
+
+
 def not_a_switch(overrides: Sequence[str]) -> Optional[str]:
     """The one-line refusal of the first override that sets a switch to a number other than 0 or 1 (or to
     another word than OmegaConf's), None when there is none. Null and interpolations are left to the

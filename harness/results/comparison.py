@@ -17,7 +17,8 @@ from harness.base.files import atomic_write
 from harness.results.outputs import LATENCY_SHOWN, WHERE_THINGS_GO, run_notes
 
 KEYS = ["hardware", "workload", "strategy"]
-SHOWN = ["throughput_tok_s", "speedup_vs_eager", "step_ms_mean", "bubble_ratio", "bubble_front_end", "bound"]
+# The request latencies (a run without them leaves them out) after the step time.
+SHOWN = ["throughput_tok_s", "speedup_vs_eager", "step_ms_mean", *LATENCY_SHOWN, "bubble_ratio", "bubble_front_end", "bound"]
 
 
 def load_run_dirs(paths: list[Path]) -> pd.DataFrame:
@@ -67,9 +68,8 @@ def comparison(runs: pd.DataFrame) -> pd.DataFrame:
     table["speedup_vs_eager"] = table["throughput_tok_s"].to_numpy() / np.asarray(base, dtype=float)
     if "notes" not in table.columns:  # run folders: from the summaries; MLflow runs carry a notes tag
         table["notes"] = [run_notes(row) for row in table.to_dict("records")]
-    shown = SHOWN[:SHOWN.index("step_ms_mean") + 1] + LATENCY_SHOWN + SHOWN[SHOWN.index("step_ms_mean") + 1:]
-    table = _one_row_a_setting(table, same + ["strategy"], [c for c in shown if c in table.columns])
-    columns = KEYS + [c for c in shown if c in table.columns and (c not in LATENCY_SHOWN or table[c].notna().any())] + ["notes"]
+    table = _one_row_a_setting(table, same + ["strategy"], [c for c in SHOWN if c in table.columns])
+    columns = KEYS + [c for c in SHOWN if c in table.columns and (c not in LATENCY_SHOWN or table[c].notna().any())] + ["notes"]
     if "swept" in table.columns and table["swept"].ne("").any():
         columns.insert(len(KEYS), "swept")
     order = table.assign(

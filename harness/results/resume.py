@@ -38,9 +38,7 @@ def setting_hash(params: dict) -> str:
     `experiment=a2_deepseek_eager,a2_deepseek_acl_graph`, or a default written out). The files it reads count
     as in config_hash: an edited CSV under the same name is another setting. summary.json holds it, and so
     does the run's MLflow tag, hashed from the same resolved config when it is logged."""
-    kept = {k: v for k, v in params.items() if not k.startswith(_NOT_THE_CONFIGURATION) and not k.startswith("strategy.")}
-    kept.update(input_digests(params))
-    return hashlib.sha256(json.dumps(kept, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    return config_hash({k: v for k, v in params.items() if not k.startswith("strategy.")})
 
 
 def input_digests(params: dict) -> dict[str, str]:

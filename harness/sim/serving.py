@@ -194,18 +194,14 @@ def serving_summary(plan: ServingBatches, warmup_steps: int = 0) -> dict:
     (latency, TPOT, end to end) and the inter-token gaps that came in it. They counted the warm-up's too,
     beside a throughput that did not. (Counting only the requests that arrived after the warm-up left a
     saturated run none: they queue behind the backlog past the window's end.)"""
-    first_in = np.ones(plan.requests.arrival_us.size, dtype=bool)
-    last_in = first_in
-    itl_us = plan.itl_us
-    batch = plan.batch
+    # Tokens are delivered at a step's end: the window's come after its first step's release. A time of
+    # NaN (no such token within the run) compares False.
+    window_start_us = plan.release_us[warmup_steps] if warmup_steps > 0 else -np.inf
     if warmup_steps > 0:
-        window_start_us = plan.release_us[warmup_steps]  # tokens are delivered at a step's end: after this
-        first_in = plan.first_token_us > window_start_us
-        last_in = plan.finished_us > window_start_us
         assert plan.itl_end_us is not None, "a plan with warm-up steps says when each gap ended"
-        itl_us = plan.itl_us[plan.itl_end_us > window_start_us]
-        batch = plan.batch[warmup_steps:]
-    done = ~np.isnan(plan.finished_us) & last_in
+    itl_us = plan.itl_us if warmup_steps == 0 else plan.itl_us[plan.itl_end_us > window_start_us]
+    batch = plan.batch[warmup_steps:]
+    done = plan.finished_us > window_start_us
     req = plan.requests
     latency_ms = (plan.finished_us[done] - req.arrival_us[done]) / 1e3
     queue_ms = (plan.admitted_us[done] - req.arrival_us[done]) / 1e3
@@ -218,7 +214,7 @@ def serving_summary(plan: ServingBatches, warmup_steps: int = 0) -> dict:
                 "queue_ms_mean": float(queue_ms.mean()),
             }
         )
-    started = ~np.isnan(plan.first_token_us) & first_in
+    started = plan.first_token_us > window_start_us
     # vLLM's definitions (benchmarks/benchmark_serving.py): TPOT excludes the first token; ITL is every gap.
     series = {"ttft": (plan.first_token_us[started] - req.arrival_us[started]) / 1e3}
     many = done & (req.output_len > 1)
