@@ -135,6 +135,11 @@ def test_ops_without_dependencies_and_routed_flags_survive_the_round_trip(tmp_pa
     back = build_workload(compose_run("workload=trace", f"workload.path={path}").workload)
     assert back.after == wl.after
     assert np.array_equal(back.flags, wl.flags) and np.array_equal(back.weight_bytes, wl.weight_bytes)
+    # the experts a step hits (fewer than a rank holds) come back, and with them what the expert matmuls allocate
+    assert np.array_equal(back.step_weight_bytes, wl.step_weight_bytes)
+    assert np.array_equal(back.activation_bytes(), wl.activation_bytes())
+    routed = np.array(["grouped" in n for n in wl.op_names])
+    assert routed.any() and (wl.step_weight_bytes[:, routed] < wl.weight_bytes[routed]).all()
 
 
 def test_where_a_collectives_ranks_sit_survives_the_round_trip(tmp_path):

@@ -758,6 +758,23 @@ def test_a_w8a8_expert_matmul_reads_int8_rows_and_the_int8_experts_hit():
     assert wl.weight_bytes[j] == 32 * 2048 * 1536 and wl.flags[j] & FLAG_INT8
 
 
+def test_a_routed_expert_matmul_allocates_its_rows_whatever_share_of_its_experts_is_hit():
+    """Qwen3-30B-A3B bf16 at TP 4 / EP 4 (all-gather method), 16 sequences: a rank holds 32 experts (32 x 2048 x
+    1536 x 2 B of gate_up) but reads only the 32 (1 - (1 - 8/128)^16) = 20.6 it hits; what it allocates is its
+    output, half the traffic beyond the weights read: 32 rows x (2048 + 1536) x 2 B / 2 = 114,688 B, and the
+    down projection's 32 x (768 + 2048) x 2 B / 2 = 90,112 B. (They counted 0 bytes while the resident 201 MB
+    of weights were subtracted from the 130 MB the step reads.)"""
+    _, wl = built("workload=qwen3_30b_decode", "workload.steps=1")
+    gate_up, down = op(wl, "layers.0.grouped_gate_up"), op(wl, "layers.0.grouped_down")
+    hit = 32 * (1 - (1 - 8 / 128) ** 16)
+    assert wl.weight_bytes[gate_up] == 32 * 2048 * 1536 * 2
+    assert wl.step_weight_bytes[0, gate_up] == pytest.approx(hit * 2048 * 1536 * 2, rel=1e-12)
+    assert wl.activation_bytes()[0, gate_up] == pytest.approx(32 * (2048 + 1536) * 2 / 2, rel=1e-9)
+    assert wl.activation_bytes()[0, down] == pytest.approx(32 * (768 + 2048) * 2 / 2, rel=1e-9)
+    dense = op(wl, "layers.0.qkv_proj")  # a dense op reads all its weights every step
+    assert wl.step_weight_bytes[0, dense] == wl.weight_bytes[dense]
+
+
 def test_shape_buckets_pad_the_routed_rows_to_at_least_one():
     """Qwen3-30B-A3B with one pick a token (num_experts_per_tok=1) at TP 4 / EP 4 on the all-gather method,
     one sequence: a rank's 32 of 128 experts receive 1 x 1 x 32 / 128 = 0.25 rows on average; shape buckets

@@ -67,6 +67,9 @@ class Workload:
     host_us: Optional[np.ndarray] = None  # float per op: host time of kind=host ops (0 for kernels)
     weight_bytes: Optional[np.ndarray] = None  # float per op: resident weights it reads (not activations)
     cache_bytes: Optional[np.ndarray] = None  # float (steps, ops): resident KV cache it reads (not activations)
+    # float (steps, ops): weights it reads in each step, where some ops read fewer than weight_bytes (routed
+    # experts: the experts hit); None: weight_bytes every step
+    step_weight_bytes: Optional[np.ndarray] = None
     real_batch: Optional[np.ndarray] = None  # sequences per step before padding to a bucket
     # Tokens each step produced where not every real sequence does (a multi-step block's finished rows).
     generated: Optional[np.ndarray] = None
@@ -108,7 +111,8 @@ class Workload:
         the KV cache it reads.
         Computed once (a chunked run asks for every chunk); treat as read-only."""
         if self._activation_bytes is None:
-            self._activation_bytes = np.ascontiguousarray(np.maximum(self.bytes - self.cache_bytes - self.weight_bytes[None, :], 0.0) / 2.0)
+            weights = self.weight_bytes[None, :] if self.step_weight_bytes is None else self.step_weight_bytes
+            self._activation_bytes = np.ascontiguousarray(np.maximum(self.bytes - self.cache_bytes - weights, 0.0) / 2.0)
         return self._activation_bytes
 
     @property

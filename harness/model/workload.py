@@ -64,6 +64,9 @@ class Cost:
     full_params: float = 0.0  # parameters of this op in the unsplit model (for the parameter count)
     weight_bytes: float = 0.0  # weights resident on this rank for this op (counted in weights_gb)
     weight_read_bytes: Optional[float] = None  # weights it reads a step, when not its own (None: weight_bytes)
+    # Weights it reads in each step where that is fewer than the above (per step; routed experts: only the
+    # experts hit are read); None: all of them every step
+    step_weight_bytes: object = None
     cache_bytes: object = 0.0  # resident KV cache it reads (per step): like weights, not activations
     dynamic: bool = False
     value_dependent: bool = False
@@ -385,6 +388,7 @@ def _grouped(s: Shapes, n_in: float, n_out: float, parallel: str = "column") -> 
         params=params,
         full_params=s.n_routed_experts * n_in * n_out,
         weight_bytes=params * width,
+        step_weight_bytes=m["active"] * matrix * width,
         dynamic=True,
         routed=True,
         int8=s.quant,
@@ -925,6 +929,8 @@ def _from_card(
     used = [c if c is not None else Cost(OpKind.vector) for c in costs]
     kind_t = np.array([KIND_CODE[c.kind] for c in used], dtype=np.int8)
     weights_read_t = np.array([c.weight_bytes if c.weight_read_bytes is None else c.weight_read_bytes for c in used], dtype=np.float64)
+    varies = [c.step_weight_bytes is not None for c in used]
+    step_weights_t = per_step([c.step_weight_bytes if v else w for c, v, w in zip(used, varies, weights_read_t)])
     dynamic_t = np.array([c.dynamic for c in used], dtype=bool)
     flags_t = (
         dynamic_t * FLAG_DYNAMIC
@@ -942,7 +948,7 @@ def _from_card(
     memory = MemoryPlan(
         weights_gb=weights / BYTES_PER_GB,
         kv_cache_gb=kv_per_token * float((s.batch * s.kv).max()) / BYTES_PER_GB,
-        workspace_gb=2.0 * float((bytes_t - cache_t - weights_read_t[None, :]).max(initial=0.0)) / BYTES_PER_GB,
+        workspace_gb=2.0 * float((bytes_t - cache_t - step_weights_t).max(initial=0.0)) / BYTES_PER_GB,
     )
     return Workload(
         name=cfg.name,
@@ -962,6 +968,7 @@ def _from_card(
         shape_key=shape_key_t[:, template_ids],
         host_us=np.array([used[t].host_us for t in templates], dtype=np.float64),
         weight_bytes=weights_read_t[template_ids],
+        step_weight_bytes=step_weights_t[:, template_ids] if any(varies) else None,
         cache_bytes=cache_t[:, template_ids],
         batch=batch,
         kv_len=s.kv.copy(),
