@@ -124,7 +124,10 @@ def test_an_unfused_kv_cache_is_static_under_graphs_and_grows_by_cat_in_eager_mo
     assert kv_ops("strategy.graph.mode=sink") == {"kv_write": [2048.0, 2048.0]}  # a sunk graph's shapes are fixed too
     # A 2,048-token prompt writes all its tokens' K (or V): 2,048 x 4 x 128 values read and written.
     assert kv_ops("workload.kv_cache=static", workload="qwen25_7b_prefill") == {"kv_write": [2048 * 4 * 128 * 4.0] * 2}
-    assert kv_ops("workload.kernels=fused", "workload.kv_cache=static") == {}  # its paged cache: kv_cache_write
+    # A serving engine's fused list has its paged cache's kv_cache_write: a kv_cache that would change nothing
+    # is refused rather than run as if it had not been given.
+    with pytest.raises(ConfigError, match=r"^workload.kv_cache=static: .*fused kernels write it in place"):
+        kv_ops("workload.kernels=fused", "workload.kv_cache=static")
     with pytest.raises(Exception, match="kv_cache"):
         compose_run("workload.kv_cache=growing")
 
@@ -588,3 +591,42 @@ def test_printing_the_config_checks_its_overrides_as_a_run(argv, said, capsys):
     assert capsys.readouterr().err.startswith(f"hostbound: error: {said}")
     preflight(["--cfg", "job", "workload.batch_size=4"])  # a good one is printed, not refused
     assert capsys.readouterr().err == ""
+
+
+@pytest.mark.parametrize("overrides, named", [
+    (("workload.repeat=2",), "workload.repeat=2: plays an op-list file's steps again"),
+    (("workload.ops=[{name: a, kind: cube, flops: 1e9}]", "workload.card=null", "workload.repeat=3"), "workload.repeat=3:"),
+    (("workload.kv_cache=dynamic",), "workload.kv_cache=dynamic: is how a card's unfused"),
+    (("workload.ops=[{name: a, kind: cube, flops: 1e9}]", "workload.card=null", "workload.kernels=unfused", "workload.kv_cache=static"),
+     "workload.kv_cache=static:"),
+])
+def test_a_value_read_by_nothing_on_this_run_is_refused_naming_it(overrides, named):
+    """workload.repeat replays an op-list file and workload.kv_cache prices a card's unfused cache update; on
+    any other run they changed nothing and the run went on as if they had not been given."""
+    with pytest.raises(ConfigError) as refused:
+        compose_run(*overrides)
+    assert str(refused.value).startswith(named) and "\n" not in str(refused.value)
+    compose_run("workload.kernels=unfused", "workload.kv_cache=static")  # where it is read, it is taken
+
+
+@pytest.mark.parametrize("override, split", [
+    ("workload.steps=4", ("workload.steps", "=", "4")),
+    ("+workload.card_overrides.x=a=b", ("workload.card_overrides.x", "=", "a=b")),  # the first = splits
+    ("++strategy.graph.mode=sink", ("strategy.graph.mode", "=", "sink")),
+    ("~tracking.uri", ("tracking.uri", "", "")),
+])
+def test_an_override_is_read_without_hydras_prefix(override, split):
+    from harness.base.overrides import override_key, split_override
+
+    assert split_override(override) == split and override_key(override) == split[0]
+
+
+def test_an_op_list_run_over_a_card_preset_is_not_named_after_the_card():
+    """`workload.card=null` with an op list (docs/configuration.md's example) ran over the default preset
+    and kept its name, llama2_7b_decode, in the header, summary.json, reports and MLflow: an op list is
+    `ops`, a file `trace` (as workload=trace names it), and a name the user gives stays."""
+    ops = "workload.ops=[{name: a, device_us: 2}]"
+    assert compose_run("workload.card=null", ops).workload.name == "ops"
+    assert compose_run("workload=qwen3_8b_decode", "workload.card=null", ops).workload.name == "ops"
+    assert compose_run("workload.card=null", ops, "workload.name=my_list").workload.name == "my_list"
+    assert compose_run().workload.name == "llama2_7b_decode"

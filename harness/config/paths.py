@@ -2,6 +2,8 @@
 level, or inside an installed wheel."""
 from __future__ import annotations
 
+import functools
+import re
 from pathlib import Path
 
 
@@ -23,3 +25,17 @@ def launch_folder_conf() -> Path | None:
     if folder.is_dir() and folder.resolve() != CONF_DIR.resolve():
         return folder.resolve()
     return None
+
+
+@functools.cache
+def card_preset_names() -> frozenset[str]:
+    """The `name` of every workload preset in conf/workload/ that runs a model card: a name that says which
+    model and deployment ran, so a run whose card was taken away (workload.card=null) must not keep it."""
+    names = set()
+    for preset in (CONF_DIR / "workload").glob("*.yaml"):
+        text = preset.read_text()
+        name = re.search(r"^name:\s*(\S+)", text, re.MULTILINE)
+        card = re.search(r"^card:\s*(\S+)", text, re.MULTILINE)
+        if name and card and card.group(1) != "null":
+            names.add(name.group(1))
+    return frozenset(names)

@@ -12,7 +12,7 @@ import numpy as np
 
 from harness.base.errors import ConfigError
 from harness.config.limits import LIMITS, check_field, check_limits, check_number
-from harness.config.paths import WORKLOADS_DIR
+from harness.config.paths import WORKLOADS_DIR, card_preset_names
 
 
 # How the host issues ops: one thread (eager), two (async launch queue), three (pipeline). Built
@@ -334,6 +334,12 @@ class WorkloadConfig:
         if self.kv_cache_dtype == KvCacheDtype.fp8:
             check_field(self, self.kernels == Kernels.fused, "kv_cache_dtype", "fp8 needs kernels=fused (HF transformers' caches hold the model's dtype)")
             check_field(self, self.card is not None, "kv_cache_dtype", "fp8 prices a model card's KV cache; an op list or CSV carries its own bytes")
+        # Read by nothing else: a value that changes nothing would run as if it had not been given.
+        check_field(self, self.repeat == 1 or self.path is not None, "repeat",
+                    "plays an op-list file's steps again (workload.path); a card's or an op list's run is workload.steps long")
+        check_field(self, self.kv_cache == KvCache.auto or (self.kernels == Kernels.unfused and self.card is not None), "kv_cache",
+                    "is how a card's unfused (HF transformers / plain PyTorch) code updates its cache (workload.kernels=unfused):"
+                    " fused kernels write it in place (kv_cache_write), an op list or CSV has its own ops")
         if self.decode_kv_reads == DecodeKvReads.per_query_head:
             check_field(self, self.card is not None, "decode_kv_reads", "per_query_head prices a model card's attention; an op list or CSV carries its own bytes")
         check_field(self, self.warmup_steps < self.steps, "warmup_steps", f"must be < workload.steps={self.steps}")
@@ -349,6 +355,10 @@ class WorkloadConfig:
             check_field(self, not self.ops, "card", "is read instead of workload.ops: set workload.card=null to run the op list")
         elif self.path is not None:
             check_field(self, not self.ops, "path", "is read instead of workload.ops: give one of them")
+        if self.card is None and self.name in card_preset_names():
+            # workload.card=null over a card's preset: the preset's name (llama2_7b_decode) named an op list
+            # in the header, summary.json, the reports and MLflow; named as workload=trace names a file.
+            self.name = "trace" if self.path is not None else "ops"
         if self.card is None and self.path is None:
             check_field(self, len(self.ops) > 0, "ops", "empty op list: set workload.card, workload.path or workload.ops")
         elif self.card is None:
