@@ -35,6 +35,7 @@ from harness.results.resume import what_a_sweep_simulates
 from harness.base.errors import EXIT_TRACKING_FAILED, EXIT_WRITE_FAILED, ConfigError, HarnessError, fail, one_line_text
 from harness.model.ops import check_memory
 from harness.base.stopping import Stopped, leaves, stop_with
+from harness.base.overrides import override_key, split_override
 
 log = logging.getLogger(__name__)
 
@@ -171,18 +172,18 @@ def preflight(argv: list[str]) -> None:
     except Exception as exc:
         fail(_unparsed(overrides, exc))
     for override in overrides:  # a group takes one preset a run (Hydra would merge a list's presets, the last winning)
-        key, _, value = override.lstrip("+~").partition("=")
+        key, _, value = split_override(override)
         if key in ("hardware", "workload", "strategy", "engine", "experiment") and value.strip().startswith("["):
             fail(f"{override}: one {key} preset a run; for a sweep over them write {key}={value.strip()[1:-1]} with -m")
     if sweeps and not _is_multirun(argv):  # Hydra's own message takes six lines and names --multirun last
         position, key, _ = sweeps[0]
-        group = key.lstrip("+~") in ("hardware", "workload", "strategy", "engine", "experiment")  # one preset a run: no list
+        group = override_key(key) in ("hardware", "workload", "strategy", "engine", "experiment")  # one preset a run: no list
         fail(
             f"{overrides[position]}: several values make a sweep: add -m (python -m harness -m {' '.join(overrides)})"
             + ("" if group else f"; for a list write {key}=[...]")
         )
     for position, key, _ in sweeps:
-        if key.lstrip("+~").split(".")[0] == "tracking":
+        if override_key(key).split(".")[0] == "tracking":
             # One parent run holds a sweep's jobs, in the experiment and store the sweep itself was composed
             # with (the first value): the others' jobs were logged under a parent of another experiment.
             fail(f"{overrides[position]}: tracking.* says where a sweep's runs go, one place for the whole sweep:"
@@ -214,7 +215,7 @@ def preflight(argv: list[str]) -> None:
             except Exception as exc:
                 # the job's single values: a bad item of a sweep is named, not the whole list (`=1,abc`)
                 fail(one_line(exc, variant))
-        hydra_overrides = [o for o in overrides if o.lstrip("+~").startswith("hydra.") or o.lstrip("+~").startswith("hydra/")]
+        hydra_overrides = [o for o in overrides if override_key(o).startswith(("hydra.", "hydra/"))]
         key = "hydra.sweep.dir" if _is_multirun(argv) else "hydra.run.dir"
         try:
             cfg = compose(config_name=config_name, overrides=variants[0] + hydra_overrides, return_hydra_config=True)

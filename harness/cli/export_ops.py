@@ -26,6 +26,7 @@ from harness.base.errors import HarnessError, fail
 from harness.base.files import check_folder
 from harness.model.ops_csv import write_ops_csv
 from harness.model.workload import build_workload, run_build_options
+from harness.base.overrides import override_key
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -98,8 +99,8 @@ def read_back_command(workload: WorkloadConfig, steps: int, path: Path, override
     w = workload
     held = [f"workload.phase={w.phase.value}", f"workload.batch_size={w.batch_size}", f"workload.context_len={w.context_len}",
             f"workload.steps={steps}", f"workload.warmup_steps={w.warmup_steps}", f"workload.tp={w.tp}", f"workload.dp={w.dp}", f"workload.ep={w.ep}"]
-    others = [o for o in overrides if not o.lstrip("+~").startswith("workload")]
-    if any(o.lstrip("+~").partition("=")[0] == "experiment" for o in others):
+    others = [o for o in overrides if not override_key(o).startswith("workload")]
+    if any(override_key(o) == "experiment" for o in others):
         # An experiment sets workload keys of its own, applied over workload=trace: its card (the run read the
         # card and ignored the file), and the ways a card's bytes are priced, which a file's rows already hold
         # (with no card they are refused). Keys on the command line come last and win.

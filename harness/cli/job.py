@@ -21,6 +21,7 @@ from harness.results.drawer import BackgroundDrawer
 from harness.sim.outcome import WHAT_RAN_WORKLOAD_KEYS, RunResult
 from harness.sim.simulate import simulate_run
 from harness.tracking import early as early_tracking
+from harness.base.overrides import override_key
 
 log = logging.getLogger(__name__)
 
@@ -57,9 +58,9 @@ def recorded_overrides(overrides: tuple[str, ...], run: RunConfig | None = None)
     written = []
     for override in overrides:
         key, equals, value = override.partition("=")
-        if key.lstrip("+~") == "resume":
+        if override_key(key) == "resume":
             continue
-        read = _config_value(run, key.lstrip("+~")) if run is not None and equals else None
+        read = _config_value(run, override_key(key)) if run is not None and equals else None
         if isinstance(read, bool):
             written.append(f"{key}={'true' if read else 'false'}")
         else:
@@ -75,7 +76,7 @@ def _say_first(summary: dict, key: str, note: str) -> None:
 def _say_steps_set_by_the_trace(outcome: RunResult, run: RunConfig, overrides: tuple[str, ...]) -> None:
     """workload.steps written on the command line for a trace CSV with a step column, whose steps ran instead:
     the header and summary say steps=3 where 4 ran (documented; said here, beside the figures)."""
-    written = any(o.lstrip("+~").partition("=")[0] == "workload.steps" for o in overrides)
+    written = any(override_key(o) == "workload.steps" for o in overrides)
     ran = outcome.workload.steps if outcome.workload is not None else run.workload.steps
     repeat = max(1, run.workload.repeat)
     if written and ran != run.workload.steps * repeat:  # workload.repeat plays the steps again: that is no surprise
@@ -90,7 +91,7 @@ def _say_unread_in_serving(outcome: RunResult, run: RunConfig, overrides: tuple[
     the same numbers and nothing said why."""
     if not run.workload.serving.enabled:
         return
-    written = {o.lstrip("+~").partition("=")[0] for o in overrides}
+    written = {override_key(o) for o in overrides}
     unread = [key for key in ("workload.batch_size", "workload.context_len") if key in written]
     if unread:
         s = run.workload.serving

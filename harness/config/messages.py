@@ -12,6 +12,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from harness.config.paths import CONF_DIR, launch_folder_conf
 from harness.config.schema import RunConfig, flatten
+from harness.base.overrides import override_key, split_override
 
 
 def one_line(exc: BaseException, overrides: Sequence[str] = ()) -> str:
@@ -37,8 +38,8 @@ def _written(key: str, overrides: Sequence[str], fallback: str) -> str:
     """`key=value` as the command line wrote it (`+`/`++` prefixes dropped), else with `fallback`; the last
     one where a key is written twice, as Hydra takes the last."""
     for override in reversed(overrides):
-        name, _, value = override.partition("=")
-        if name.lstrip("+~") == key:
+        name, _, value = split_override(override)
+        if name == key:
             return f"{key}={value}"
     return f"{key}={fallback}"
 
@@ -173,7 +174,7 @@ def not_a_run_key(overrides: Sequence[str]) -> Optional[str]:
     """The one-line refusal of `advise=…` / `advise.*` given to a run: a question for harness.advise.
     Composed, it read "not in the defaults list; add it with +advise=…", which then failed as no such key."""
     for override in overrides:
-        if override.lstrip("+~").partition("=")[0].split(".")[0] == "advise":
+        if override_key(override).split(".")[0] == "advise":
             return f"{override}: a question for python -m harness.advise (the best configuration under limits), not a run's key"
     return None
 
@@ -183,7 +184,7 @@ def not_a_switch(overrides: Sequence[str]) -> Optional[str]:
     another word than OmegaConf's), None when there is none. Null and interpolations are left to the
     checks after composition."""
     for override in overrides:
-        key, equals, value = override.lstrip("+~").partition("=")
+        key, equals, value = split_override(override)
         word = value.strip().strip("'\"").lower()
         if equals and key in _switch_keys() and word not in _SWITCH_WORDS and not word.startswith("${"):
             return f"{override}: must be true or false"
@@ -242,8 +243,7 @@ def _explain(raw: str, overrides: Sequence[str]) -> Optional[str]:
     if "Config group override must be a string or a list. Got NoneType" in raw:
         # `workload=null`: Hydra names neither the group nor the value
         for override in overrides:
-            name, equals, value = override.partition("=")
-            group = name.lstrip("+~")
+            group, equals, value = split_override(override)
             if equals and value.strip().strip("'\"").lower() in ("null", "none", "~") and group_options(group):
                 return f"{group}={value}: a config group needs a preset, not null; {choose_from(group)}"
         return "a config group was given null: name a preset (e.g. workload=llama2_7b_decode)"
@@ -263,7 +263,7 @@ def _explain(raw: str, overrides: Sequence[str]) -> Optional[str]:
     if m := re.search(r"File name too long: '[^']*/conf/(?P<path>[^']+?)(\.yaml)?'", raw):
         # Hydra looked for a config group of that name: a key too long for a file name is no key at all
         key = m["path"].replace("/", ".")
-        written = next((o for o in overrides if o.lstrip("+~").partition("=")[0] == key), f"{key}=...")
+        written = next((o for o in overrides if override_key(o) == key), f"{key}=...")
         return f"{written[:60]}… ({len(key)} characters): no such key"
     if m := re.search(r"Key '[^']+' not in '\w+'; full_key: (?P<key>\S+)", raw):
         return no_such_key(m["key"], None, overrides)

@@ -14,6 +14,7 @@ import pandas as pd
 from omegaconf import OmegaConf
 
 from harness.base.files import atomic_write
+from harness.base.overrides import override_key
 from harness.results.outputs import LATENCY_SHOWN, WHERE_THINGS_GO, run_notes
 
 KEYS = ["hardware", "workload", "strategy"]
@@ -86,7 +87,7 @@ def _settings(table: pd.DataFrame) -> pd.Series:
     overrides that differ, as before. Per row: one old run left the whole table matched by overrides."""
     swept = table["swept"] if "swept" in table.columns else pd.Series("", index=table.index)
     hashes = table["setting_hash"] if "setting_hash" in table.columns else pd.Series(np.nan, index=table.index)
-    knobs = swept.map(lambda text: " ".join(o for o in str(text).split() if o.lstrip("+~").startswith("strategy.")))
+    knobs = swept.map(lambda text: " ".join(o for o in str(text).split() if override_key(o).startswith("strategy.")))
     return pd.Series([f"{h} {k}" if isinstance(h, str) and h else f"overrides: {w}" for h, k, w in zip(hashes, knobs, swept)],
                      index=table.index)
 
@@ -183,12 +184,12 @@ def swept_values(overrides: pd.Series) -> pd.Series:
     """Per run, its overrides that not every run shares, leaving out the config groups already shown
     (a sweep over `+workload.card_overrides.x=1,2` shows `…x=1` and `…x=2`) and where files and runs
     went (a run tracked and one not are the same run)."""
-    per_run = [{o for o in str(o_all).split() if not o.lstrip("+~").startswith(WHERE_THINGS_GO)} if isinstance(o_all, str) else set()
+    per_run = [{o for o in str(o_all).split() if not override_key(o).startswith(WHERE_THINGS_GO)} if isinstance(o_all, str) else set()
                for o_all in overrides]
     common = set.intersection(*per_run) if per_run else set()
     shown = tuple(f"{k}=" for k in KEYS)
     return pd.Series(
-        [" ".join(sorted(o for o in run - common if not o.lstrip("+~").startswith(shown))) for run in per_run], index=overrides.index
+        [" ".join(sorted(o for o in run - common if not override_key(o).startswith(shown))) for run in per_run], index=overrides.index
     )
 
 

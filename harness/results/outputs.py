@@ -14,6 +14,7 @@ import numpy as np
 from harness.base.files import atomic_write, write_json, write_text
 from harness.sim.outcome import ALL_BUILDS_NOTE, shown_steps
 from harness.sim.task_graph import CATEGORIES, LANE_COPY, LANE_DEVICE, LANE_EXTERNAL
+from harness.base.overrides import split_override
 
 if TYPE_CHECKING:
     from harness.results.drawer import BackgroundDrawer
@@ -216,7 +217,7 @@ def values_set_on_top(overrides: str) -> str:
     steps=4`; `experiment=…` too): two jobs of a sweep otherwise print the same header."""
     parts = []
     for override in overrides.split():
-        key, _, value = override.lstrip("+~").partition("=")
+        key, _, value = split_override(override)
         if key and not key.startswith(WHERE_THINGS_GO) and key not in ("hardware", "workload", "strategy", "engine"):
             parts.append(short_setting(key, value))
     return " ".join(parts)

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from harness.base.files import atomic_write, write_text
 from harness.results.outputs import STEPS_FILE, SUMMARY_FILE, TIMELINE_FILE, TRACE_FILE, WHERE_THINGS_GO
+from harness.base.overrides import override_key
 
 RESUMED_FILE = "RESUMED_FROM.txt"
 # Keys that say where files and runs go, or how to run: not what is simulated.
@@ -155,7 +156,7 @@ def what_a_sweep_simulates(overrides: list[str]) -> list[str]:
     (`resume`, `tracking.*`, `output.*`, `hydra.*`, `hydra/…`), in their order."""
     kept = []
     for override in overrides:
-        key = override.lstrip("+~").partition("=")[0]
+        key = override_key(override)
         if not key.startswith(_NOT_THE_CONFIGURATION):
             kept.append(override)
     return kept

@@ -43,6 +43,7 @@ from harness.results.resume import setting_hash
 from harness.results.outputs import LATENCY_SHOWN, STEPS_FILE, SUMMARY_FILE, TRACE_FILE, WHERE_THINGS_GO, read_steps, run_notes, short_setting
 from harness.sim.outcome import WHAT_RAN_KEYS, WHAT_RAN_PARAMS
 from harness.base.stopping import store_call
+from harness.base.overrides import split_override
 
 log = logging.getLogger(__name__)
 
@@ -382,7 +383,7 @@ def name_parts(names: dict, overrides: str, swept: frozenset[str] = frozenset())
     varying: dict[str, str] = {}
     fixed = []
     for override in overrides.split():
-        key, _, value = override.lstrip("+~").partition("=")
+        key, _, value = split_override(override)
         if key.startswith(WHERE_THINGS_GO) or (key in _GROUP_CHOICES and key not in swept):
             continue
         part = names.get(key, value) if key in _GROUP_CHOICES else short_setting(key, value)
@@ -518,7 +519,7 @@ def chosen_params(params: Mapping[str, object], names: dict, overrides: str) -> 
     chosen.update({param: params[param] for param in WHAT_RAN_PARAMS.values() if param in params})
     set_keys = []
     for override in overrides.split():
-        key, _, value = override.lstrip("+~").partition("=")
+        key, _, value = split_override(override)
         if key == "experiment":
             chosen["experiment"] = value
             set_keys += sorted(experiment_keys(value))

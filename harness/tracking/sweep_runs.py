@@ -16,6 +16,7 @@ from harness.base.files import write_text
 from harness.config.schema import TrackingConfig
 from harness.results.outputs import RESULTS_CSV, RESULTS_MD, SUMMARY_FILE, WHERE_THINGS_GO, failed_job_dirs
 from harness.tracking.store import PARENT_FILE, SWEPT_FILE, ensure_experiment, mlflow_module, name_parts, param_value, resolve_uri, tag_condition
+from harness.base.overrides import override_key, split_override
 
 MULTIRUN_FILE = "multirun.yaml"  # Hydra's record of a sweep (its overrides, the presets chosen), in the sweep's folder
 
@@ -34,7 +35,7 @@ def start_parent_run(tracking: TrackingConfig, name: str, sweep_dir: Path, overr
     client = _client(tracking)
     parent = client.create_run(experiment_id, run_name=name, tags={"sweep_dir": str(sweep_dir), "overrides": overrides, "kind": "sweep"})
     # Its params: what the command line set, swept values as written (strategy=eager,acl_graph).
-    chosen = [override.lstrip("+~").partition("=") for override in overrides.split()]
+    chosen = [split_override(override) for override in overrides.split()]
     params = {key: value for key, _, value in chosen if key and not key.startswith(WHERE_THINGS_GO)}
     try:
         client.log_batch(parent.info.run_id, params=[Param(key, param_value(value)) for key, value in params.items()])
@@ -212,7 +213,7 @@ def swept_keys_of(overrides: list[str]) -> set[str]:
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     return {
-        o.get_key_element().lstrip("+~")
+        override_key(o.get_key_element())
         for o in OverridesParser.create().parse_overrides(overrides)
         if o.is_sweep_override() and not o.is_hydra_override()
     }
