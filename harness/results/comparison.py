@@ -187,9 +187,8 @@ def swept_values(overrides: pd.Series) -> pd.Series:
     per_run = [{o for o in str(o_all).split() if not override_key(o).startswith(WHERE_THINGS_GO)} if isinstance(o_all, str) else set()
                for o_all in overrides]
     common = set.intersection(*per_run) if per_run else set()
-    shown = tuple(f"{k}=" for k in KEYS)
     return pd.Series(
-        [" ".join(sorted(o for o in run - common if not override_key(o).startswith(shown))) for run in per_run], index=overrides.index
+        [" ".join(sorted(o for o in run - common if override_key(o) not in KEYS)) for run in per_run], index=overrides.index
     )
 
 
