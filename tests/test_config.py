@@ -151,7 +151,7 @@ def test_defaults():
         ("hardware.host.threads=0", "hardware.host.threads=0"),
         ("strategy.queue_capacity=0", "strategy.queue_capacity=0"),
         ("workload.card=null", "workload.ops=[]"),  # no card and no ops: the empty op list is named
-        ("workload.card=gpt5", "workload.card='gpt5'"),
+        ("workload.card=gpt5", "workload.card=gpt5"),
         ("workload.warmup_steps=64", "workload.warmup_steps=64"),
         ("engine.api.per_request_us=-1", "engine.api.per_request_us=-1"),
         ("engine.multi_step=0", "engine.multi_step=0"),
@@ -233,11 +233,11 @@ def test_preflight_turns_hydra_errors_into_one_line_exit_2(override, fragments, 
         ("seed=1 strategy=eager,async", "strategy=eager,async: several values make a sweep: add -m (python -m harness -m seed=1 strategy=eager,async)\n"),
         ("workload.batch_size=1,2", "workload.batch_size=1,2: several values make a sweep: add -m (python -m harness -m workload.batch_size=1,2); for a list write workload.batch_size=[...]"),
         # MLflow 3.17 refuses to log to a folder: refused before the run, not after it (exit 3).
-        ("tracking.uri=file:/srv/runs", "tracking.uri='file:/srv/runs': a folder store, which MLflow 3 no longer writes to"),
-        ("tracking.uri=/srv/runs", "tracking.uri='/srv/runs': a folder store, which MLflow 3 no longer writes to"),
+        ("tracking.uri=file:/srv/runs", "tracking.uri=file:/srv/runs: a folder store, which MLflow 3 no longer writes to"),
+        ("tracking.uri=/srv/runs", "tracking.uri=/srv/runs: a folder store, which MLflow 3 no longer writes to"),
         # A sqlite store that is a folder: MLflow would retry it for minutes, past tracking.timeout_s.
-        ("tracking.uri=sqlite:////tmp", "tracking.uri='sqlite:////tmp': names a folder: a sqlite store is a file, e.g. sqlite:///PATH/mlflow.db"),
-        ("tracking.uri=ftp://host/x", "tracking.uri='ftp://host/x': unknown scheme 'ftp' (use sqlite:///PATH, http(s)://HOST:PORT, postgresql://…, mysql://…)"),
+        ("tracking.uri=sqlite:////tmp", "tracking.uri=sqlite:////tmp: names a folder: a sqlite store is a file, e.g. sqlite:///PATH/mlflow.db"),
+        ("tracking.uri=ftp://host/x", "tracking.uri=ftp://host/x: unknown scheme 'ftp' (use sqlite:///PATH, http(s)://HOST:PORT, postgresql://…, mysql://…)"),
         # Hydra takes a long key for a config group's file name: too long for the file system.
         ("workload." + "x" * 260 + "=1", "workload." + "x" * 51 + "… (269 characters): no such key"),
         # `+` adds a key the schema lacks: it was dropped and the run went on (batch 1).
@@ -568,9 +568,9 @@ def test_one_source_of_ops_a_run():
     from harness.config.compose import compose_run
 
     csv = str(Path(__file__).parent / "data" / "tiny_ops.csv")
-    with pytest.raises(ConfigError, match=rf"^workload.path='{re.escape(csv)}': not read while workload.card=llama2_7b is set: workload=trace"):
+    with pytest.raises(ConfigError, match=rf"^workload.path={re.escape(csv)}: not read while workload.card=llama2_7b is set: workload=trace"):
         compose_run([f"workload.path={csv}"])
-    with pytest.raises(ConfigError, match=r"^workload.card='llama2_7b': is read instead of workload.ops: set workload.card=null"):
+    with pytest.raises(ConfigError, match=r"^workload.card=llama2_7b: is read instead of workload.ops: set workload.card=null"):
         compose_run(["workload.ops=[{name:a,device_us:2}]"])
     with pytest.raises(ConfigError, match=r"is read instead of workload.ops: give one of them$"):
         compose_run(["workload=trace", f"workload.path={csv}", "workload.ops=[{name:a,device_us:2}]"])

@@ -16,10 +16,22 @@ from harness.base.errors import ConfigError
 MAX_STREAMS = 16  # device streams: 0 compute, 1 communication, 2.. further compute streams (traces)
 
 
+def as_typed(value: Any) -> str:
+    """A config value as a user types it on the command line: phase=prefill, path=ops.csv, card=null,
+    enabled=true (not 'ops.csv', None, True)."""
+    if isinstance(value, enum.Enum):
+        value = value.value
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return value if isinstance(value, str) else repr(value)
+
+
 def check_field(obj: Any, condition: bool, field_name: str, requirement: str) -> None:
     if not condition:
         value = getattr(obj, field_name)
-        shown = value.value if isinstance(value, enum.Enum) else repr(value)  # as the user typed it: phase=prefill
+        shown = as_typed(value)
         raise ConfigError(f"{obj._key}.{field_name}={shown}: {requirement}")
 
 
