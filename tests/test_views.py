@@ -93,7 +93,7 @@ def test_what_ran_is_the_configs_own_value():
     run = compose_run("workload=qwen3_30b_decode", "workload.batch_size=3", "seed=7", "workload.serving.enabled=true")
     params = flatten(OmegaConf.to_container(OmegaConf.structured(run), resolve=True, enum_to_str=True))
     what_ran = identity(run)
-    assert set(WHAT_RAN_PARAMS) == set(WHAT_RAN_KEYS) - {"overrides", "config_hash", "setting_hash"}
+    assert set(WHAT_RAN_PARAMS) == set(WHAT_RAN_KEYS) - {"overrides", "config_hash", "setting_hash", "strategy_hash"}
     for key, param in WHAT_RAN_PARAMS.items():
         assert str(params[param]) == str(what_ran[key]), key
 

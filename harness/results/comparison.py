@@ -6,6 +6,7 @@ summary.json files) or from an MLflow store (harness.tracking.read). `python -m 
 """
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 
@@ -64,12 +65,14 @@ def comparison(runs: pd.DataFrame) -> pd.DataFrame:
         table["swept"] = swept_values(table["overrides"])
     table["_setting"] = _settings(table)
     same = ["hardware", "workload", "_setting"]
-    eager = table[table["strategy"] == "eager"].groupby(same)["throughput_tok_s"].mean()
-    base = table.set_index(same).index.map(lambda key: eager.get(key, np.nan))
-    table["speedup_vs_eager"] = table["throughput_tok_s"].to_numpy() / np.asarray(base, dtype=float)
     if "notes" not in table.columns:  # run folders: from the summaries; MLflow runs carry a notes tag
         table["notes"] = [run_notes(row) for row in table.to_dict("records")]
-    table = _one_row_a_setting(table, same + ["strategy"], [c for c in SHOWN if c in table.columns])
+    baseline = _eager_baselines(table, same)
+    table["speedup_vs_eager"] = table["throughput_tok_s"].to_numpy() / np.asarray(baseline, dtype=float)
+    # Eager runs of one setting with other strategy switches (an experiment's task fusion) are other runs,
+    # not repeats of one: a summary from before strategy_hash leaves it NaN, grouped as one.
+    strategy_keys = ["strategy", "strategy_hash"] if "strategy_hash" in table.columns else ["strategy"]
+    table = _one_row_a_setting(table, same + strategy_keys, [c for c in SHOWN if c in table.columns])
     columns = KEYS + [c for c in SHOWN if c in table.columns and (c not in LATENCY_SHOWN or table[c].notna().any())] + ["notes"]
     if "swept" in table.columns and table["swept"].ne("").any():
         columns.insert(len(KEYS), "swept")
@@ -78,6 +81,49 @@ def comparison(runs: pd.DataFrame) -> pd.DataFrame:
         _swept_key=table["swept"].map(_numeric_key) if "swept" in table.columns else 0,
     ).sort_values(["hardware", "workload", "_swept_key", "_eager_first", "strategy"], key=None)
     return order[columns].reset_index(drop=True)
+
+
+def _eager_baselines(table: pd.DataFrame, same: list[str]) -> pd.Series:
+    """Per run, the throughput of its setting's eager run (NaN: none). Where the setting's eager runs differ
+    in their strategy switches (`experiment=a2_deepseek_eager,a2_deepseek_fusion,…`: eager, and eager with
+    task fusion), the plain one is the baseline, not their mean (4.90x shown for a 5.05x graph); without a
+    plain one there is none, and every run of the setting says why (`notes`)."""
+    plain = plain_eager_strategy_hash()
+    eager = table["strategy"] == "eager"
+    hashes = table["strategy_hash"] if "strategy_hash" in table.columns else pd.Series(np.nan, index=table.index)
+    baseline = pd.Series(np.nan, index=table.index)
+    for _, rows in table.groupby(same, sort=False, dropna=False).indices.items():
+        index = table.index[rows]
+        candidates = index[eager.loc[index].to_numpy()]
+        kinds = hashes.loc[candidates].dropna().unique()
+        if len(kinds) > 1:
+            chosen = candidates[(hashes.loc[candidates] == plain).to_numpy()]
+            note = (f"the speed-ups are over the plain eager run ({_run_name(table.loc[chosen[0]])}): this setting's"
+                    f" {len(candidates)} eager runs differ in their strategy switches") if len(chosen) else (
+                    f"no speed-up: this setting's {len(candidates)} eager runs differ in their strategy switches and none is"
+                    " plain strategy=eager")
+            table.loc[index, "notes"] = [_joined(str(n) if isinstance(n, str) else "", note) for n in table.loc[index, "notes"]]
+            candidates = chosen
+        if len(candidates):
+            baseline.loc[index] = table.loc[candidates, "throughput_tok_s"].mean()
+    return baseline
+
+
+@functools.cache
+def plain_eager_strategy_hash() -> str | None:
+    """strategy_hash of `strategy=eager` with no switch changed, as conf/ composes it (None: conf/ could
+    not be composed, and no eager run is told from another)."""
+    from harness.config.paths import CONF_DIR
+    from harness.config.schema import StrategyConfig, flatten
+    from harness.results.resume import strategy_hash
+
+    # The group's preset over the schema's defaults, as Hydra composes `strategy=eager` (it has no defaults
+    # list of its own), without Hydra: a sweep's end asks inside Hydra's own running app.
+    try:
+        merged = OmegaConf.merge(OmegaConf.structured(StrategyConfig), OmegaConf.load(CONF_DIR / "strategy" / "eager.yaml"))
+        return strategy_hash(flatten({"strategy": OmegaConf.to_container(merged, resolve=True, enum_to_str=True)}))
+    except Exception:  # a report reads runs; a conf/ it cannot read leaves the eager runs told apart by nothing
+        return None
 
 
 def _settings(table: pd.DataFrame) -> pd.Series:

@@ -42,6 +42,14 @@ def setting_hash(params: dict) -> str:
     return config_hash({k: v for k, v in params.items() if not k.startswith("strategy.")})
 
 
+def strategy_hash(params: dict) -> str:
+    """16 hex digits of the run's strategy alone (every strategy.* value): among the eager runs of one
+    setting, it tells the plain eager run from one with switches an experiment set (a2_deepseek_fusion is
+    eager with task fusion), which a speed-up must not take for its baseline."""
+    kept = {k: v for k, v in params.items() if k.startswith("strategy.")}
+    return hashlib.sha256(json.dumps(kept, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
 def input_digests(params: dict) -> dict[str, str]:
     """Digests of the files a run reads beside its config: the config names them, but an edited file
     under the same name is another run (an op-list CSV edited and rerun with resume=true copied the old

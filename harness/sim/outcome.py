@@ -54,8 +54,8 @@ WALL_CLOCK_KEYS = frozenset({"sim_wall_s", "compile_s"})
 WHAT_RAN_WORKLOAD_KEYS = (
     "batch_size", "context_len", "phase", "quant", "kernels", "kv_cache_dtype", "decode_kv_reads", "tp", "dp", "ep", "steps", "warmup_steps",
 )
-WHAT_RAN_KEYS = (*WHAT_RAN_WORKLOAD_KEYS, "serving", "seed", "overrides", "config_hash", "setting_hash")
-# The param (flattened config key) each of them is in MLflow; `overrides` and `setting_hash` are tags there,
+WHAT_RAN_KEYS = (*WHAT_RAN_WORKLOAD_KEYS, "serving", "seed", "overrides", "config_hash", "setting_hash", "strategy_hash")
+# The param (flattened config key) each of them is in MLflow; `overrides`, `setting_hash` and `strategy_hash` are tags there,
 # `config_hash` is not kept.
 WHAT_RAN_PARAMS = {
     **{key: f"workload.{key}" for key in WHAT_RAN_WORKLOAD_KEYS},
