@@ -35,20 +35,31 @@ def test_a_run_without_what_if_removes_an_earlier_runs(tmp_path, capsys):
     assert notes(capsys) == []
 
 
-def test_a_failed_what_if_leaves_no_earlier_one(tmp_path, capsys, monkeypatch):
-    """A --what-if that stops after the profile is written: the earlier run's what-if must not be left beside
-    it as if it were this run's."""
+def test_a_refused_what_if_or_fit_leaves_the_earlier_run_as_it_was(tmp_path, capsys, monkeypatch):
+    """Alexnet with --what-if into a folder, then gp100 into it with a --fit that is refused
+    (--unprofiled-step-ms 5 is not below gp100's traced 1.573 ms step), or with a what-if that stops: each
+    exits 2 having written nothing. They had removed alexnet's whatif.csv / whatif.md and replaced its
+    profile.json, ops.csv and replay.txt with gp100's before refusing."""
     out = tmp_path / "out"
-    out.mkdir()
-    (out / WHATIF_MD).write_text("an earlier trace's table\n")
+    monkeypatch.chdir(tmp_path)
+    profile.main([str(ALEXNET), "--out", str(out), "--what-if"])
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    assert {WHATIF_CSV, WHATIF_MD, "profile.json"} <= set(before)
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as ended:
+        profile.main([str(GP100), "--out", str(out), "--fit", "z", "--unprofiled-step-ms", "5"])
+    assert ended.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("hostbound: error: ") and "1.573 ms" in err[0]
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    assert not (tmp_path / "conf" / "hardware" / "z.yaml").exists()
 
     def stop(*_args):
         raise HarnessError("the what-if stopped")
 
     monkeypatch.setattr(profile, "what_if", stop)
     with pytest.raises(SystemExit) as ended:
-        profile.main([str(ALEXNET), "--out", str(out), "--what-if"])
+        profile.main([str(GP100), "--out", str(out), "--what-if"])
     assert ended.value.code == 2
-    assert not (out / WHATIF_MD).exists() and (out / "profile.json").is_file()
-    err = capsys.readouterr().err.splitlines()
-    assert err[-1] == "hostbound: error: the what-if stopped" and WHATIF_MD in err[-2]
+    assert capsys.readouterr().err.strip().splitlines() == ["hostbound: error: the what-if stopped"]
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before

@@ -32,6 +32,7 @@ import argparse
 import re
 import shlex
 import sys
+import tempfile
 from pathlib import Path
 from typing import Optional
 
@@ -44,13 +45,14 @@ from harness.base.files import check_folder
 from harness.importers import READ_LIMIT_MB, load_profile
 from harness.config.paths import CONF_DIR, LAUNCH_FOLDER_CONF
 from harness.importers.fit import (
-    allocation_calls, base_preset, device_fits, fit_machine, front_end_gaps_us, graph_task_gaps_us, kernel_and_exit_gap_us, module_own_us, preset_yaml,
-    repeat_launches, shaped_ops, without_profiler,
+    HOST_COST_KEYS, allocation_calls, base_preset, device_fits, fit_machine, front_end_gaps_us, graph_task_gaps_us, kernel_and_exit_gap_us,
+    module_own_us, preset_yaml, repeat_launches, shaped_ops, thin_fits, without_profiler,
 )
 from harness.importers.steps import Imported, import_profile, ops_table
 from harness.model.ops_csv import write_ops_table
 from harness.importers.measure import linkage, measured_summary, peer_breakdown, step_table
 from harness.base.files import atomic_write, write_json, write_text
+from harness.base.overrides import override_key
 
 PROFILE_FILE, OPS_FILE, REPLAY_FILE = "profile.json", "ops.csv", "replay.txt"
 WHATIF_CSV, WHATIF_MD = "whatif.csv", "whatif.md"
@@ -237,26 +239,38 @@ def main(argv: Optional[list[str]] = None) -> None:
         "recorded_with": list(profile.recorded_with),
         "replay": replay,
     }
+    # Everything that can refuse runs before anything is written: a refused what-if or fit left an earlier
+    # run's --out half replaced (its what-if files removed, its profile.json the new trace's).
+    results = None
+    if args.what_if:  # on the op list written aside: --out holds the earlier run's until this one is sure
+        with tempfile.TemporaryDirectory(prefix="hostbound-what-if-") as scratch:
+            aside = Path(scratch) / OPS_FILE
+            write_ops_table(table, aside)
+            try:
+                results = what_if(imported, [f"workload.path={aside}" if override_key(o) == "workload.path" else o for o in overrides], summary)
+            except HarnessError as exc:
+                fail(str(exc))
+    fit = fitted_preset(args, imported, table, summary, eager_gaps, graph_gaps, exit_gaps) if fit_path is not None else None
     args.out.mkdir(parents=True, exist_ok=True)
     write_json(args.out / PROFILE_FILE, record)
     write_ops_table(table, args.out / OPS_FILE)
     write_text(args.out / REPLAY_FILE, replay + "\n")
     print(describe(record))
     print(replay)
-    if not args.what_if:
+    if results is None:
         remove_stale_what_if(args.out)
     else:
-        try:
-            results = what_if(imported, overrides, summary)
-        except HarnessError as exc:
-            remove_stale_what_if(args.out)  # this run's files are written: an earlier run's what-if beside them would read as theirs
-            fail(str(exc))
         atomic_write(args.out / WHATIF_CSV, lambda tmp: results.to_csv(tmp, index=False))
         shown = results.drop(columns=["bound_reason"]).round({"step_ms": 3, "speedup": 2, "device_busy": 3, "bubble": 3})
         write_text(args.out / WHATIF_MD, shown.to_markdown(index=False) + "\n")
         print(shown.to_markdown(index=False))
-    if fit_path is not None:
-        write_fit(fit_path, args, imported, table, summary, eager_gaps, graph_gaps, exit_gaps)
+    if fit is not None:
+        text, caveats, base = fit
+        for caveat in caveats:
+            print(f"hostbound: warning: {caveat}", file=sys.stderr)
+        fit_path.parent.mkdir(parents=True, exist_ok=True)
+        write_text(fit_path, text)
+        print(f"fitted machine {fit_path} (from {base}): python -m harness hardware={args.fit} workload=... strategy=...")
 
 
 def remove_stale_what_if(out: Path) -> None:
@@ -302,10 +316,13 @@ def check_fit(name: Optional[str], base: Optional[str], unprofiled_step_ms: Opti
     return path
 
 
-def write_fit(
-    path: Path, args: argparse.Namespace, imported: Imported, table: pd.DataFrame, summary: dict, eager_gaps: np.ndarray, graph_gaps: np.ndarray,
+def fitted_preset(
+    args: argparse.Namespace, imported: Imported, table: pd.DataFrame, summary: dict, eager_gaps: np.ndarray, graph_gaps: np.ndarray,
     exit_gaps: np.ndarray,
-) -> None:
+) -> tuple[str, list[str], str]:
+    """The hardware preset --fit NAME writes (its YAML), the warnings to print with it and the preset it is
+    fitted over; refuses (exits)
+    when the trace holds nothing to fit. Writes nothing."""
     profile = imported.profile
     base, named = base_preset(profile.device, HARDWARE_OF_SOURCE[profile.source])
     traced_device = base if named else None
@@ -348,17 +365,16 @@ def write_fit(
             f" device's are {base}'s; pass --base PRESET (the device it ran on) to fit the device's too"
         )
     if host_only:
-        fitted = [f for f in fitted if f.key.startswith("host.")]
+        fitted = [f for f in fitted if f.key.startswith(HOST_COST_KEYS)]
         caveats.append(host_only)
     else:
         from harness.config.compose import compose_run
 
         fitted += device_fits(shaped_ops(imported), compose_run([f"hardware={base}"]).hardware.device)
-    for caveat in caveats:
-        print(f"hostbound: warning: {caveat}", file=sys.stderr)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    write_text(path, preset_yaml(args.fit, base, fitted, origin, caveats))
-    print(f"fitted machine {path} (from {base}): python -m harness hardware={args.fit} workload=... strategy=...")
+    thin = thin_fits(fitted)
+    if thin:
+        caveats.append(thin)
+    return preset_yaml(args.fit, base, fitted, origin, caveats), caveats, base
 
 
 def describe(record: dict) -> str:
