@@ -3,6 +3,7 @@ are the trace's, by hand on a synthetic trace, and `hardware=NAME` finds it from
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -502,3 +503,24 @@ def test_alexnets_cudamalloc_calls_are_left_out_of_the_fitted_alloc_cost():
     assert allocation_calls(imported) == 5 and fitted["host.alloc_us"].value == 0.0
     assert fitted["host.alloc_us"].note.startswith("32.81 ms a step in 5 calls before 4 of 40 launches, left out as one-off")
     assert fitted["host.framework_us"].value == pytest.approx(1949 / 27) and fitted["host.launch_us"].value == pytest.approx(372 / 27)
+
+
+def test_values_fitted_from_too_few_measurements_are_named_and_a_graph_launch_is_a_host_cost(tmp_path, monkeypatch, capsys):
+    """Two steps of two ops: every host stage is a mean of 4 launches and the sync of 2 calls, said in a
+    warning and in the preset (a mean of 6 launches, one of them 9.4 ms of Python, had predicted a 1.3 s
+    step of another model without a word); 25 steps are enough. A graph's launch call is host work: fitted
+    without --base too (vLLM's full-graph MI300X trace: 1 launch of 506.8 us, the only one: named)."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "few.json").write_text(json.dumps(kineto_trace(Layout(steps=2, ops=2))))
+    profile_main(["few.json", "--out", "few", "--fit", "few", "--base", "a100"])
+    said = [line for line in capsys.readouterr().err.splitlines() if "fewer than 20 measurements" in line]
+    assert len(said) == 1 and "host.framework_us (4)" in said[0] and "host.launch_us (4)" in said[0] and "host.sync_us (2)" in said[0]
+    assert "fewer than 20 measurements: " in (tmp_path / "conf" / "hardware" / "few.yaml").read_text()
+    (tmp_path / "many.json").write_text(json.dumps(kineto_trace(Layout(steps=25, ops=2))))
+    profile_main(["many.json", "--out", "many", "--fit", "many", "--base", "a100"])
+    assert "fewer than 20" not in capsys.readouterr().err + (tmp_path / "conf" / "hardware" / "many.yaml").read_text()
+    trace = Path(__file__).parent / "data" / "traces" / "tl_vllm_decode_fullgraph_amd.json.gz"
+    profile_main([str(trace), "--out", "graph", "--fit", "graph_box"])
+    fitted = yaml.safe_load((tmp_path / "conf" / "hardware" / "graph_box.yaml").read_text())
+    assert fitted["graph"]["replay_launch_us"] == pytest.approx(506.768, abs=0.001)
+    assert "graph.replay_launch_us (1)" in capsys.readouterr().err

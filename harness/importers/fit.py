@@ -45,6 +45,7 @@ same device, named in the file).
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -70,6 +71,24 @@ class Fitted:
     key: str  # the preset key (host.framework_us ...)
     value: float
     note: str  # what it was fitted from
+    samples: int = 0  # measurements it is a mean or median of (0: not measured, such as host.speed)
+
+
+# A value fitted from fewer measurements than this is said to rest on too few (the step p99's rule).
+MIN_FIT_SAMPLES = 20
+# The preset keys a trace's host costs go to, whatever device ran it: a graph's launch call is the host's.
+HOST_COST_KEYS = ("host.", "graph.replay_launch_us")
+
+
+def thin_fits(fitted: list[Fitted]) -> str:
+    """A caveat naming the fitted values that rest on fewer than MIN_FIT_SAMPLES measurements ('' for none):
+    a mean of 6 launches (one of them 9.4 ms of Python) predicted every op of another model at 3.2 ms."""
+    thin = [f for f in fitted if 0 < f.samples < MIN_FIT_SAMPLES]
+    if not thin:
+        return ""
+    named = ", ".join(f"{f.key} ({f.samples})" for f in thin)
+    return (f"{len(thin)} fitted value{'s rest' if len(thin) > 1 else ' rests'} on fewer than {MIN_FIT_SAMPLES} measurements: {named};"
+            " a prediction from them is as uncertain as their spread (each value's comment): record more steps")
 
 
 def graph_task_gaps_us(imported: Imported) -> np.ndarray:
@@ -183,7 +202,7 @@ def fit_machine(
     fitted = []
     if not graph_rows.empty:
         note = f"host time of {len(graph_rows)} graph launch calls, {len(graph_rows) / steps:.3g} a step; {_spread(graph_rows['launch_us'].to_numpy())}"
-        fitted.append(Fitted("graph.replay_launch_us", float(graph_rows["launch_us"].mean()), note))
+        fitted.append(Fitted("graph.replay_launch_us", float(graph_rows["launch_us"].mean()), note, len(graph_rows)))
     if launched.empty and graph_rows.empty:
         return []
     repeats = repeats if repeats < len(launched) else 0  # counted from other rows than these: never all of them
@@ -210,30 +229,30 @@ def fit_machine(
         if total_us > 0:
             included = ", module calls' Python included" if stage == "framework" and module_us.size else ""
             note += f"; per launch{included} {_spread(per_launch)}"
-        fitted.append(Fitted(f"host.{stage}_us", value, note))
+        fitted.append(Fitted(f"host.{stage}_us", value, note, len(per_launch) if total_us > 0 else 0))
     if n > 0 and module_us.size:
         note = f"own time of {module_us.size / steps:.0f} nn.Module calls a step (outside the ops and modules they hold); {_spread(module_us)}"
-        fitted.append(Fitted("host.module_us", float(module_us.mean()), note))
+        fitted.append(Fitted("host.module_us", float(module_us.mean()), note, module_us.size))
     elif n > 0:  # not the base preset's: this trace's framework_us holds whatever module Python there was
         fitted.append(Fitted("host.module_us", 0.0, "the trace holds no nn.Module calls (with_modules): their Python is in framework_us"))
     if n > 0:
         fitted.append(Fitted("host.speed", 1.0, "the costs above are this host's own (the base preset's speed does not apply)"))
     syncs = int((ops["kind"] == "sync").sum())
     if syncs:
-        fitted.append(Fitted("host.sync_us", sync_host_ms * 1e3 * steps / syncs, f"{syncs} synchronisation calls, their wait for the device left out"))
+        fitted.append(Fitted("host.sync_us", sync_host_ms * 1e3 * steps / syncs, f"{syncs} synchronisation calls, their wait for the device left out", syncs))
     if eager_gaps.size:
         note = f"mean device gap before {eager_gaps.size} kernels launched alone and queued behind the one before; {_spread(eager_gaps)}"
-        fitted.append(Fitted("device.kernel_gap_us", float(eager_gaps.mean()), note))
+        fitted.append(Fitted("device.kernel_gap_us", float(eager_gaps.mean()), note, eager_gaps.size))
     if graph_gaps.size:
         note = f"mean device gap between consecutive tasks of a graph launch, {graph_gaps.size} pairs; {_spread(graph_gaps)}"
-        fitted.append(Fitted("graph.task_dispatch_us", float(graph_gaps.mean()), note))
+        fitted.append(Fitted("graph.task_dispatch_us", float(graph_gaps.mean()), note, graph_gaps.size))
     if exit_gaps is not None and exit_gaps.size:
         note = f"mean device gap before {exit_gaps.size} kernels launched alone right after a graph's tasks, {exit_gaps.mean():.3g} us ({_spread(exit_gaps)})"
         if eager_gaps.size:
             note += ", less kernel_gap_us"
         else:  # the base's kernel gap would be paid on top: at most that much too long, not silently the base's exit
             note += "; the whole gap: the trace has no kernel queued behind another launched alone"
-        fitted.append(Fitted("graph.exit_gap_us", kernel_and_exit_gap_us(eager_gaps, exit_gaps)[1], note))
+        fitted.append(Fitted("graph.exit_gap_us", kernel_and_exit_gap_us(eager_gaps, exit_gaps)[1], note, exit_gaps.size))
     return fitted
 
 
@@ -265,7 +284,7 @@ def without_profiler(
     scaled_keys = {f"host.{stage}_us" for stage in LAUNCH_STAGES} | {"host.module_us"}
     note = f"; x {factor:.3g} for the profiler's own work (step {traced_step_ms:.4g} ms traced, {unprofiled_step_ms:.12g} without the profiler)"
     return [
-        Fitted(f.key, f.value * factor, f.note + note) if f.key in scaled_keys and f.value > 0 else f for f in fitted
+        dataclasses.replace(f, value=f.value * factor, note=f.note + note) if f.key in scaled_keys and f.value > 0 else f for f in fitted
     ], factor
 
 
@@ -389,7 +408,7 @@ def device_fits(shaped: pd.DataFrame, base: DeviceConfig) -> list[Fitted]:
     if tiny.size >= MIN_OPS:
         floor_us = float(np.median(tiny))
         names = ", ".join(sorted({name.removeprefix("aten::") for b, _, name in pointwise if b <= TINY_BYTES}))
-        fitted.append(Fitted("device.vector_fixed_us", floor_us, f"median time of {tiny.size} element-wise kernels moving 256 KiB or less ({names}); {_spread(tiny)}"))
+        fitted.append(Fitted("device.vector_fixed_us", floor_us, f"median time of {tiny.size} element-wise kernels moving 256 KiB or less ({names}); {_spread(tiny)}", tiny.size))
     gemms = [(matmul_work(r.name, r.dims, r.types), r.device_us) for r in shaped.itertuples() if r.name in MATMUL_OPERANDS]
     gemms = [(w[0], w[1], us) for w, us in gemms if w is not None and us > base.matmul_fixed_us]
     if gemms:
@@ -408,12 +427,12 @@ def device_fits(shaped: pd.DataFrame, base: DeviceConfig) -> list[Fitted]:
             value = float(flops[chosen].sum() / busy_us[chosen].sum() / peak)
             note = (f"{int(chosen.sum())} compute-bound GEMMs on all cores: {flops[chosen].sum() / 1e12:.3g} TFLOP in {busy_us[chosen].sum() / 1e3:.3g} ms,"
                     f" {value * base.cube_tflops:.4g} of {base.cube_tflops:.5g} TFLOPS; {_ratio_spread(flops[chosen] / busy_us[chosen] / peak)}")
-            fitted.append(Fitted("device.matmul_efficiency", min(value, 1.0), note))
+            fitted.append(Fitted("device.matmul_efficiency", min(value, 1.0), note, int(chosen.sum())))
         # Memory-bound GEMMs that large read their weights from HBM (a decode step's GEMVs): what hbm_efficiency prices.
         reads = (memory_us > compute_us) & (moved >= LARGE_BYTES)
         if reads.sum() >= MIN_OPS:
             value = float(moved[reads].sum() / busy_us[reads].sum() / bandwidth)
             note = (f"{int(reads.sum())} memory-bound GEMMs of 8 MB or more: {moved[reads].sum() / 1e9:.3g} GB in {busy_us[reads].sum() / 1e3:.3g} ms,"
                     f" {value * base.hbm_gbps / 1e3:.3g} of {base.hbm_gbps / 1e3:.3g} TB/s; {_ratio_spread(moved[reads] / busy_us[reads] / bandwidth)}")
-            fitted.append(Fitted("device.hbm_efficiency", min(value, 1.0), note))
+            fitted.append(Fitted("device.hbm_efficiency", min(value, 1.0), note, int(reads.sum())))
     return fitted
