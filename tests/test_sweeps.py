@@ -61,6 +61,20 @@ def test_joblib_sweep_makes_one_parent_and_four_finished_children(sweep):
     assert logged == {"results.csv", "results.md", "speedup.png", "bubble.png"}
 
 
+def test_a_report_of_several_folders_writes_apart_and_reads_no_artifact_copies(sweep):
+    """`harness.report sweep outputs`: the launch folder's outputs/ holds MLflow's copies of the runs' files
+    (outputs/mlartifacts/<id>/artifacts/summary.json), which were read as runs again (each run "2 runs of
+    this configuration"); and the report of two folders replaced the first one's bubble.png, the plot its
+    results.md names, with one of both folders' runs. Now 4 runs, written to outputs/report."""
+    own_plot = (sweep / "sweep" / "bubble.png").read_bytes()
+    proc = subprocess.run([sys.executable, "-m", "harness.report", "sweep", "outputs"], cwd=sweep, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    runs = pd.read_csv(sweep / "outputs" / "report" / "runs.csv")
+    assert len(runs) == 4 and not runs["run_dir"].str.contains("mlartifacts").any()
+    assert (sweep / "sweep" / "bubble.png").read_bytes() == own_plot and not (sweep / "sweep" / "comparison.csv").exists()
+    assert "runs of this configuration" not in (sweep / "outputs" / "report" / "comparison.md").read_text()
+
+
 def test_report_prints_the_speedup_table(sweep):
     out = sweep / "report"
     proc = subprocess.run([sys.executable, "-m", "harness.report", "sweep", "--out", str(out)], cwd=sweep, capture_output=True, text=True)

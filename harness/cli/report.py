@@ -32,7 +32,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--tracking-uri", help="read runs from this MLflow store instead (an existing one: reading makes none)")
     parser.add_argument("--experiment", help="the store's experiment (default: hostbound)")
     parser.add_argument("--parent", help="only the child runs of this sweep (parent run id)")
-    parser.add_argument("--out", type=Path, help="where to write the table and plots (default: the first directory, or outputs/report)")
+    parser.add_argument("--out", type=Path, help="where to write the table and plots (default: the one directory given, else outputs/report)")
     args = parser.parse_args(argv)
     if not args.dirs and not args.tracking_uri:
         parser.error("give sweep/run directories or --tracking-uri")
@@ -46,7 +46,9 @@ def main(argv: list[str] | None = None) -> None:
             fail(f"{d}: no such directory")
         if not d.is_dir():
             fail(f"{d}: not a directory (give a run's or a sweep's folder)")
-    out = args.out or (args.dirs[0] if args.dirs else Path("outputs") / "report")
+    # One folder: its report beside its runs. Several: their own folder, not the first one's (a sweep's
+    # bubble.png, which its results.md names, was replaced by a plot of both sweeps' runs).
+    out = args.out or (args.dirs[0] if len(args.dirs) == 1 else Path("outputs") / "report")
     if args.tracking_uri:
         if args.experiment is not None and not args.experiment.strip():
             fail(f"--experiment={args.experiment!r}: must name an experiment (default: hostbound)")

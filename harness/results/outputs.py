@@ -21,6 +21,8 @@ if TYPE_CHECKING:
     from harness.sim.outcome import RunResult
 
 SUMMARY_FILE = "summary.json"
+# The launch folder's MLflow artifact store (outputs/mlartifacts): copies of run folders' files, not runs.
+ARTIFACTS_FOLDER = "mlartifacts"
 STEPS_FILE = "steps.parquet"
 TRACE_FILE = "trace.json"
 TIMELINE_FILE = "timeline.png"

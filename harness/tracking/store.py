@@ -40,7 +40,7 @@ from harness.config.schema import ArtifactPolicy, TrackingConfig, flatten, sqlit
 from harness.base.errors import HarnessError, TrackingError
 from harness.base.files import write_text
 from harness.results.resume import setting_hash, strategy_hash
-from harness.results.outputs import LATENCY_SHOWN, STEPS_FILE, SUMMARY_FILE, TRACE_FILE, WHERE_THINGS_GO, read_steps, run_notes, short_setting
+from harness.results.outputs import ARTIFACTS_FOLDER, LATENCY_SHOWN, STEPS_FILE, SUMMARY_FILE, TRACE_FILE, WHERE_THINGS_GO, read_steps, run_notes, short_setting
 from harness.sim.outcome import WHAT_RAN_KEYS, WHAT_RAN_PARAMS
 from harness.base.stopping import store_call
 from harness.base.overrides import split_override
@@ -338,7 +338,7 @@ def _ensure_experiment(tracking: TrackingConfig, uri: str) -> str:
         return experiment.experiment_id
     artifact_location = None
     if tracking.uri is None:
-        artifact_location = (launch_dir() / "outputs" / "mlartifacts").as_uri()
+        artifact_location = (launch_dir() / "outputs" / ARTIFACTS_FOLDER).as_uri()
     return mlflow.create_experiment(tracking.experiment, artifact_location=artifact_location, tags=dict([EXPERIMENT_KIND_TAG, VIEW_TAG]))
 
 
