@@ -45,7 +45,7 @@ def test_the_winner_is_brute_forces_on_a_small_space():
 
 
 @pytest.mark.parametrize("overrides", [
-    ["strategy=acl_graph", "workload.batch_size=24", "strategy.graph.buckets=[1,8,16,32]"],
+    ["strategy=cuda_graph", "workload.batch_size=24", "strategy.graph.buckets=[1,8,16,32]"],
     ["engine=vllm_v1", "engine.async_scheduling=true", "engine.multi_step=4", "engine.schedule.per_step_us=55.5"],
     ["workload.tp=8", "hardware.link.devices_per_node=4", "workload.serving.enabled=true", "workload.serving.max_batch=16", "seed=3"],
     ["workload.batch_size=8", "workload.batch_size=16", "hardware.device.hbm_gb=80"],  # the last value wins, as in Hydra

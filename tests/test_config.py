@@ -45,7 +45,7 @@ def _pairs_of_presets() -> list[tuple[str, str, str]]:
 def test_every_pair_of_presets_composes(hardware, workload, strategy):
     extra = [f"workload.path={TINY_TRACE}"] if workload == "trace" else []
     overrides = (f"hardware={hardware}", f"workload={workload}", f"strategy={strategy}", *extra)
-    stack_specific = {"ge_sink": "ascend", "mindspore": "ascend", "cuda_graph": "cuda", "cuda_graph_piecewise": "cuda"}
+    stack_specific = {"ge_sink": "ascend", "mindspore": "ascend", "acl_graph": "ascend", "cuda_graph": "cuda", "cuda_graph_piecewise": "cuda"}
     has = "ascend" if hardware.startswith("atlas") else "cuda"
     if stack_specific.get(strategy, has) != has:
         with pytest.raises(ConfigError, match=rf"^strategy={strategy}: runs on {stack_specific[strategy]} hardware, hardware={hardware} is {has}"):
@@ -333,7 +333,8 @@ def test_cuda_graph_is_acl_graph_by_its_gpu_name():
     from harness.sim.simulate import simulate_run
 
     cuda = simulate_run(compose_run("hardware=h100", "strategy=cuda_graph", "workload.steps=8")).summary
-    acl = simulate_run(compose_run("hardware=h100", "strategy=acl_graph", "workload.steps=8", "strategy.graph.refresh_after_launch=false")).summary
+    acl = simulate_run(compose_run("hardware=h100", "strategy=acl_graph", "workload.steps=8", "strategy.graph.refresh_after_launch=false",
+                                     "strategy.platform=cuda")).summary
     assert cuda["graph_captures"] == acl["graph_captures"] == 1
     assert cuda["step_ms_mean"] == acl["step_ms_mean"] and cuda["throughput_tok_s"] == acl["throughput_tok_s"]
 

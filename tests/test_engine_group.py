@@ -126,8 +126,8 @@ def test_layer_overhead_is_eager_only():
     eager = simulate_run(compose_run(*card, "engine.layer_overhead_us=100")).summary
     plain = simulate_run(compose_run(*card)).summary
     assert eager["task_ms_per_step"] - plain["task_ms_per_step"] == pytest.approx(32 * 0.1)
-    graph = simulate_run(compose_run(*card, "strategy=acl_graph", "engine.layer_overhead_us=100")).summary
-    graph_plain = simulate_run(compose_run(*card, "strategy=acl_graph")).summary
+    graph = simulate_run(compose_run(*card, "strategy=cuda_graph", "engine.layer_overhead_us=100")).summary
+    graph_plain = simulate_run(compose_run(*card, "strategy=cuda_graph")).summary
     assert graph["step_ms_mean"] == pytest.approx(graph_plain["step_ms_mean"])
 
 
@@ -136,7 +136,7 @@ def test_graph_replay_beats_eager_at_batch_1_and_the_gain_shrinks_with_batch(har
     """Issue 12's acceptance: SGLang's Llama-3-8B decode (sgl-project/sglang#1401: 1.12-1.31x at batch 1)."""
     def speedup(batch: int) -> float:
         runs = [compose_run("+experiment=h100_sglang_eager_bs1", f"hardware={hardware}", f"workload.batch_size={batch}", *s)
-                for s in ((), ("strategy=acl_graph",))]
+                for s in ((), ("strategy=cuda_graph",))]
         eager, graph = (simulate_run(r).summary["step_ms_mean"] for r in runs)
         return eager / graph
 
@@ -146,7 +146,7 @@ def test_graph_replay_beats_eager_at_batch_1_and_the_gain_shrinks_with_batch(har
 
 def test_serving_reports_vllm_benchmark_names():
     outcome = simulate_run(compose_run(
-        "hardware=h100", "workload=llama31_8b_decode", "engine=vllm_v1", "strategy=acl_graph", "workload.steps=24",
+        "hardware=h100", "workload=llama31_8b_decode", "engine=vllm_v1", "strategy=cuda_graph", "workload.steps=24",
         "workload.serving.enabled=true", "workload.serving.initial_requests=40", "workload.serving.output_len_mean=8",
         "workload.serving.max_batch=16", "tracking.enabled=false",
     ))
