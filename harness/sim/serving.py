@@ -204,17 +204,17 @@ def serving_summary(plan: ServingBatches, warmup_steps: int = 0) -> dict:
     done = plan.finished_us > window_start_us
     req = plan.requests
     latency_ms = (plan.finished_us[done] - req.arrival_us[done]) / 1e3
-    queue_ms = (plan.admitted_us[done] - req.arrival_us[done]) / 1e3
     out = {"requests_completed": int(done.sum()), "batch_mean": float(batch.mean()), "batch_max": int(batch.max())}
     if done.any():
         out.update(
             {
                 "request_latency_ms_p50": float(np.percentile(latency_ms, 50)),
                 "request_latency_ms_p99": float(np.percentile(latency_ms, 99)),
-                "queue_ms_mean": float(queue_ms.mean()),
             }
         )
     started = plan.first_token_us > window_start_us
+    if started.any():  # the requests TTFT counts (a request's queueing is part of its TTFT): they were the finished ones
+        out["queue_ms_mean"] = float(((plan.admitted_us[started] - req.arrival_us[started]) / 1e3).mean())
     # vLLM's definitions (benchmarks/benchmark_serving.py): TPOT excludes the first token; ITL is every gap.
     series = {"ttft": (plan.first_token_us[started] - req.arrival_us[started]) / 1e3}
     many = done & (req.output_len > 1)
