@@ -71,6 +71,11 @@ def test_every_number_of_every_run_is_the_same_in_every_view(views):
         # The setting a report finds each run's eager run by: the same in the summary, the store and its report.
         setting = json.loads(path.read_text())["setting_hash"]
         assert mlflow_run.data.tags["setting_hash"] == setting == row_of(report_store, run_dir)["setting_hash"], path.parent.name
+        strategy = json.loads(path.read_text())["strategy_hash"]
+        assert mlflow_run.data.tags["strategy_hash"] == strategy == row_of(report_store, run_dir)["strategy_hash"], path.parent.name
+        if json.loads(path.read_text())["serving"]:  # sizes a serving run does not read: null, and no param to plot it by
+            assert json.loads(path.read_text())["batch_size"] is None and "workload.batch_size" not in params and "workload.context_len" not in params
+            assert all(math.isnan(row_of(table, run_dir)["batch_size"]) for table in (results, report_dirs, report_store))
         for key, value in summary.items():
             where = f"{path.parent.name}: {key}"
             if key in WHAT_RAN_KEYS:  # what ran is the config: a param, as the config wrote it
@@ -94,8 +99,14 @@ def test_what_ran_is_the_configs_own_value():
     params = flatten(OmegaConf.to_container(OmegaConf.structured(run), resolve=True, enum_to_str=True))
     what_ran = identity(run)
     assert set(WHAT_RAN_PARAMS) == set(WHAT_RAN_KEYS) - {"overrides", "config_hash", "setting_hash", "strategy_hash"}
+    # A serving run reads no batch_size or context_len (its requests are its batches): null, where MLflow's
+    # compare views placed every serving run at batch 1 (and the run logs no such params).
+    assert what_ran["batch_size"] is None and what_ran["context_len"] is None
     for key, param in WHAT_RAN_PARAMS.items():
-        assert str(params[param]) == str(what_ran[key]), key
+        if key not in ("batch_size", "context_len"):
+            assert str(params[param]) == str(what_ran[key]), key
+    batch = identity(compose_run("workload=qwen3_30b_decode", "workload.batch_size=3", "workload.context_len=512"))
+    assert (batch["batch_size"], batch["context_len"]) == (3, 512)
 
 
 def test_a_note_every_row_carries_is_said_once_under_the_table():

@@ -18,7 +18,7 @@ from harness.config.schema import RunConfig
 from harness.results.outputs import STEPS_FILE, read_steps, write_outputs
 from harness.results.resume import config_hash, find_finished, finished_hash, reuse, setting_hash, strategy_hash
 from harness.results.drawer import BackgroundDrawer
-from harness.sim.outcome import WHAT_RAN_WORKLOAD_KEYS, RunResult
+from harness.sim.outcome import UNREAD_IN_SERVING, WHAT_RAN_WORKLOAD_KEYS, RunResult
 from harness.sim.simulate import simulate_run
 from harness.tracking import early as early_tracking
 from harness.base.overrides import override_key
@@ -30,6 +30,8 @@ def identity(run: RunConfig, overrides: tuple[str, ...] = ()) -> dict:
     """What ran, for summary.json: the deployment's sizes and the overrides on top of the presets."""
     w = run.workload
     sizes = {key: getattr(w, key) for key in WHAT_RAN_WORKLOAD_KEYS}
+    if w.serving.enabled:  # its batches are the requests admitted, their KV the requests' own: null, not 1 and 1024
+        sizes.update(dict.fromkeys(UNREAD_IN_SERVING, None))
     return {  # the keys of WHAT_RAN_KEYS but the hashes (added beside them)
         **{key: value.value if isinstance(value, enum.Enum) else value for key, value in sizes.items()},
         "serving": w.serving.enabled, "seed": run.seed, "overrides": recorded_overrides(overrides, run),
@@ -92,7 +94,7 @@ def _say_unread_in_serving(outcome: RunResult, run: RunConfig, overrides: tuple[
     if not run.workload.serving.enabled:
         return
     written = {override_key(o) for o in overrides}
-    unread = [key for key in ("workload.batch_size", "workload.context_len") if key in written]
+    unread = [f"workload.{key}" for key in UNREAD_IN_SERVING if f"workload.{key}" in written]
     if unread:
         s = run.workload.serving
         note = (f"{' and '.join(unread)} not read by a serving run: its batches are the requests admitted (up to"

@@ -54,6 +54,9 @@ WALL_CLOCK_KEYS = frozenset({"sim_wall_s", "compile_s"})
 WHAT_RAN_WORKLOAD_KEYS = (
     "batch_size", "context_len", "phase", "quant", "kernels", "kv_cache_dtype", "decode_kv_reads", "tp", "dp", "ep", "steps", "warmup_steps",
 )
+# Workload sizes a serving run does not read (its batches and KV lengths are its requests'): null in what
+# ran, and no MLflow param (the compare views placed every serving run at batch 1).
+UNREAD_IN_SERVING = ("batch_size", "context_len")
 WHAT_RAN_KEYS = (*WHAT_RAN_WORKLOAD_KEYS, "serving", "seed", "overrides", "config_hash", "setting_hash", "strategy_hash")
 # The param (flattened config key) each of them is in MLflow; `overrides`, `setting_hash` and `strategy_hash` are tags there,
 # `config_hash` is not kept.

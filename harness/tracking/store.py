@@ -41,7 +41,7 @@ from harness.base.errors import HarnessError, TrackingError
 from harness.base.files import write_text
 from harness.results.resume import setting_hash, strategy_hash
 from harness.results.outputs import ARTIFACTS_FOLDER, LATENCY_SHOWN, STEPS_FILE, SUMMARY_FILE, TRACE_FILE, WHERE_THINGS_GO, read_steps, run_notes, short_setting
-from harness.sim.outcome import WHAT_RAN_KEYS, WHAT_RAN_PARAMS
+from harness.sim.outcome import UNREAD_IN_SERVING, WHAT_RAN_KEYS, WHAT_RAN_PARAMS
 from harness.base.stopping import store_call
 from harness.base.overrides import split_override
 
@@ -530,6 +530,9 @@ def chosen_params(params: Mapping[str, object], names: dict, overrides: str) -> 
         set_keys.append("workload.serving")
     for key in set_keys:
         chosen.update({k: v for k, v in params.items() if k == key or k.startswith(f"{key}.")})
+    if params.get("workload.serving.enabled") is True:
+        for key in UNREAD_IN_SERVING:
+            chosen.pop(f"workload.{key}", None)
     return chosen
 
 
