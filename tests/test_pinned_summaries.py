@@ -24,7 +24,7 @@ JOBS: list[list[str]] = [
     ["workload=llama2_7b_prefill"],
     ["workload.batch_size=16", "workload.context_len=4096", "hardware.host.threads=2"],
     ["strategy=acl_graph", "workload=deepseek_v3"],
-    ["hardware=h100", "workload=llama31_8b_decode", "strategy=acl_graph", "engine=vllm_v0_5", "workload.serving.enabled=true"],
+    ["hardware=h100", "workload=llama31_8b_decode", "strategy=cuda_graph", "engine=vllm_v0_5", "workload.serving.enabled=true"],
     *[[f"strategy={s}", f"workload={w}"] for s in ("eager", "acl_graph") for w in ("llama2_7b_decode", "qwen3_30b_decode")],
     *[[f"strategy={s}"] for s in ("async",)],
     *[[f"workload.batch_size={b}", "strategy=pipeline"] for b in (1, 8, 32, 64)],

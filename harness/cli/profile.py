@@ -350,7 +350,7 @@ def fitted_preset(
             fail(str(exc))
         caveats.append(f"the host costs are the trace's x {factor:.3g}: its steps took {summary['step_ms_mean']:.4g} ms under the profiler and"
                        f" {args.unprofiled_step_ms:.12g} ms without it (--unprofiled-step-ms); the difference is the profiler's own work, taken off"
-                       " every host stage alike")
+                       " every host stage before a launch alike (the synchronisation calls' own time is left as traced)")
     elif profile.recorded_with:
         caveats.append(f"the trace was recorded with {', '.join(profile.recorded_with)}: the profiler's own host work per op is in"
                        " the fitted host costs, an upper bound on what this host spends without the profiler")
