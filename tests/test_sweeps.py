@@ -667,3 +667,16 @@ def test_a_job_failed_then_fixed_and_resumed_counts_once_and_only_its_own_number
     assert fixed.returncode == 0, fixed.stderr[-2000:]
     assert not list((tmp_path / "sw").rglob("JOB_FAILED.txt"))
     assert len(pd.read_csv(tmp_path / "sw" / "results.csv")) == 2 and "Failed" not in (tmp_path / "sw" / "results.md").read_text()
+
+
+def test_a_speed_up_plot_needs_a_run_compared_with_eager():
+    """A lone eager run, or eager runs alone, drew speedup.png as bars of 1.0 over themselves; an eager run
+    with task fusion (1.06x over plain eager) or any other strategy is a comparison."""
+    from harness.results.comparison import unplotted
+
+    def table(strategies, speedups):
+        return pd.DataFrame({"strategy": strategies, "speedup_vs_eager": speedups, "bubble_ratio": [0.5] * len(strategies)})
+
+    assert unplotted(table(["eager"], [1.0])) == ["no throughput / eager to plot (no run but eager ones with an eager run to compare with)"]
+    assert unplotted(table(["eager", "eager"], [1.0, 1.061])) == []
+    assert unplotted(table(["eager", "acl_graph"], [1.0, 2.0])) == []

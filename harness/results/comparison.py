@@ -245,13 +245,17 @@ PLOTS = (("speedup_vs_eager", "speedup.png", "throughput / eager"), ("bubble_rat
 
 
 def _plottable(table: pd.DataFrame, metric: str) -> bool:
-    return metric in table and not table[metric].isna().all()
+    if metric not in table or table[metric].isna().all():
+        return False
+    # A speed-up plot of eager runs over themselves alone is bars of 1.0: nothing compared.
+    compared = (table["strategy"] != "eager") | (table[metric] != 1.0)
+    return metric != "speedup_vs_eager" or bool(compared[table[metric].notna()].any())
 
 
 def unplotted(table: pd.DataFrame) -> list[str]:
     """Why each plot `plot` leaves out is left out."""
     return [
-        f"no {label} to plot" + (" (no eager run to compare with)" if metric == "speedup_vs_eager" else "")
+        f"no {label} to plot" + (" (no run but eager ones with an eager run to compare with)" if metric == "speedup_vs_eager" else "")
         for metric, _, label in PLOTS if not _plottable(table, metric)
     ]
 
