@@ -104,3 +104,13 @@ def test_an_experiments_read_back_reads_the_file(tmp_path, capsys):
     ran, read = figures(gemm), figures(back)
     # The op list's run says its tokens are batch_size's; the file written out holds each step's tokens.
     assert compose_run(*back).workload.ops == [] and ran.pop("throughput_note").startswith("tokens per step") and read == ran
+
+
+def test_the_read_back_of_an_unfused_experiment_with_a_static_cache_runs(tmp_path, capsys):
+    """gpt-fast's eager loop (a100_gptfast_eager: kernels=unfused, kv_cache=static): the file holds its
+    in-place cache writes, and workload.kv_cache without a card is refused; the read-back sets it back to
+    auto and gives the run's figures (it was refused once that refusal came in)."""
+    args = ["experiment=a100_gptfast_eager", "workload.steps=4"]
+    back, _ = export(tmp_path, capsys, *args)
+    assert "workload.kv_cache=auto" in back and compose_run(*back).workload.card is None
+    assert figures(back)["throughput_tok_s"] == pytest.approx(figures(args)["throughput_tok_s"], rel=1e-9)

@@ -18,7 +18,7 @@ import numpy as np
 
 from harness.config.compose import compose_run
 from harness.config.messages import one_line
-from harness.config.schema import DecodeKvReads, GraphMode, KvCacheDtype, Phase, RunConfig, WorkloadConfig
+from harness.config.schema import DecodeKvReads, GraphMode, KvCache, KvCacheDtype, Phase, RunConfig, WorkloadConfig
 from harness.model.device import device_times
 from harness.model.ops import HOST_ONLY_KINDS
 from harness.base.commands import CommandParser
@@ -111,4 +111,6 @@ def read_back_command(workload: WorkloadConfig, steps: int, path: Path, override
             held.append(f"workload.kv_cache_dtype={KvCacheDtype.auto.value}")
         if w.decode_kv_reads != DecodeKvReads.shared:
             held.append(f"workload.decode_kv_reads={DecodeKvReads.shared.value}")
+        if w.kv_cache != KvCache.auto:  # an unfused card's cache update (gpt-fast's static one): the file holds its ops
+            held.append(f"workload.kv_cache={KvCache.auto.value}")
     return shlex.join(["python", "-m", "harness", "workload=trace", f"workload.path={path}", *held, *others])
