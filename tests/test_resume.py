@@ -80,6 +80,23 @@ def test_resume_reuses_a_finished_run_from_another_folder(tmp_path):
     assert find_finished(config_hash({**params, "seed": 1}), tmp_path / "c", tmp_path / "outputs") is None
 
 
+def test_resume_takes_the_run_folder_not_mlflows_copy_of_it(tmp_path):
+    """A tracked run's files are copied to outputs/mlartifacts/<id>/artifacts, which sorts before
+    outputs/runs: resume=true took the copy for the finished run (RESUMED_FROM.txt named it) and, not
+    finding it logged, logged the run to MLflow a second time."""
+    run_dir = tmp_path / "outputs" / "runs" / "a"
+    cli = [sys.executable, "-m", "harness", "workload.steps=3", "output.timeline_steps=0", "output.print_summary=false"]
+    first = subprocess.run([*cli, f"hydra.run.dir={run_dir}"], cwd=tmp_path, env=ENV, capture_output=True, text=True)
+    assert first.returncode == 0, first.stderr
+    assert list((tmp_path / "outputs" / "mlartifacts").rglob("summary.json"))  # the copy is there to be mistaken
+    again = subprocess.run([*cli, f"hydra.run.dir={tmp_path / 'outputs' / 'runs' / 'b'}", "resume=true"], cwd=tmp_path, env=ENV,
+                           capture_output=True, text=True)
+    assert again.returncode == 0, again.stderr
+    assert (tmp_path / "outputs" / "runs" / "b" / RESUMED_FILE).read_text().strip() == str(run_dir)
+    with sqlite3.connect(tmp_path / "outputs" / "mlflow.db") as con:
+        assert con.execute("select count(*) from runs").fetchone() == (1,)
+
+
 def test_resume_never_overwrites_a_finished_run_of_another_configuration(tmp_path):
     """`resume=true` into a folder that holds another configuration's finished run refuses in one line and
     keeps that run's files (it simulated over them: batch 2 written where batch 1 was)."""

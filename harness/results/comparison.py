@@ -16,7 +16,7 @@ from omegaconf import OmegaConf
 
 from harness.base.files import atomic_write
 from harness.base.overrides import override_key
-from harness.results.outputs import ARTIFACTS_FOLDER, LATENCY_SHOWN, WHERE_THINGS_GO, run_notes
+from harness.results.outputs import LATENCY_SHOWN, WHERE_THINGS_GO, run_notes, run_summaries
 
 KEYS = ["hardware", "workload", "strategy"]
 # The request latencies (a run without them leaves them out) after the step time.
@@ -27,9 +27,7 @@ def load_run_dirs(paths: list[Path]) -> pd.DataFrame:
     """One row per summary.json found under the given directories (a run or a whole sweep)."""
     rows = []
     for root in paths:
-        for summary in sorted(Path(root).rglob("summary.json")):
-            if ARTIFACTS_FOLDER in summary.relative_to(root).parts[:-1]:
-                continue  # MLflow's copy of a run folder's files (outputs/ holds both): the same run again
+        for summary in run_summaries(Path(root)):
             row = json.loads(summary.read_text())
             row["run_dir"] = str(summary.parent.absolute())
             # The summary's own record (as a single run writes it: a resumed job's `resume=True` and a

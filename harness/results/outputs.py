@@ -280,3 +280,11 @@ def format_summary(summary: dict, names: dict, run_dir: Path) -> str:
         f"  outputs      {run_dir}",
     ]
     return "\n".join(lines)
+
+
+def run_summaries(root: Path) -> list[Path]:
+    """The summary.json of every run folder under `root`, in path order: not MLflow's copies of them under
+    an artifact store (outputs/mlartifacts), which a report read as the same runs again and resume=true
+    took for the finished run (logging it to MLflow a second time)."""
+    root = Path(root)
+    return [s for s in sorted(root.rglob(SUMMARY_FILE)) if ARTIFACTS_FOLDER not in s.relative_to(root).parts[:-1]]

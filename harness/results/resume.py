@@ -17,7 +17,7 @@ import shutil
 from pathlib import Path
 
 from harness.base.files import atomic_write, write_text
-from harness.results.outputs import STEPS_FILE, SUMMARY_FILE, TIMELINE_FILE, TRACE_FILE, WHERE_THINGS_GO
+from harness.results.outputs import STEPS_FILE, SUMMARY_FILE, TIMELINE_FILE, TRACE_FILE, WHERE_THINGS_GO, run_summaries
 from harness.base.overrides import override_key
 
 RESUMED_FILE = "RESUMED_FROM.txt"
@@ -136,7 +136,7 @@ def _finished_by_digest(outputs_dir: Path) -> dict[str, list[Path]]:
     if key not in _indexes:
         index: dict[str, list[Path]] = {}
         if outputs_dir.is_dir():
-            for summary in sorted(outputs_dir.rglob(SUMMARY_FILE)):
+            for summary in run_summaries(outputs_dir):
                 try:
                     digest = json.loads(summary.read_text()).get("config_hash")
                 except (OSError, ValueError, AttributeError):  # not ours, or not a summary
