@@ -235,13 +235,15 @@ def test_a_speed_up_is_over_the_plain_eager_run_not_the_mean_of_eager_runs_with_
     """`-m experiment=a2_deepseek_eager,a2_deepseek_fusion,a2_deepseek_acl_graph`: two eager runs of one
     setting, the second with task fusion (an experiment's switch, not on the command line). The graph's
     speed-up was over their mean, 217.567 / ((43.104 + 45.729) / 2) = 4.898x, where over plain eager it is
-    217.567 / 43.104 = 5.047x; fusion's own is 45.729 / 43.104 = 1.061x. Without a plain one: none."""
-    from harness.results.comparison import comparison, plain_eager_strategy_hash
+    217.567 / 43.104 = 5.047x; fusion's own is 45.729 / 43.104 = 1.061x. With a switch every run adds
+    (strategy.tiling_cache=true on the command line) the run with the fewest switches is the baseline;
+    with two eager runs of one switch each, none is, and the footer does not call that "no eager run"."""
+    from harness.results.comparison import comparison, missing_eager, to_markdown
 
-    plain = plain_eager_strategy_hash()
     runs = pd.DataFrame({
         "hardware": ["atlas_a2"] * 3, "workload": ["deepseek_v3"] * 3, "strategy": ["eager", "eager", "acl_graph"],
-        "throughput_tok_s": [43.104, 45.729, 217.567], "setting_hash": ["s"] * 3, "strategy_hash": [plain, "fused", "graph"],
+        "throughput_tok_s": [43.104, 45.729, 217.567], "setting_hash": ["s"] * 3,
+        "strategy_changes": ["", "strategy.fusion=true", "strategy.graph.mode=capture strategy.name=acl_graph"],
         "overrides": ["+experiment=a2_deepseek_eager", "+experiment=a2_deepseek_fusion", "+experiment=a2_deepseek_acl_graph"],
         "run_dir": ["/x/sweep/0_eager", "/x/sweep/1_eager", "/x/sweep/2_acl_graph"],
     })
@@ -249,25 +251,29 @@ def test_a_speed_up_is_over_the_plain_eager_run_not_the_mean_of_eager_runs_with_
     assert table.loc["+experiment=a2_deepseek_acl_graph", "speedup_vs_eager"] == pytest.approx(217.567 / 43.104)
     assert table.loc["+experiment=a2_deepseek_fusion", "speedup_vs_eager"] == pytest.approx(45.729 / 43.104)
     assert len(table) == 3  # two configurations, not two runs of one that differ
-    assert all("over the plain eager run (sweep/0_eager)" in n and "runs of this setting that differ" not in n for n in table["notes"])
-    none_plain = comparison(runs.assign(strategy_hash=["edited", "fused", "graph"]))
-    assert none_plain["speedup_vs_eager"].isna().all() and all("none is plain strategy=eager" in n for n in none_plain["notes"])
-    # One eager run, or summaries from before strategy_hash: that run is the baseline, as before.
+    assert all("over the plain eager run, sweep/0_eager" in n and "runs of this setting that differ" not in n for n in table["notes"])
+    tiled = comparison(runs.assign(strategy_changes=["strategy.tiling_cache=true", "strategy.fusion=true strategy.tiling_cache=true",
+                                                     "strategy.graph.mode=capture strategy.name=acl_graph strategy.tiling_cache=true"]))
+    assert tiled.set_index("strategy")["speedup_vs_eager"].max() == pytest.approx(217.567 / 43.104)
+    assert all("fewest strategy switches (strategy.tiling_cache=true), sweep/0_eager" in n for n in tiled["notes"])
+    tied = comparison(runs.assign(strategy_changes=["strategy.tiling_cache=true", "strategy.fusion=true", "strategy.name=acl_graph"]))
+    assert tied["speedup_vs_eager"].isna().all() and all("none in fewer than the others" in n for n in tied["notes"])
+    assert missing_eager(tied) == [] and "No speed-up (nan) where no eager run" not in to_markdown(tied)
+    # One eager run, or summaries from before strategy_changes: that run is the baseline, as before.
     assert comparison(runs.iloc[[1, 2]]).set_index("strategy").loc["acl_graph", "speedup_vs_eager"] == pytest.approx(217.567 / 45.729)
 
 
-def test_a_plain_eager_run_records_the_strategy_hash_a_report_takes_for_plain(tmp_path):
-    """The job hashes its resolved config's strategy.*; the report composes strategy=eager on its own (a
-    sweep's end asks inside Hydra's running app): the two must agree, and a switch must change it."""
-    from harness.results.comparison import plain_eager_strategy_hash
-
-    hashes = []
-    for extra in ([], ["strategy.fusion=true"]):
-        run_dir = tmp_path / f"run{len(hashes)}"
+def test_a_plain_eager_run_records_no_strategy_changes_and_a_switch_is_named(tmp_path):
+    """The job compares its resolved strategy.* with conf/'s plain strategy=eager, read without Hydra (a
+    sweep's end asks inside Hydra's running app): the two must agree on a plain run."""
+    changes = []
+    for extra in ([], ["strategy.fusion=true"], ["+experiment=h100_sglang_eager_bs1"]):
+        run_dir = tmp_path / f"run{len(changes)}"
         proc = run_cli("strategy=eager", "workload.steps=2", "tracking.enabled=false", f"hydra.run.dir={run_dir}", *extra, cwd=tmp_path)
         assert proc.returncode == 0, proc.stderr
-        hashes.append(json.loads((run_dir / "summary.json").read_text())["strategy_hash"])
-    assert hashes[0] == plain_eager_strategy_hash() != hashes[1]
+        changes.append(json.loads((run_dir / "summary.json").read_text())["strategy_changes"])
+    assert changes[:2] == ["", "strategy.fusion=true"]
+    assert changes[2] == ""  # an experiment that runs plain eager on another machine
 
 
 def test_report_orders_rows_eager_first_in_numeric_order_and_names_missing_eager_runs():

@@ -71,8 +71,9 @@ def test_every_number_of_every_run_is_the_same_in_every_view(views):
         # The setting a report finds each run's eager run by: the same in the summary, the store and its report.
         setting = json.loads(path.read_text())["setting_hash"]
         assert mlflow_run.data.tags["setting_hash"] == setting == row_of(report_store, run_dir)["setting_hash"], path.parent.name
-        strategy = json.loads(path.read_text())["strategy_hash"]
-        assert mlflow_run.data.tags["strategy_hash"] == strategy == row_of(report_store, run_dir)["strategy_hash"], path.parent.name
+        strategy = json.loads(path.read_text())["strategy_changes"]
+        stored = row_of(report_store, run_dir)["strategy_changes"]  # '' is read back from CSV as NaN
+        assert mlflow_run.data.tags.get("strategy_changes", "") == strategy == ("" if pd.isna(stored) else stored), path.parent.name
         if json.loads(path.read_text())["serving"]:  # sizes a serving run does not read: null, and no param to plot it by
             assert json.loads(path.read_text())["batch_size"] is None and "workload.batch_size" not in params and "workload.context_len" not in params
             assert all(math.isnan(row_of(table, run_dir)["batch_size"]) for table in (results, report_dirs, report_store))
@@ -98,7 +99,7 @@ def test_what_ran_is_the_configs_own_value():
     run = compose_run("workload=qwen3_30b_decode", "workload.batch_size=3", "seed=7", "workload.serving.enabled=true")
     params = flatten(OmegaConf.to_container(OmegaConf.structured(run), resolve=True, enum_to_str=True))
     what_ran = identity(run)
-    assert set(WHAT_RAN_PARAMS) == set(WHAT_RAN_KEYS) - {"overrides", "config_hash", "setting_hash", "strategy_hash"}
+    assert set(WHAT_RAN_PARAMS) == set(WHAT_RAN_KEYS) - {"overrides", "config_hash", "setting_hash", "strategy_changes"}
     # A serving run reads no batch_size or context_len (its requests are its batches): null, where MLflow's
     # compare views placed every serving run at batch 1 (and the run logs no such params).
     assert what_ran["batch_size"] is None and what_ran["context_len"] is None

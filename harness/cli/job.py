@@ -16,7 +16,7 @@ from harness.base.errors import ConfigError, TrackingError
 from harness.base.stopping import Stopped, raise_if_stopped
 from harness.config.schema import RunConfig
 from harness.results.outputs import STEPS_FILE, read_steps, write_outputs
-from harness.results.resume import config_hash, find_finished, finished_hash, reuse, setting_hash, strategy_hash
+from harness.results.resume import config_hash, find_finished, finished_hash, reuse, setting_hash, strategy_changes
 from harness.results.drawer import BackgroundDrawer
 from harness.sim.outcome import UNREAD_IN_SERVING, WHAT_RAN_WORKLOAD_KEYS, RunResult
 from harness.sim.simulate import simulate_run
@@ -137,7 +137,7 @@ def execute(
     raise_if_stopped()  # one swallowed on its way up: not a whole simulation more
     with BackgroundDrawer() if timeline_steps > 0 else contextlib.nullcontext() as drawer:
         outcome = simulate_run(run)
-        what_ran = {**identity(run, overrides), "config_hash": digest, "setting_hash": setting_hash(params), "strategy_hash": strategy_hash(params)}
+        what_ran = {**identity(run, overrides), "config_hash": digest, "setting_hash": setting_hash(params), "strategy_changes": strategy_changes(params)}
         outcome.summary.update(what_ran)
         _say_steps_set_by_the_trace(outcome, run, overrides)
         _say_unread_in_serving(outcome, run, overrides)

@@ -18,7 +18,7 @@ from harness.base.errors import ConfigError
 from harness.base.stopping import held, raise_if_stopped
 from harness.config.messages import no_such_key, not_a_run_key, not_a_switch, one_line
 from harness.config.paths import CONF_DIR, launch_folder_conf
-from harness.config.schema import RunConfig, flatten
+from harness.config.schema import RunConfig, StrategyConfig, flatten
 
 
 _PROCESS_ID = f"{os.getpid()}{time.time_ns() // 1000 % 1000:03d}"  # unique among processes started together
@@ -193,3 +193,12 @@ def experiment_keys(name: str) -> set[str]:
                 pending.append(entry)  # another experiment this one builds on
         keys.update(flatten(content))
     return keys
+
+
+@functools.cache
+def plain_strategy_params() -> dict[str, object]:
+    """strategy.* of `strategy=eager` with no switch changed, flattened as a run's params are: its preset
+    over the schema's defaults (eager.yaml has no defaults list of its own), read without Hydra, whose app
+    is running where a sweep's end or a job asks."""
+    merged = OmegaConf.merge(OmegaConf.structured(StrategyConfig), OmegaConf.load(CONF_DIR / "strategy" / "eager.yaml"))
+    return flatten({"strategy": OmegaConf.to_container(merged, resolve=True, enum_to_str=True)})

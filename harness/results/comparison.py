@@ -6,7 +6,6 @@ summary.json files) or from an MLflow store (harness.tracking.read). `python -m 
 """
 from __future__ import annotations
 
-import functools
 import json
 from pathlib import Path
 
@@ -70,8 +69,8 @@ def comparison(runs: pd.DataFrame) -> pd.DataFrame:
     baseline = _eager_baselines(table, same)
     table["speedup_vs_eager"] = table["throughput_tok_s"].to_numpy() / np.asarray(baseline, dtype=float)
     # Eager runs of one setting with other strategy switches (an experiment's task fusion) are other runs,
-    # not repeats of one: a summary from before strategy_hash leaves it NaN, grouped as one.
-    strategy_keys = ["strategy", "strategy_hash"] if "strategy_hash" in table.columns else ["strategy"]
+    # not repeats of one: a summary from before strategy_changes leaves it NaN, grouped as one.
+    strategy_keys = ["strategy", "strategy_changes"] if "strategy_changes" in table.columns else ["strategy"]
     table = _one_row_a_setting(table, same + strategy_keys, [c for c in SHOWN if c in table.columns])
     columns = KEYS + [c for c in SHOWN if c in table.columns and (c not in LATENCY_SHOWN or table[c].notna().any())] + ["notes"]
     if "swept" in table.columns and table["swept"].ne("").any():
@@ -83,47 +82,38 @@ def comparison(runs: pd.DataFrame) -> pd.DataFrame:
     return order[columns].reset_index(drop=True)
 
 
+# Said on every run of a setting whose eager runs give no one baseline (not "no eager run": there are several).
+NO_ONE_EAGER = "eager runs differ in their strategy switches, none in fewer than the others"
+
+
 def _eager_baselines(table: pd.DataFrame, same: list[str]) -> pd.Series:
     """Per run, the throughput of its setting's eager run (NaN: none). Where the setting's eager runs differ
-    in their strategy switches (`experiment=a2_deepseek_eager,a2_deepseek_fusion,…`: eager, and eager with
-    task fusion), the plain one is the baseline, not their mean (4.90x shown for a 5.05x graph); without a
-    plain one there is none, and every run of the setting says why (`notes`)."""
-    plain = plain_eager_strategy_hash()
+    in their strategy switches (`strategy_changes`: `experiment=a2_deepseek_eager,a2_deepseek_fusion,…` are
+    eager, and eager with task fusion), the one with the fewest switches beyond plain eager is the baseline,
+    not their mean (4.90x shown for a 5.05x graph): the plain one, or the one that adds nothing but what
+    every run of the sweep adds (`strategy.tiling_cache=true` on the command line). Where no one has the
+    fewest, there is none. Either way every run of the setting says so (`notes`)."""
     eager = table["strategy"] == "eager"
-    hashes = table["strategy_hash"] if "strategy_hash" in table.columns else pd.Series(np.nan, index=table.index)
+    changes = table["strategy_changes"] if "strategy_changes" in table.columns else pd.Series(np.nan, index=table.index)
     baseline = pd.Series(np.nan, index=table.index)
     for _, rows in table.groupby(same, sort=False, dropna=False).indices.items():
         index = table.index[rows]
         candidates = index[eager.loc[index].to_numpy()]
-        kinds = hashes.loc[candidates].dropna().unique()
+        kinds = changes.loc[candidates].dropna().unique()
         if len(kinds) > 1:
-            chosen = candidates[(hashes.loc[candidates] == plain).to_numpy()]
-            note = (f"the speed-ups are over the plain eager run ({_run_name(table.loc[chosen[0]])}): this setting's"
-                    f" {len(candidates)} eager runs differ in their strategy switches") if len(chosen) else (
-                    f"no speed-up: this setting's {len(candidates)} eager runs differ in their strategy switches and none is"
-                    " plain strategy=eager")
+            counts = {kind: len(str(kind).split()) for kind in kinds}
+            fewest = [kind for kind in kinds if counts[kind] == min(counts.values())]
+            if len(fewest) == 1:
+                candidates = candidates[(changes.loc[candidates] == fewest[0]).to_numpy()]
+                what = "the plain eager run" if not fewest[0] else f"the eager run with the fewest strategy switches ({fewest[0]})"
+                note = f"the speed-ups are over {what}, {_run_name(table.loc[candidates[0]])}: this setting's {len(kinds)} kinds of eager run differ in their strategy switches"
+            else:
+                candidates = candidates[:0]
+                note = f"no speed-up: this setting's {NO_ONE_EAGER} ({' / '.join(str(k) for k in fewest)})"
             table.loc[index, "notes"] = [_joined(str(n) if isinstance(n, str) else "", note) for n in table.loc[index, "notes"]]
-            candidates = chosen
         if len(candidates):
             baseline.loc[index] = table.loc[candidates, "throughput_tok_s"].mean()
     return baseline
-
-
-@functools.cache
-def plain_eager_strategy_hash() -> str | None:
-    """strategy_hash of `strategy=eager` with no switch changed, as conf/ composes it (None: conf/ could
-    not be composed, and no eager run is told from another)."""
-    from harness.config.paths import CONF_DIR
-    from harness.config.schema import StrategyConfig, flatten
-    from harness.results.resume import strategy_hash
-
-    # The group's preset over the schema's defaults, as Hydra composes `strategy=eager` (it has no defaults
-    # list of its own), without Hydra: a sweep's end asks inside Hydra's own running app.
-    try:
-        merged = OmegaConf.merge(OmegaConf.structured(StrategyConfig), OmegaConf.load(CONF_DIR / "strategy" / "eager.yaml"))
-        return strategy_hash(flatten({"strategy": OmegaConf.to_container(merged, resolve=True, enum_to_str=True)}))
-    except Exception:  # a report reads runs; a conf/ it cannot read leaves the eager runs told apart by nothing
-        return None
 
 
 def _settings(table: pd.DataFrame) -> pd.Series:
@@ -181,13 +171,13 @@ def to_markdown(table: pd.DataFrame) -> str:
     latency = [c for c in LATENCY_SHOWN if c in table]
     if latency:  # a decode run has no first-token time: empty there, not "nan" (a speed-up's nan is explained below)
         table = table.assign(**{c: table[c].astype(object).where(table[c].notna(), None) for c in latency})
+    lacking = missing_eager(table)  # from each row's own notes, before those every row shares are said once
     shared = _notes_of_every_row(table)
     if shared:  # said once, under the table: repeated on every row it hid the numbers (MLflow's preview)
         table = table.assign(notes=[_without(notes, shared) for notes in table["notes"]])
     markdown = table.to_markdown(index=False, floatfmt=".3f", missingval="")
     if shared:
         markdown += "\n\nEvery run: " + "; ".join(shared) + "."
-    lacking = missing_eager(table)
     if lacking:
         markdown += "\n\nNo speed-up (nan) where no eager run has the same values: " + "; ".join(lacking) + "."
     return markdown
@@ -206,10 +196,11 @@ def _without(notes: str, shared: list[str]) -> str:
 
 
 def missing_eager(table: pd.DataFrame) -> list[str]:
-    """The (hardware, workload, swept values) with no eager run to compare with."""
+    """The (hardware, workload, swept values) with no eager run to compare with (not those with several, none
+    of them the baseline: their notes say so)."""
     if table.empty or "speedup_vs_eager" not in table:
         return []
-    lacking = table[table["speedup_vs_eager"].isna()]
+    lacking = table[table["speedup_vs_eager"].isna() & ~table.get("notes", pd.Series("", index=table.index)).fillna("").str.contains(NO_ONE_EAGER, regex=False)]
     keys = ["hardware", "workload"] + (["swept"] if "swept" in lacking else [])
     return [" ".join(str(v) for v in row if v) for row in lacking[keys].drop_duplicates().itertuples(index=False)]
 

@@ -42,12 +42,16 @@ def setting_hash(params: dict) -> str:
     return config_hash({k: v for k, v in params.items() if not k.startswith("strategy.")})
 
 
-def strategy_hash(params: dict) -> str:
-    """16 hex digits of the run's strategy alone (every strategy.* value): among the eager runs of one
-    setting, it tells the plain eager run from one with switches an experiment set (a2_deepseek_fusion is
-    eager with task fusion), which a speed-up must not take for its baseline."""
-    kept = {k: v for k, v in params.items() if k.startswith("strategy.")}
-    return hashlib.sha256(json.dumps(kept, sort_keys=True, default=str).encode()).hexdigest()[:16]
+def strategy_changes(params: dict) -> str:
+    """The run's strategy.* values that differ from plain `strategy=eager` (conf/strategy/eager.yaml over the
+    schema's defaults), as `key=value` in key order; '' for plain eager. Among the eager runs of one setting
+    it tells the plain one from one with switches an experiment set (a2_deepseek_fusion is eager with
+    task fusion), which a speed-up must not take for its baseline, and says which switches those are."""
+    from harness.config.compose import plain_strategy_params
+
+    plain = plain_strategy_params()
+    changed = {k: v for k, v in params.items() if k.startswith("strategy.") and (k not in plain or plain[k] != v)}
+    return " ".join(f"{k}={v if isinstance(v, str) else json.dumps(v, separators=(',', ':'), default=str)}" for k, v in sorted(changed.items()))
 
 
 def input_digests(params: dict) -> dict[str, str]:

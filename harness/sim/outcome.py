@@ -57,8 +57,8 @@ WHAT_RAN_WORKLOAD_KEYS = (
 # Workload sizes a serving run does not read (its batches and KV lengths are its requests'): null in what
 # ran, and no MLflow param (the compare views placed every serving run at batch 1).
 UNREAD_IN_SERVING = ("batch_size", "context_len")
-WHAT_RAN_KEYS = (*WHAT_RAN_WORKLOAD_KEYS, "serving", "seed", "overrides", "config_hash", "setting_hash", "strategy_hash")
-# The param (flattened config key) each of them is in MLflow; `overrides`, `setting_hash` and `strategy_hash` are tags there,
+WHAT_RAN_KEYS = (*WHAT_RAN_WORKLOAD_KEYS, "serving", "seed", "overrides", "config_hash", "setting_hash", "strategy_changes")
+# The param (flattened config key) each of them is in MLflow; `overrides`, `setting_hash` and `strategy_changes` are tags there,
 # `config_hash` is not kept.
 WHAT_RAN_PARAMS = {
     **{key: f"workload.{key}" for key in WHAT_RAN_WORKLOAD_KEYS},

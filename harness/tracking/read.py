@@ -30,9 +30,9 @@ def load_mlflow(uri: str, experiment: str = "hostbound", parent: str | None = No
     runs = runs[run_dirs.isna() | ~run_dirs.duplicated(keep="first")]
     if runs.empty:
         return runs
-    # setting_hash: what the run simulates but its strategy, strategy_hash: its strategy (tags: the params
+    # setting_hash: what the run simulates but its strategy, strategy_changes: its strategy switches beyond plain eager (tags: the params
     # hold only the values chosen)
-    out = pd.DataFrame({k: runs.get(f"tags.{k}") for k in KEYS + ["bound", "overrides", "notes", "run_dir", "setting_hash", "strategy_hash"]})
+    out = pd.DataFrame({k: runs.get(f"tags.{k}") for k in KEYS + ["bound", "overrides", "notes", "run_dir", "setting_hash", "strategy_changes"]})
     out["notes"] = out["notes"].fillna("")
     # What ran (batch, steps, seed, ...) is in the params, as text: the same columns a run folder's table has.
     for key, param in WHAT_RAN_PARAMS.items():

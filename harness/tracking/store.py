@@ -39,7 +39,7 @@ from harness.config.messages import one_line
 from harness.config.schema import ArtifactPolicy, TrackingConfig, flatten, sqlite_path, unflatten
 from harness.base.errors import HarnessError, TrackingError
 from harness.base.files import write_text
-from harness.results.resume import setting_hash, strategy_hash
+from harness.results.resume import setting_hash, strategy_changes
 from harness.results.outputs import ARTIFACTS_FOLDER, LATENCY_SHOWN, STEPS_FILE, SUMMARY_FILE, TRACE_FILE, WHERE_THINGS_GO, read_steps, run_notes, short_setting
 from harness.sim.outcome import UNREAD_IN_SERVING, WHAT_RAN_KEYS, WHAT_RAN_PARAMS
 from harness.base.stopping import store_call
@@ -435,7 +435,7 @@ def log_run(
         tags["overrides"] = overrides
     if params:  # summary.json's, from the same resolved config: a report finds each run's eager run by it
         tags["setting_hash"] = setting_hash(params)
-        tags["strategy_hash"] = strategy_hash(params)
+        tags["strategy_changes"] = strategy_changes(params)
     notes = run_notes(summary)
     if notes:  # the summary's words (captures, fallbacks, warnings) are not metrics
         tags["notes"] = notes
