@@ -22,6 +22,7 @@ from harness.config.paths import CONF_DIR, LAUNCH_FOLDER_CONF
 from harness.config.schema import unflatten
 from harness.results.comparison import pareto_plot
 from harness.results.outputs import WHERE_THINGS_GO
+from harness.base.overrides import override_key, split_override
 
 WRITTEN_MARK = "# Written by python -m harness.advise"
 _GROUP_KEYS = ("hardware", "workload", "strategy", "engine")
@@ -214,8 +215,7 @@ def preset_text(base: list[str], winner: Candidate, command: str) -> str:
     it runs exactly as ranked)."""
     # What ran, not where its files and runs went (tracking.uri, output.*): a preset another user runs
     # would log to the advising user's store.
-    written = [(o.lstrip("+").partition("=")) for o in base + winner.overrides
-               if not o.startswith("~") and not o.lstrip("+").startswith(WHERE_THINGS_GO)]
+    written = [split_override(o) for o in base + winner.overrides if not o.startswith("~") and not override_key(o).startswith(WHERE_THINGS_GO)]
     experiments = [value for key, _, value in written if key == "experiment"]
     choices = {key: value for key, _, value in written if key in _GROUP_KEYS}
     dotted = written + [("workload.steps", "=", str(winner.steps)), ("workload.warmup_steps", "=", "0")]

@@ -88,7 +88,7 @@ def _anchored_at_launch(arg: str) -> str:
     the jobs' files would land there while the sweep's results.csv looks for them here. conf/config.yaml's
     default folder is anchored the same way."""
     key, _, value = arg.partition("=")
-    if key.lstrip("+") != "hydra.sweep.dir" or not value.strip("'\"") or value.lstrip("'\"").startswith(("/", "~", "$")):
+    if override_key(key) != "hydra.sweep.dir" or not value.strip("'\"") or value.lstrip("'\"").startswith(("/", "~", "$")):
         return arg
     quote = value[0] if value[0] in "'\"" else ""
     return f"{key}={quote}${{hydra.runtime.cwd}}/{value[len(quote):]}"

@@ -239,7 +239,7 @@ def sweep_name(overrides: list[str], folder: str, choices: dict | None = None) -
 
     parsed = OverridesParser.create().parse_overrides(overrides)
     sweeps = [o for o in parsed if o.is_sweep_override() and not o.is_hydra_override()]
-    swept = [f"{o.get_key_element().lstrip('+~').rsplit('.', 1)[-1]}={o.input_line.split('=', 1)[1]}" for o in sweeps]
+    swept = [f"{override_key(o.get_key_element()).rsplit('.', 1)[-1]}={o.input_line.split('=', 1)[1]}" for o in sweeps]
     keys = frozenset(swept_keys_of(overrides))
     shared = {k: str(v) for k, v in (choices or {}).items() if k not in keys}  # the presets every job runs
     single = " ".join(o.input_line for o in parsed if not (o.is_sweep_override() or o.is_hydra_override()))
