@@ -605,6 +605,9 @@ def test_bar_groups_are_labelled_by_what_differs_and_titled_by_what_they_share()
     # Only the key is shortened: a value's dots are its own (both groups of a host.speed sweep read "5").
     speeds = [("w", "h100", "hardware.host.speed=0.5 workload.path=a.csv"), ("w", "h100", "hardware.host.speed=1.5 workload.path=a.csv")]
     assert _bar_labels(speeds) == ("w h100", ["speed=0.5 path=a.csv", "speed=1.5 path=a.csv"])
+    # A switch its last part cannot name (enabled=true) reads as run names and headers read it.
+    serving = [("w", "h100", "workload.serving.enabled=false"), ("w", "h100", "+workload.serving.enabled=true")]
+    assert _bar_labels(serving) == ("w h100", ["no serving", "serving"])
 
 
 def test_a_sweep_refuses_before_it_starts_a_combination_whose_graphs_overflow_hbm(tmp_path):

@@ -14,8 +14,8 @@ import pandas as pd
 from omegaconf import OmegaConf
 
 from harness.base.files import atomic_write
-from harness.base.overrides import override_key
-from harness.results.outputs import LATENCY_SHOWN, WHERE_THINGS_GO, run_notes, run_summaries
+from harness.base.overrides import override_key, split_override
+from harness.results.outputs import LATENCY_SHOWN, WHERE_THINGS_GO, run_notes, run_summaries, short_setting
 
 KEYS = ["hardware", "workload", "strategy"]
 # The request latencies (a run without them leaves them out) after the step time.
@@ -252,13 +252,13 @@ def unplotted(table: pd.DataFrame) -> list[str]:
 def _bar_labels(keys: list) -> tuple[str, list[str]]:
     """(what every bar group shares, for the title; each group's own values, one a line, for its tick):
     the whole (workload, hardware, swept) tuples ran into each other under the bars. Swept keys are
-    shortened to their last part (`batch_size=8`)."""
+    shortened as run names and headers shorten them (`batch_size=8`, `serving` for serving.enabled=true)."""
     keys = [key if isinstance(key, tuple) else (key,) for key in keys]
 
     def short(value: object) -> str:
-        def item_short(item: str) -> str:  # the key's last part, the value whole (speed=0.5, path=a.csv)
-            key, eq, val = item.partition("=")
-            return key.rsplit(".", 1)[-1] + eq + val if eq else item
+        def item_short(item: str) -> str:  # the value whole (speed=0.5, path=a.csv)
+            key, eq, val = split_override(item)
+            return short_setting(key, val) if eq else item
         return " ".join(item_short(item) for item in str(value).split())
 
     varying = [i for i in range(len(keys[0])) if len({key[i] for key in keys}) > 1] if keys else []
