@@ -23,10 +23,16 @@ SHOWN = ["throughput_tok_s", "speedup_vs_eager", "step_ms_mean", *LATENCY_SHOWN,
 
 
 def load_run_dirs(paths: list[Path]) -> pd.DataFrame:
-    """One row per summary.json found under the given directories (a run or a whole sweep)."""
+    """One row per run folder found under the given directories (a run or a whole sweep): a folder under
+    two of them (a sweep and one of its jobs given) is read once, as the MLflow reader reads a run once (it
+    was a second eager run in the speed-ups' mean)."""
     rows = []
+    seen: set[Path] = set()
     for root in paths:
         for summary in run_summaries(Path(root)):
+            if summary.parent.resolve() in seen:
+                continue
+            seen.add(summary.parent.resolve())
             row = json.loads(summary.read_text())
             row["run_dir"] = str(summary.parent.absolute())
             # The summary's own record (as a single run writes it: a resumed job's `resume=True` and a
@@ -59,7 +65,7 @@ def comparison(runs: pd.DataFrame) -> pd.DataFrame:
     eager first, swept values in numeric order."""
     if runs.empty:
         return runs
-    table = runs.copy()
+    table = runs.reset_index(drop=True)  # its own row labels: two tables put together repeat theirs
     if "overrides" in table.columns:
         table["swept"] = swept_values(table["overrides"])
     table["_setting"] = _settings(table)
