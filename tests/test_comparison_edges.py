@@ -383,3 +383,15 @@ def test_a_run_folder_under_two_of_the_folders_given_is_read_once(tmp_path):
     assert graph == pytest.approx(45 / 15)
     together = pd.concat([load_run_dirs([tmp_path / "s1"]), load_run_dirs([tmp_path / "s2"])])
     assert comparison(together).set_index("strategy").loc["acl_graph", "speedup_vs_eager"] == pytest.approx(45 / 15)
+
+
+def test_of_two_points_at_one_user_speed_the_faster_per_device_is_on_the_pareto_front(tmp_path, closed_figures):
+    """Per device 50 and 100 at one user speed (10): 100 dominates 50, whichever comes first in the input
+    (50 first, both were on the front)."""
+    from harness.results.comparison import pareto_plot
+
+    for per_device in ([50.0, 100.0], [100.0, 50.0]):
+        pareto_plot(np.array(per_device), np.array([10.0, 10.0]), ["a", "b"], tmp_path / "p.png")
+        (fig,) = closed_figures[-1:]
+        (front,) = [line for line in fig.axes[0].get_lines() if line.get_label() == "Pareto front"]
+        assert front.get_ydata().tolist() == [100.0]

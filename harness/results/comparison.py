@@ -313,9 +313,11 @@ def pareto_plot(per_device: np.ndarray, per_user: np.ndarray, labels: list[str],
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    order = np.argsort(-per_user, kind="stable")
+    # By user speed, fastest first, and at equal user speed by throughput: a point is on the front if it beats
+    # every point before it on throughput (of two at one user speed the slower one stayed on it, by input order).
+    order = np.lexsort((-per_device, -per_user))
     front, best = [], -np.inf
-    for i in order:  # by user speed, fastest first: a point is on the front if it beats every faster one on throughput
+    for i in order:
         if per_device[i] > best:
             front.append(i)
             best = per_device[i]
