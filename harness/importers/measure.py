@@ -9,7 +9,8 @@ an event, or unseen work on the stream).
 
 The breakdown is the step's critical path as a trace shows it: while the device runs, the path is on
 the device (by task category); while it waits for the host, on the host thread (by what the thread
-was doing: framework code, a launch call, an allocation, a sync); while launched work has not
+was doing: framework code, a launch call, an allocation, a sync; under async dispatch the launch
+thread first, where it was launching, then the Python threads); while launched work has not
 started, on the device's front end (`front_end`: launch latency, a kernel's gap behind the one before
 it, and also a wait for an event of another stream, which a trace does not tell apart; `external` when
 the stream was busy with work the trace does not hold).
@@ -76,6 +77,7 @@ def _step_measures(step: StepOps) -> dict:
     # Segments are in start order (step_ops); the furthest end reached so far is sorted even where two
     # threads' segments overlap, so a search over it finds the first segment that can reach a time.
     segment_reach = np.maximum.accumulate(segments[:, 1]) if len(segments) else np.zeros(0)
+    launching = union(np.array(step.launch_segments)) if step.launch_segments else np.zeros((0, 2))
     for gap_start, gap_end in edges:
         if gap_end <= gap_start:
             continue
@@ -99,10 +101,14 @@ def _step_measures(step: StepOps) -> dict:
         path["external" if external else "front_end"] += rest
         if waited_host > 0:  # on the host: what the issuing threads did meanwhile (segments in start order)
             lo, hi = gap_start, gap_start + waited_host
-            covered = 0.0
+            # Async dispatch: the device waits for the launch thread; where it was launching, that is the
+            # path (the replay's launch lane), and only where it was not, what the Python threads did.
+            covered = _within(launching, lo, hi)
+            path["launch"] += covered
             k = int(np.searchsorted(segment_reach, lo, side="right"))
             while k < len(segments) and segments[k, 0] < hi:
-                part = max(0.0, min(segments[k, 1], hi) - max(segments[k, 0], lo))
+                a_k, b_k = max(segments[k, 0], lo), min(segments[k, 1], hi)
+                part = max(0.0, b_k - a_k) - (_within(launching, a_k, b_k) if b_k > a_k else 0.0)
                 path[segment_category[k]] += part
                 covered += part
                 k += 1
@@ -119,6 +125,13 @@ def _step_measures(step: StepOps) -> dict:
         "ops": len(device), "delays": delays,
         "graph_launches": int((issued["kind"] == CALL_GRAPH).sum()), "graph_ops": sum(1 for op in device if op["in_graph"]),
     }
+
+
+def _within(pieces: np.ndarray, lo: float, hi: float) -> float:
+    """Time the disjoint, sorted `pieces` cover between lo and hi."""
+    if not len(pieces):
+        return 0.0
+    return float(np.clip(np.minimum(pieces[:, 1], hi) - np.maximum(pieces[:, 0], lo), 0.0, None).sum())
 
 
 def measured_summary(imported: Imported) -> dict:

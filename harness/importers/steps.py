@@ -103,6 +103,9 @@ class StepOps:
     sync_wait_us: float
     launch_lane_us: float  # async dispatch: time on the launch thread
     signature: tuple = ()
+    # Async dispatch: (start, end) of each launch on the launch thread (its dequeue, ending where the device
+    # may start the task), in start order: while the device waits for the host, it waits for these first.
+    launch_segments: list[tuple[float, float]] = field(default_factory=list)
     start_us: float = 0.0
     end_us: float = 0.0
 
@@ -403,6 +406,7 @@ def step_ops(profile: Profile, index: TraceIndex, window: Window, issued_anywher
     segments: list[tuple[float, float, str]] = []
     cursor = window.start_us
     alloc_us = tiling_us = sync_wait = launch_lane = 0.0
+    launch_segments: list[tuple[float, float]] = []
     in_gap: list[tuple[float, float]] = []  # the allocation and tiling segments since the cursor
 
     def framework_pieces(start: float, end: float) -> None:
@@ -483,6 +487,8 @@ def step_ops(profile: Profile, index: TraceIndex, window: Window, issued_anywher
                 launch = c.launch_us
                 launch_lane += launch
                 segments.append((c.start_us, c.end_us, "framework"))
+                if launch > 0 and np.isfinite(c.ready_us):
+                    launch_segments.append((c.ready_us - launch, c.ready_us))
             elif kind == CALL_COPY_SYNC:  # its time is the wait for the copy and the return (below)
                 launch = 0.0
             else:
@@ -528,7 +534,8 @@ def step_ops(profile: Profile, index: TraceIndex, window: Window, issued_anywher
     # In start order for the measures' walk (a call on a second issuing thread may start inside a gap
     # already cut into segments).
     segments.sort()
-    return StepOps(window, ops, np.array(task_ids, dtype=np.int64), calls, segments, sync_wait, launch_lane)
+    return StepOps(window, ops, np.array(task_ids, dtype=np.int64), calls, segments, sync_wait, launch_lane,
+                   launch_segments=sorted(launch_segments))
 
 
 def _unlinked_issue_times(index: TraceIndex, unlinked: list[int], task_of_key: dict, calls: pd.DataFrame) -> list[float]:
