@@ -631,3 +631,19 @@ def test_an_op_list_run_over_a_card_preset_is_not_named_after_the_card():
     assert compose_run("workload=qwen3_8b_decode", "workload.card=null", ops).workload.name == "ops"
     assert compose_run("workload.card=null", ops, "workload.name=my_list").workload.name == "my_list"
     assert compose_run().workload.name == "llama2_7b_decode"
+
+
+@pytest.mark.parametrize("argv", [
+    ["hardware.device.hbm_gb=8", "workload=deepseek_v3"],  # refused once built: it does not fit
+    ["strategy=acl_graph", "strategy.graph.splitting_ops=[foo]"],
+    ["--cfg", "job"],  # printed, not run
+])
+def test_a_run_refused_when_built_or_a_printed_config_writes_no_folder(argv, tmp_path, monkeypatch, capsys):
+    """The output folder's check came before the build: a run refused there left outputs/runs/<date>/
+    (the probe keeps the parents it makes, which runs started together share), and so did --cfg job."""
+    monkeypatch.chdir(tmp_path)
+    try:
+        preflight(argv)
+    except SystemExit as stopped:
+        assert stopped.code == 2 and capsys.readouterr().err.startswith("hostbound: error: ")
+    assert list(tmp_path.iterdir()) == []

@@ -306,7 +306,7 @@ def test_a_graph_over_measured_steps_says_it_dropped_their_syncs(tmp_path):
         f"step,name,kind,stream,device_us,after,{STAGES},host_us\n"
         "0,a,vector,0,20,-,10,0,0,0,5,0,\n"
         "0,s,sync,,,0,1,0,0,0,0,0,2\n",
-        "strategy=acl_graph", "workload.repeat=2", "workload.warmup_steps=1",
+        "strategy=cuda_graph", "workload.repeat=2", "workload.warmup_steps=1",
         "hardware.graph.replay_launch_us=15", "hardware.graph.task_dispatch_us=1",
     )
     summary = outcome.summary

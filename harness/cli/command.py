@@ -231,11 +231,15 @@ def preflight(argv: list[str]) -> None:
             except HarnessError as exc:
                 fail(str(exc))
     try:
-        check_output_folder(key, folder, resuming)
+        # The run first: refused there, nothing is written, not even the dated folders its folder goes in
+        # (check_output_folder's probe keeps those: runs started together share them). A run resumed from
+        # an earlier one is checked, not built.
+        if single:
+            check_run(run, prepare=not resuming)
+        if not any(arg.split("=", 1)[0] in ("--cfg", "-c") for arg in argv):  # printing the config writes nothing
+            check_output_folder(key, folder, resuming)
         if resuming and _is_multirun(argv):
             check_same_sweep(folder, overrides)
-        if single:  # last: a run refused for its folder, or resumed from an earlier one, is not built for nothing
-            check_run(run, prepare=not resuming)
     except HarnessError as exc:
         fail(str(exc))
     except Exception as exc:
