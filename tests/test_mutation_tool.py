@@ -219,3 +219,12 @@ def test_retesting_forgets_the_survivors_not_judged_equivalent(tmp_path, monkeyp
     assert mutation.forget_survivors("m.py", mutation.Equivalents(tmp_path / "equivalent.toml")) == {"job1", "job9"}
     with use_db(str(tmp_path / "m.sqlite"), WorkDB.Mode.open) as db:
         assert sorted(item.job_id for item in db.pending_work_items) == ["job1"]
+
+
+def test_every_equivalent_mutant_names_a_line_its_module_still_has():
+    """An entry whose line the code no longer has matches no mutant: 19 had piled up (a function rewritten,
+    a line moved into another), each still counted in what the file claims. Removed with its code, or
+    written again for the line that replaced it."""
+    stale = [(m["module"], m["function"], m["before"]) for m in mutation.toml.load(mutation.EQUIVALENT_FILE)["mutant"]
+             if m["before"].strip() not in (REPO_ROOT / m["module"]).read_text()]
+    assert stale == []
