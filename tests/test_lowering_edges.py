@@ -206,23 +206,6 @@ def test_a_replays_refresh_runs_at_the_hosts_speed_on_a_host_core():
     assert (start[refresh[0]] - step_start, end[refresh[0]] - step_start) == pytest.approx((0.5, 4.0))
 
 
-def test_a_split_ops_refresh_after_the_launch_is_host_work_too():
-    """Piecewise replay with b split off and refreshed after the launch (vllm-ascend): b's 7 µs refresh
-    comes before its own host stages; on a host twice as fast it takes 3.5 µs and holds a host core."""
-    run = piecewise_run(["b"], ops=DYNAMIC_B)
-    graph = dataclasses.replace(run.strategy.graph, refresh_after_launch=True)
-    host = dataclasses.replace(run.hardware.host, speed=2.0)
-    run = dataclasses.replace(run, strategy=dataclasses.replace(run.strategy, graph=graph), hardware=dataclasses.replace(run.hardware, host=host))
-    outcome = simulate_run(run)
-    tasks, start, end = outcome.result.graph.tasks, outcome.result.start_us, outcome.result.end_us
-    refresh = np.flatnonzero((tasks["category"] == CATEGORY["graph"]) & (tasks["step"] == 1))
-    assert [(tasks["op"][i], tasks["pool"][i], tasks["units"][i]) for i in refresh] == [(1, 0, 1)]
-    assert (end - start)[refresh].tolist() == pytest.approx([3.5])
-
-
-# ---------------------------------------------------------------- the store
-
-
 def test_metrics_are_stamped_in_milliseconds_since_the_epoch(tmp_path):
     """MLflow keeps a metric's timestamp in ms: every value logged carries the time of logging, between
     the clock read before the call and after it."""
