@@ -395,3 +395,20 @@ def test_of_two_points_at_one_user_speed_the_faster_per_device_is_on_the_pareto_
         (fig,) = closed_figures[-1:]
         (front,) = [line for line in fig.axes[0].get_lines() if line.get_label() == "Pareto front"]
         assert front.get_ydata().tolist() == [100.0]
+
+
+def test_the_bubble_plot_hatches_the_front_end_gaps_inside_each_bar(tmp_path, closed_figures):
+    """Eager's bubble 0.5 of which 0.3 front-end gaps, acl_graph's 0.1 of which 0.05: each bar carries a
+    hatched bar of that height at its own place, and the legend says what the hatching is (an h100 eager
+    bar of 0.115 was 0.111 of gaps no host change removes, drawn as one)."""
+    from harness.results.comparison import plot
+
+    table = comparison_table([8]).assign(bubble_front_end=lambda t: np.where(t["strategy"] == "eager", 0.3, 0.05))
+    plot(table, tmp_path)
+    bubble = closed_figures[-1].axes[0]
+    bars = [p for p in bubble.patches if p.get_fill()]
+    hatched = [p for p in bubble.patches if not p.get_fill() and p.get_height() > 0]
+    assert [round(p.get_height(), 3) for p in bars] == [0.5, 0.1]
+    assert [(round(p.get_height(), 3), p.get_hatch()) for p in hatched] == [(0.3, "///"), (0.05, "///")]
+    assert [p.get_x() for p in hatched] == pytest.approx([p.get_x() for p in bars])
+    assert [t.get_text() for t in bubble.get_legend().get_texts()] == ["eager", "acl_graph", "of which front-end gaps"]
