@@ -321,8 +321,7 @@ def fitted_preset(
     exit_gaps: np.ndarray,
 ) -> tuple[str, list[str], str]:
     """The hardware preset --fit NAME writes (its YAML), the warnings to print with it and the preset it is
-    fitted over; refuses (exits)
-    when the trace holds nothing to fit. Writes nothing."""
+    fitted over; refuses (exits) when the trace holds nothing to fit. Writes nothing."""
     profile = imported.profile
     base, named = base_preset(profile.device, HARDWARE_OF_SOURCE[profile.source])
     traced_device = base if named else None
