@@ -412,3 +412,19 @@ def test_the_bubble_plot_hatches_the_front_end_gaps_inside_each_bar(tmp_path, cl
     assert [(round(p.get_height(), 3), p.get_hatch()) for p in hatched] == [(0.3, "///"), (0.05, "///")]
     assert [p.get_x() for p in hatched] == pytest.approx([p.get_x() for p in bars])
     assert [t.get_text() for t in bubble.get_legend().get_texts()] == ["eager", "acl_graph", "of which front-end gaps"]
+
+
+def test_a_serving_runs_speed_up_says_it_is_served_throughput_at_one_arrival_rate():
+    """At one arrival rate both strategies serve what arrives: cuda_graph's 2034.6 tok/s over eager's 2009.3
+    is 1.0126, while its TPOT is 10.7 ms against 11.4. The graph run's row says what its speed-up is; the
+    eager run (no speed-up of its own) and a run without request latencies (a step benchmark) do not."""
+    from harness.results.comparison import SERVING_SPEEDUP
+
+    serving = runs_of([("eager", 2009.3, "strategy=eager"), ("cuda_graph", 2034.6, "strategy=cuda_graph")],
+                      median_tpot_ms=[11.4, 10.7])
+    table = comparison(serving).set_index("strategy")
+    assert table.loc["cuda_graph", "speedup_vs_eager"] == pytest.approx(2034.6 / 2009.3)
+    assert SERVING_SPEEDUP in table.loc["cuda_graph", "notes"]
+    assert SERVING_SPEEDUP not in table.loc["eager", "notes"]
+    steps = runs_of([("eager", 10, "strategy=eager"), ("cuda_graph", 30, "strategy=cuda_graph")], median_tpot_ms=[np.nan, np.nan])
+    assert not comparison(steps)["notes"].str.contains(SERVING_SPEEDUP, regex=False).any()
