@@ -69,3 +69,38 @@ def test_the_block_split_rule_never_makes_more_work_faster(share, cores, compute
     us, held = device_times(workload, hardware)
     assert held[0, 0] == cores
     assert us[0, 0] == pytest.approx(hardware.device.vector_fixed_us + compute_quanta * hardware.device.block_quantum_us)
+
+
+def test_a_grouped_matmul_pays_the_devices_cost_for_each_expert_it_multiplies():
+    """Qwen3-30B-A3B at TP 4 without EP, a batch of 12 on the Atlas A2: each of the 12 tokens picks 8 distinct
+    of the 128 experts, so a layer's experts hit are 128 (1 - (120/128)^12) = 69.00 under uniform routing, and
+    each rank multiplies its slice of every one. At 1.115 us a group (atlas_a2's fit) each grouped matmul takes
+    69.00 x 1.115 = 76.93 us longer than at 0; a batch of 16 (a graph padded 12 -> 16) hits 82.42 experts,
+    91.90 us. No other op moves."""
+    hit = {12: 128 * (1 - (120 / 128) ** 12), 16: 128 * (1 - (120 / 128) ** 16)}
+    assert hit[12] == pytest.approx(69.00, abs=0.01) and hit[16] == pytest.approx(82.42, abs=0.01)
+    for batch in (12, 16):
+        common = ("hardware=atlas_a2", "workload=qwen3_30b_decode", f"workload.batch_size={batch}", "workload.tp=4", "workload.ep=1", "workload.steps=1")
+        run = compose_run(*common)
+        free = compose_run(*common, "hardware.device.grouped_matmul_group_us=0")
+        assert run.hardware.device.grouped_matmul_group_us == 1.115
+        workload = build_workload(run.workload)
+        grouped = np.array(["grouped_" in name for name in workload.op_names])
+        assert grouped.sum() == 2 * 48
+        assert workload.expert_groups[0, grouped] == pytest.approx(np.full(96, hit[batch]))
+        assert (workload.expert_groups[0, ~grouped] == 0).all()
+        added = device_times(workload, run.hardware)[0][0] - device_times(workload, free.hardware)[0][0]
+        assert added[grouped] == pytest.approx(np.full(96, hit[batch] * 1.115))
+        assert (added[~grouped] == 0).all()
+
+
+def test_a_dense_model_has_no_expert_groups_and_a_gpu_preset_no_cost_for_them():
+    """Llama-2-7B has no grouped matmul (no expert groups to price); the H100 preset leaves the cost per
+    group at 0 (not measured for CUDA's fused MoE kernel): Qwen3-30B-A3B's grouped matmuls there cost their
+    bytes and FLOPs alone."""
+    assert build_workload(compose_run("workload=llama2_7b_decode", "workload.steps=1").workload).expert_groups is None
+    run = compose_run("hardware=h100", "workload=qwen3_30b_decode", "workload.steps=1")
+    assert run.hardware.device.grouped_matmul_group_us == 0.0
+    workload = build_workload(run.workload)
+    free = compose_run("hardware=h100", "workload=qwen3_30b_decode", "workload.steps=1", "hardware.device.grouped_matmul_group_us=1")
+    assert (device_times(workload, free.hardware)[0] > device_times(workload, run.hardware)[0]).any()

@@ -138,6 +138,8 @@ def test_ops_without_dependencies_and_routed_flags_survive_the_round_trip(tmp_pa
     # the experts a step hits (fewer than a rank holds) come back, and with them what the expert matmuls allocate
     assert np.array_equal(back.step_weight_bytes, wl.step_weight_bytes)
     assert np.array_equal(back.activation_bytes(), wl.activation_bytes())
+    # and the experts each grouped matmul multiplies, which the Atlas A2 prices per group
+    assert wl.expert_groups is not None and np.array_equal(back.expert_groups, wl.expert_groups)
     routed = np.array(["grouped" in n for n in wl.op_names])
     assert routed.any() and (wl.step_weight_bytes[:, routed] < wl.weight_bytes[routed]).all()
 

@@ -603,7 +603,7 @@ def test_an_op_list_of_host_work_alone_needs_no_device_workspace():
     model's (48 layers x 4 KV heads x 256 x 2 B = 98,304 B a token, 1025 tokens)."""
     _, wl = built("workload=qwen3_30b_decode", "workload.tp=1", "workload.ep=0", "workload.batch_size=1", "workload.steps=1",
                   "+workload.card_overrides.pre_ops=[]", "+workload.card_overrides.post_ops=[]",
-                  "+workload.card_overrides.layer_ops=[layer_overhead,tp_all_reduce]")
+                  "+workload.card_overrides.layer_ops=[layer_overhead,tp_all_reduce]", "+workload.card_overrides.layer_overhead_us=2436")
     assert wl.n_ops == 48 and wl.host_us.tolist() == [2436.0] * 48
     assert not wl.bytes.any() and not wl.flops.any() and not wl.weight_bytes.any() and not wl.cache_bytes.any()
     assert (wl.memory.workspace_gb, wl.memory.weights_gb) == (0.0, 0.0)

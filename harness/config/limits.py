@@ -98,6 +98,7 @@ LIMITS: dict[str, Limit] = {
     "hardware.device.comm_fixed_us": US,
     "hardware.device.block_quantum_us": Limit(1e-3, 1e7, "µs"),
     "hardware.device.kernel_gap_us": US,
+    "hardware.device.grouped_matmul_group_us": US,
     "hardware.link.pcie_gbps": GBPS,
     "hardware.link.scaleup_gbps": GBPS,
     "hardware.link.internode_gbps": GBPS,

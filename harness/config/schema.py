@@ -174,6 +174,9 @@ class DeviceConfig:
     vector_fixed_us: float = 2.0
     comm_fixed_us: float = 10.0
     block_quantum_us: float = 10.0  # time base of "one core's capacity" in the block-split rule
+    # A grouped matmul's cost for each expert it multiplies (a group: its own weights, offsets and tiling),
+    # beyond its FLOPs and bytes; 0: not measured
+    grouped_matmul_group_us: float = 0.0
     # The device front end's time for each kernel launched on its own (eager), before its work starts:
     # behind the previous kernel when it was queued (where a trace measures it, docs/profiles.md), and on
     # an idle stream as well (there it stands for the launch's own latency to the device). Graph tasks

@@ -163,6 +163,8 @@ def device_times(workload: Workload, hardware: HardwareConfig) -> tuple[np.ndarr
     is_comm = kind == KIND_COMM
     is_copy = kind == KIND_COPY  # a DMA on a stream: the copy engine, not the AI cores
     model_us = fixed_cost_us(kind, device) + np.where(is_comm, transfer_us, np.maximum(compute_us, memory_us))
+    if workload.expert_groups is not None and device.grouped_matmul_group_us:
+        model_us = model_us + np.where(kind == KIND_CUBE, workload.expert_groups * device.grouped_matmul_group_us, 0.0)
     model_us = np.where(is_copy, hardware.link.pcie_latency_us + nbytes / (hardware.link.pcie_gbps * 1e9 / US_PER_S), model_us)
     duration = np.where(np.isnan(workload.device_us), model_us, workload.device_us)
     host_only = np.isin(kind, HOST_ONLY_KINDS)

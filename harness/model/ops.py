@@ -70,6 +70,9 @@ class Workload:
     # float (steps, ops): weights it reads in each step, where some ops read fewer than weight_bytes (routed
     # experts: the experts hit); None: weight_bytes every step
     step_weight_bytes: Optional[np.ndarray] = None
+    # float (steps, ops): experts a grouped matmul multiplies in each step, each a group with the device's
+    # per-group cost (grouped_matmul_group_us); None: no grouped matmul
+    expert_groups: Optional[np.ndarray] = None
     real_batch: Optional[np.ndarray] = None  # sequences per step before padding to a bucket
     # Tokens each step produced where not every real sequence does (a multi-step block's finished rows).
     generated: Optional[np.ndarray] = None

@@ -10,6 +10,7 @@ Columns (one row per op, in issue order; header names as below):
 | `weight_bytes` | no | resident weights the op reads (the rest of `bytes` is activations) |
 | `cache_bytes` | no | resident KV cache the op reads in this step (decode attention): not activations either |
 | `step_weight_bytes` | no | weights the op reads in this step where fewer than `weight_bytes` (a routed expert matmul reads only the experts hit; empty: `weight_bytes`) |
+| `expert_groups` | no | experts a grouped matmul multiplies in this step, each with the device's per-group cost (`hardware.device.grouped_matmul_group_us`; empty: none) |
 | `device_us` | no | device time in µs; overrides the cost model when given |
 | `flops`, `bytes` | no | work and bytes moved (cost model, AI-core block rule) |
 | `shape_key` | no | integer that changes when the op's shapes change |
@@ -82,7 +83,7 @@ FLAG_COLUMNS = {
     "int8": FLAG_INT8,
 }
 COST_COLUMNS = tuple(f"{stage}_us" for stage in HOST_COSTS[:-1])  # measured host stages
-NUMBER_COLUMNS = ("device_us", "host_us", "weight_bytes", "step_weight_bytes", "cache_bytes", "flops", "bytes", "not_before_us", *COST_COLUMNS)
+NUMBER_COLUMNS = ("device_us", "host_us", "weight_bytes", "step_weight_bytes", "expert_groups", "cache_bytes", "flops", "bytes", "not_before_us", *COST_COLUMNS)
 NO_DEPENDENCY = "-"
 MAX_STEPS = 1_000_000
 MAX_ROWS = 5_000_000  # rows of one file; the run's memory is then checked like a preset's (ops/step × steps)
@@ -92,6 +93,7 @@ US_LIMIT = LIMITS["workload.ops[].device_us"]
 COLUMN_LIMITS = {
     "device_us": US_LIMIT, "host_us": LIMITS["workload.ops[].host_us"], **{c: US_LIMIT for c in COST_COLUMNS},
     "flops": LIMITS["workload.ops[].flops"], "bytes": LIMITS["workload.ops[].bytes"], "weight_bytes": LIMITS["workload.ops[].bytes"], "step_weight_bytes": LIMITS["workload.ops[].bytes"], "cache_bytes": LIMITS["workload.ops[].bytes"],
+    "expert_groups": Limit(0, 1 << 20, "experts"),
     "not_before_us": Limit(0, 1e9, "µs"),
     "stream": Limit(0, MAX_STREAMS - 1, "(0 compute, 1 communication)"),
     "ranks": LIMITS["workload.tp"], "rank_stride": LIMITS["workload.tp"], "devices": Limit(0, LIMITS["workload.tp"].high * LIMITS["workload.dp"].high, "devices (tp × dp)"),
@@ -163,6 +165,8 @@ def write_ops_csv(workload: Workload, path: Path, device_us: np.ndarray | None =
     )
     if workload.step_weight_bytes is not None:
         frame.insert(frame.columns.get_loc("weight_bytes") + 1, "step_weight_bytes", workload.step_weight_bytes.ravel())
+    if workload.expert_groups is not None:
+        frame.insert(frame.columns.get_loc("device_us"), "expert_groups", workload.expert_groups.ravel())
     for column, bit in FLAG_COLUMNS.items():
         frame[column] = np.tile((workload.flags & bit) > 0, steps).astype(int)
     atomic_write(Path(path), lambda tmp: frame.to_csv(tmp, index=False, float_format="%.17g"))
@@ -343,6 +347,8 @@ def read_ops_csv(path: str | Path, cfg: WorkloadConfig) -> Workload:
         step_weights = grid("step_weight_bytes", np.nan)
         step_weights = np.where(np.isnan(step_weights), workload.weight_bytes[None, :], step_weights)
         workload.step_weight_bytes = np.ascontiguousarray(np.tile(step_weights, (copies, 1)))
+    if "expert_groups" in numbers:
+        workload.expert_groups = np.ascontiguousarray(np.tile(grid("expert_groups", 0.0), (copies, 1)))
     if "ranks" in numbers:
         workload.comm_ranks = np.nan_to_num(numbers["ranks"][first], nan=1).astype(np.int32)
     if "rank_stride" in numbers:

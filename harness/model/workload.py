@@ -67,6 +67,9 @@ class Cost:
     # Weights it reads in each step where that is fewer than the above (per step; routed experts: only the
     # experts hit are read); None: all of them every step
     step_weight_bytes: object = None
+    # Experts a grouped matmul multiplies on this rank in each step (per step; the experts hit): each is a
+    # group of its own, with the device's per-group cost (hardware.device.grouped_matmul_group_us)
+    expert_groups: object = 0.0
     cache_bytes: object = 0.0  # resident KV cache it reads (per step): like weights, not activations
     dynamic: bool = False
     value_dependent: bool = False
@@ -389,6 +392,7 @@ def _grouped(s: Shapes, n_in: float, n_out: float, parallel: str = "column") -> 
         full_params=s.n_routed_experts * n_in * n_out,
         weight_bytes=params * width,
         step_weight_bytes=m["active"] * matrix * width,
+        expert_groups=m["active"],
         dynamic=True,
         routed=True,
         int8=s.quant,
@@ -926,6 +930,7 @@ def _from_card(
     flops_t = per_step([c.flops if c is not None else 0.0 for c in costs])
     bytes_t = per_step([c.bytes if c is not None else 0.0 for c in costs])
     cache_t = per_step([c.cache_bytes if c is not None else 0.0 for c in costs])
+    groups_t = per_step([c.expert_groups if c is not None else 0.0 for c in costs])
     used = [c if c is not None else Cost(OpKind.vector) for c in costs]
     kind_t = np.array([KIND_CODE[c.kind] for c in used], dtype=np.int8)
     weights_read_t = np.array([c.weight_bytes if c.weight_read_bytes is None else c.weight_read_bytes for c in used], dtype=np.float64)
@@ -969,6 +974,7 @@ def _from_card(
         host_us=np.array([used[t].host_us for t in templates], dtype=np.float64),
         weight_bytes=weights_read_t[template_ids],
         step_weight_bytes=step_weights_t[:, template_ids] if any(varies) else None,
+        expert_groups=groups_t[:, template_ids] if groups_t.any() else None,
         cache_bytes=cache_t[:, template_ids],
         batch=batch,
         kv_len=s.kv.copy(),

@@ -509,6 +509,7 @@ def fuse(workload: Workload, max_ops: int, cpu_ops: np.ndarray) -> tuple[Workloa
         weight_bytes=np.add.reduceat(workload.weight_bytes, starts),
         cache_bytes=summed(workload.cache_bytes),
         step_weight_bytes=summed(workload.step_weight_bytes) if workload.step_weight_bytes is not None else None,
+        expert_groups=summed(workload.expert_groups) if workload.expert_groups is not None else None,
         real_batch=workload.real_batch,
         real_kv_len=workload.real_kv_len,
         host_cost_us=_fused_costs(workload.host_cost_us, starts),
