@@ -189,6 +189,19 @@ def test_a_sunk_batch_above_every_bucket_runs_on_the_host():
     assert plan.mode.tolist() == [E, E, E] and plan.info["graph_captures"] == 0
 
 
+def test_steps_whose_batch_is_above_every_graph_size_are_said_to_run_eagerly():
+    """Capture sizes 8, 16, 32 and batches 8, 48, 48, 16: steps 1 and 2 (48 > 32) run eagerly, and the note
+    says so; a graph run ending "1 capture" said nothing of it. Every batch within a size: no such note."""
+    run = compose_run("hardware=h100", "workload=llama31_8b_decode", "strategy=cuda_graph", "strategy.graph.buckets=[8,16,32]", "workload.steps=4")
+    _, plan = plan_of(run, [8, 48, 48, 16])
+    assert plan.mode.tolist() == [B, E, E, B]
+    assert plan.info["graph_note"] == "2 of 4 steps run eagerly: batch 48 is above the largest graph size (32) (strategy.graph.buckets)"
+    _, plan = plan_of(run, [8, 32, 32, 16])
+    assert "run eagerly" not in plan.info.get("graph_note", "")
+    sunk = compose_run("strategy=ge_sink", "strategy.shape_buckets=true", "strategy.graph.buckets=[1]", "workload.batch_size=2", "workload.steps=3")
+    assert plan_of(sunk, [2, 2, 2])[1].info["graph_note"] == "3 of 3 steps run eagerly: batch 2 is above the largest graph size (1) (strategy.graph.buckets)"
+
+
 def test_a_serving_engine_with_no_size_up_to_its_batch_captures_the_smallest():
     run = compose_run("workload=llama31_8b_decode", "strategy=acl_graph", "strategy.graph.buckets=[4,8]", "workload.serving.enabled=true",
                       "workload.serving.max_batch=2", "workload.steps=2")

@@ -278,6 +278,12 @@ def prepare(run: RunConfig, batch: np.ndarray, kv_len: np.ndarray | None) -> tup
                 elif len(seen) < max_graphs:
                     mode[s] = BUILD
                     seen.add(int(keys[s]))
+        if not fallback and not fits.all():
+            # Said: a graph run whose batches outgrow its sizes ran them eagerly, "1 capture" and nothing more.
+            largest = f"the largest graph size ({max(buckets)})" if buckets else "no graph size"
+            above = (f"{int(np.count_nonzero(~fits))} of {steps} steps run eagerly: batch {int(real.batch[~fits].max())}"
+                     f" is above {largest} (strategy.graph.buckets)")
+            info["graph_note"] = f"{info['graph_note']}; {above}" if info.get("graph_note") else above
     if graph.mode != GraphMode.none and not graph_on:
         phases = ",".join(p.value for p in graph.phases)
         info["graph_note"] = (f"{cfg.phase.value} runs eagerly: strategy.graph.phases=[{phases}]"
