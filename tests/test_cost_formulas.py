@@ -307,6 +307,25 @@ def finished_plan(requests: int, output_len: int = 2) -> ServingBatches:
     )
 
 
+def test_requests_that_arrived_and_got_no_first_token_say_the_server_is_saturated():
+    """One slot, three 10 ms steps starting at 0, 10 and 20 ms: r0 (arrived at 0) takes the slot for all three;
+    r1 (5 ms) and r2 (15 ms) arrived before the last step began and never got a token; r3 (25 ms) arrived
+    during it, too late for any step. TTFT is r0's alone (10 ms): 2 of the 3 that could have been served
+    were not, and the note says so. The same plan with r1 and r2 served says nothing of it."""
+    nan = np.nan
+    plan = ServingBatches(
+        batch=np.array([1, 1, 1]), kv_len=np.zeros(3), release_us=np.array([0.0, 10_000.0, 20_000.0]), step_us=np.full(3, 10_000.0),
+        requests=Requests(arrival_us=np.array([0.0, 5_000.0, 15_000.0, 25_000.0]), prompt_len=np.full(4, 100), output_len=np.array([3, 2, 2, 2])),
+        admitted_us=np.array([0.0, nan, nan, nan]), finished_us=np.array([30_000.0, nan, nan, nan]),
+        first_token_us=np.array([10_000.0, nan, nan, nan]), itl_us=np.array([10_000.0, 10_000.0]),
+    )
+    summary = serving_summary(plan)
+    assert summary["mean_ttft_ms"] == pytest.approx(10.0)
+    assert summary["serving_note"].startswith("saturated: 2 of 3 requests that arrived before the last step got no first token")
+    served = dataclasses.replace(plan, first_token_us=np.array([10_000.0, 20_000.0, 30_000.0, nan]))
+    assert "saturated" not in serving_summary(served).get("serving_note", "")
+
+
 @pytest.mark.parametrize("completed, thin", [(19, True), (20, False), (21, False)])
 def test_latency_figures_are_flagged_below_20_completed_requests(completed, thin):
     assert ("serving_note" in serving_summary(finished_plan(completed))) == thin
