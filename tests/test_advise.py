@@ -284,7 +284,9 @@ def test_an_advice_whose_store_fails_keeps_its_files_and_says_so(tmp_path):
         (["advise.name=a2_qwen3_eager"], "advise.name=a2_qwen3_eager: a shipped experiment preset has that name"),
         (["workload.batch_size=0"], "workload.batch_size=0: must be in"),
         (["strategy"], "strategy: not an override (KEY=VALUE)"),
-        (["advise=max_throughput", "advise.baseline=[workload.batch_size=0]"], "workload.batch_size=0: must be in"),
+        # named as the baseline's (a bare `strategy=foo: no such strategy preset` read as the run's own strategy)
+        (["advise=max_throughput", "advise.baseline=[workload.batch_size=0]"], "hostbound: error: advise.baseline: workload.batch_size=0: must be in"),
+        (["advise=max_throughput", "advise.baseline=[strategy=foo]"], "hostbound: error: advise.baseline: strategy=foo: no such strategy preset"),
         # A limit the run has no figure for passed every candidate unchecked ('2 met the limits').
         (["advise=max_throughput", "advise.ttft_ms_max=0.001"], "advise.ttft_ms_max=0.001: decode steps without a request stream have no TTFT"),
         (["workload=llama2_7b_prefill", "advise=decode_slo"], "advise.tpot_ms_max=50: a prefill has no time per output token"),

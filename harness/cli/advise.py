@@ -86,7 +86,10 @@ def main(argv: list[str] | None = None) -> int:
     if unmeasured:  # every candidate would pass it unchecked
         raise ConfigError(unmeasured)
     if advise.baseline:
-        make_run(base + list(advise.baseline))  # and so must the baseline, before a folder is made
+        try:
+            make_run(base + list(advise.baseline))  # and so must the baseline, before a folder is made
+        except ConfigError as error:  # named as the baseline's: `strategy=foo` alone reads as the run's own
+            raise ConfigError(f"advise.baseline: {error}") from None
     now = datetime.datetime.now()
     out = check_folder("advise.out", out_text or Path("outputs") / "advise" / now.strftime("%Y-%m-%d") / now.strftime("%H-%M-%S"))
     command = shlex.join(["python", "-m", "harness.advise", *argv])
