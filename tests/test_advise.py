@@ -341,6 +341,18 @@ def test_a_bad_baseline_is_refused_before_any_candidate_is_simulated(monkeypatch
         advise_runs(H100, question(space={"strategy": ["eager", "cuda_graph"]}, steps=[2], baseline=["workload.batch_size=0"]))
 
 
+def test_a_baseline_that_cannot_run_is_said_not_left_out():
+    """A baseline that composes but cannot run (batch 100000 does not fit an H100) left no margin in the answer
+    and no word on why: the user's own configuration vanished from it. The answer says why it has none."""
+    from harness.advisor.answer import why
+
+    advice = advise_runs(H100, question(space={"strategy": ["eager", "cuda_graph"]}, steps=[2], baseline=["workload.batch_size=100000"]))
+    assert advice.ranked and advice.baseline is not None and not advice.baseline.summary
+    text = why(advice)
+    assert "The baseline (batch_size=100000) has no figures to compare with: hardware.device.hbm_gb=" in text
+    assert "does not fit on one rank" in text
+
+
 def test_the_presets_compose():
     for name in ("max_throughput", "decode_slo", "ascend_graph_limited", "engine_options", "host_options"):
         assert compose_advise(name, []).space

@@ -107,8 +107,10 @@ def p99_note(shown: pd.DataFrame, frame: pd.DataFrame) -> str:
 
 
 def margin_text(winner: Candidate, other: Candidate | None, what: str) -> str:
-    if other is None or not other.summary:
+    if other is None:
         return ""
+    if not other.summary:  # a baseline that could not run (it does not fit the device): said, not left out unsaid
+        return f"{what} ({other.label or 'as set'}) has no figures to compare with: {other.rejected}" if other.rejected else ""
     mine, theirs = figures(winner.summary)["tok_s_per_device"], figures(other.summary)["tok_s_per_device"]
     return f"{mine / theirs:.2f}× the throughput per device of {what} ({other.label or 'as set'}: {theirs:.1f} tok/s)"
 

@@ -5,8 +5,9 @@ one row per (step, op) with FLOPs, bytes, the device time the cost model gives o
 shape keys, flags, dependencies and collectives (columns: harness/model/ops_csv.py). Reading the file back
 with the command it prints (`workload=trace workload.path=ops.csv` with the phase, batch, context and
 layout the file does not hold, on the same hardware and strategy) reproduces the run, except where the
-strategy pads a model card's sizes (graph capture sizes, shape buckets), which an op list's are not: it
-then says so in a note. A serving run is refused: its batches come from its request stream.
+strategy pads a model card's sizes (graph capture sizes, shape buckets), which an op list's are not, or
+fuses kernels whose device times the file holds (strategy.fusion): it then says so in a note. A serving
+run is refused: its batches come from its request stream.
 """
 from __future__ import annotations
 
@@ -20,11 +21,11 @@ from harness.config.compose import compose_run
 from harness.config.messages import one_line
 from harness.config.schema import DecodeKvReads, GraphMode, KvCache, KvCacheDtype, Phase, RunConfig, WorkloadConfig
 from harness.model.device import device_times
-from harness.model.ops import HOST_ONLY_KINDS
 from harness.base.commands import CommandParser
 from harness.base.errors import HarnessError, fail
 from harness.base.files import check_folder
 from harness.model.ops_csv import write_ops_csv
+from harness.model.ops import HOST_ONLY_KINDS, Workload
 from harness.model.workload import build_workload, run_build_options
 from harness.base.overrides import override_key
 
@@ -45,7 +46,7 @@ def main(argv: list[str] | None = None) -> None:
                  " export it with workload.serving.enabled=false")
         workload = build_workload(run.workload, devices_per_node=run.hardware.link.devices_per_node, **run_build_options(run))
         device_us = None if args.no_device_us else device_times(workload, run.hardware)[0]
-        notes = read_back_differences(run)
+        notes = read_back_differences(run, workload if device_us is not None else None)
     except HarnessError as exc:
         fail(str(exc))
     except Exception as exc:  # composition errors: unknown key, wrong type
@@ -62,24 +63,37 @@ def main(argv: list[str] | None = None) -> None:
     print(f"read it back: {read_back_command(run.workload, workload.steps, args.out, args.overrides)}", file=sys.stderr)
 
 
-def read_back_differences(run: RunConfig) -> list[str]:
+def read_back_differences(run: RunConfig, priced: Workload | None = None) -> list[str]:
     """Why the read-back's summary will not be the run's: the strategy pads a model card's sizes (batch to a
     graph's capture size, KV lengths and batches to shape buckets), and an op list's sizes are the file's,
-    never padded (harness/sim/policies.py). Said only where this run pads something: its padding waste."""
+    never padded (harness/sim/policies.py); and task fusion prices a card's fused kernel once, from its
+    members' FLOPs and bytes, where a file's fused kernel is its members' device_us summed, each with its
+    fixed cost (as a profile's measured kernels fuse). `priced`: the workload exported with its device_us
+    (None: written without them, read back priced as the run prices them). Said only where this run pads
+    something (its padding waste) or fuses kernels whose device_us the file holds."""
     strategy, phase = run.strategy, run.workload.phase
     graphs = strategy.graph.mode != GraphMode.none and phase in strategy.graph.phases
     buckets = strategy.shape_buckets and phase == Phase.decode
-    if not (graphs or buckets):
+    fusion = strategy.fusion and priced is not None
+    if not (graphs or buckets or fusion):
         return []
-    from harness.sim.policies import prepare  # the run's own padding, as it plans it (not on a plain export's path)
+    from harness.sim.policies import prepare  # the run's own padding and fusion, as it plans them (not on a plain export's path)
 
     batch = np.full(run.workload.steps, run.workload.batch_size, dtype=np.int64)
     try:
-        waste = prepare(run, batch, None)[1].info.get("padding_waste", 0.0)
+        prepared, plan = prepare(run, batch, None)
     except HarnessError:  # the run itself stops (a sunk graph's dynamic_fallback=error): it has no summary to differ from
         return []
+    notes = []
+    if fusion and prepared.n_ops < priced.n_ops:
+        notes.append(
+            f"the read-back will differ: strategy.fusion=true fuses this run's {priced.n_ops} ops a step into {prepared.n_ops} and"
+            " prices each fused kernel once, from its members' FLOPs and bytes, where an op list's fused kernel is its members'"
+            " device_us summed, each with its own fixed cost (export with --no-device-us for a read-back that prices them as the run does)"
+        )
+    waste = plan.info.get("padding_waste", 0.0) if graphs or buckets else 0.0
     if waste <= 0:
-        return []
+        return notes
     if buckets:
         what = (f"strategy.shape_buckets=true pads KV lengths to strategy.kv_block={strategy.kv_block} and batches to"
                 " strategy.graph.buckets")
@@ -89,7 +103,7 @@ def read_back_differences(run: RunConfig) -> list[str]:
     if graphs and strategy.graph.mode == GraphMode.sink:
         # A sunk graph is keyed by all its shapes: unpadded, each step's KV length is a new graph to load.
         unpadded += ", so each new KV length loads a sunk graph of its own"
-    return [f"the read-back will differ: {what} ({waste:.1%} of this run's device time is padding), and {unpadded}"]
+    return [*notes, f"the read-back will differ: {what} ({waste:.1%} of this run's device time is padding), and {unpadded}"]
 
 
 def read_back_command(workload: WorkloadConfig, steps: int, path: Path, overrides: list[str]) -> str:
