@@ -310,6 +310,18 @@ def test_bad_input_is_one_line_and_nothing_is_written(args, says, tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+def test_an_op_list_base_refuses_a_batch_axis_whose_runs_differ_only_in_their_token_count(tmp_path):
+    """An op list's steps do the same work at any workload.batch_size, which only counts their tokens: the
+    advisor ranked batch 128 of a profile at 128x the tok/s of batch 1, at one TPOT. Refused in one line,
+    nothing written."""
+    (tmp_path / "ops.csv").write_text("name,kind,device_us\nmatmul,cube,20\nadd,vector,3\n")
+    args = ["hardware=h100", "workload=trace", "workload.path=ops.csv", "advise=max_throughput", "tracking.enabled=false"]
+    proc = subprocess.run([sys.executable, "-m", "harness.advise", *args], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+    assert proc.stderr.startswith("hostbound: error: advise.space: workload.batch_size=[1,8,32,64,128]: an op list's steps do the same work")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ops.csv"]
+
+
 @pytest.mark.parametrize("preset, base", [
     ("max_throughput", H100), ("decode_slo", A2), ("ascend_graph_limited", A2),
     ("engine_options", ["hardware=h100", "workload=llama31_8b_decode", "engine=vllm_v1", "workload.serving.enabled=true"]),

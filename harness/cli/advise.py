@@ -76,12 +76,18 @@ def main(argv: list[str] | None = None) -> int:
     preset, advise_overrides, base, out_text = split_arguments(argv)
     advise = compose_advise(preset, advise_overrides)
     from harness.advisor.answer import counts_text, p99_note, preset_path, run_command_of, shown_table, status_counts, why, write_answer
-    from harness.advisor.candidates import check_space, make_run
+    from harness.advisor.candidates import check_space, make_run, value_text
     from harness.advisor.search import advise_runs
 
     preset_path(advise.name)  # refused now, not after the search
     run = make_run(base)  # the run itself must compose: one line naming the key, before any candidate
     check_space(advise.space, base)  # and every value of the space some run could take: a typo is refused, not a rejection each
+    batches = advise.space.get("workload.batch_size", [])
+    if run.workload.card is None and len(set(map(str, batches))) > 1:
+        # An op list's steps do the same work at any batch_size, which only counts their tokens: tok/s grew with it.
+        listed = ",".join(value_text(b) for b in batches)
+        raise ConfigError(f"advise.space: workload.batch_size=[{listed}]: an op list's steps do the same work"
+                          " whatever the batch (it only counts their tokens); profile or export the batch sizes to compare")
     unmeasured = limit_the_run_cannot_meet(advise, run)
     if unmeasured:  # every candidate would pass it unchecked
         raise ConfigError(unmeasured)
