@@ -326,6 +326,23 @@ def test_requests_that_arrived_and_got_no_first_token_say_the_server_is_saturate
     assert "saturated" not in serving_summary(served).get("serving_note", "")
 
 
+def test_a_server_mostly_waiting_for_requests_says_its_load_is_light():
+    """Three 10 ms steps released at 0, 30 and 60 ms: the server waited 20 ms before each of the last two,
+    40 of the 70 ms window (57 %), and says so. Measured from the second step (one warm-up step), the window
+    is 30 to 70 ms and the wait in it 20 ms: 50 %, still said; busy back to back it is not."""
+    plan = ServingBatches(
+        batch=np.ones(3, dtype=np.int64), kv_len=np.zeros(3), release_us=np.array([0.0, 30_000.0, 60_000.0]), step_us=np.full(3, 10_000.0),
+        requests=Requests(arrival_us=np.array([0.0, 30_000.0, 60_000.0]), prompt_len=np.full(3, 100), output_len=np.ones(3, dtype=np.int64)),
+        admitted_us=np.array([0.0, 30_000.0, 60_000.0]), finished_us=np.array([10_000.0, 40_000.0, 70_000.0]),
+        first_token_us=np.array([10_000.0, 40_000.0, 70_000.0]), itl_us=np.zeros(0), idle_us=np.array([0.0, 20_000.0, 20_000.0]),
+        itl_end_us=np.zeros(0),
+    )
+    assert "light load: the server waited for requests 57% of the window" in serving_summary(plan)["serving_note"]
+    assert "light load: the server waited for requests 50% of the window" in serving_summary(plan, warmup_steps=1)["serving_note"]
+    busy = dataclasses.replace(plan, release_us=np.array([0.0, 10_000.0, 20_000.0]), idle_us=np.zeros(3))
+    assert "light load" not in serving_summary(busy).get("serving_note", "")
+
+
 @pytest.mark.parametrize("completed, thin", [(19, True), (20, False), (21, False)])
 def test_latency_figures_are_flagged_below_20_completed_requests(completed, thin):
     assert ("serving_note" in serving_summary(finished_plan(completed))) == thin

@@ -181,6 +181,10 @@ def batch_requests(run: RunConfig, progress=None) -> ServingBatches:
                           scheduled_here, ends)
 
 
+# Share of a serving run's window spent waiting for a request from which its note says the load is light.
+LIGHT_LOAD_IDLE = 0.5
+
+
 def serving_summary(plan: ServingBatches, warmup_steps: int = 0) -> dict:
     """Request-level numbers of a serving run (ms): latency from arrival to last token and queueing, and
     vLLM's benchmark_serving names and definitions (`mean_ttft_ms`, `median_tpot_ms`, `p99_itl_ms`,
@@ -239,6 +243,12 @@ def serving_summary(plan: ServingBatches, warmup_steps: int = 0) -> dict:
     if unserved:
         notes.append(f"saturated: {unserved} of {int(arrived.sum())} requests that arrived before the last step got no first token;"
                      " TTFT, queueing and latencies leave them out and grow with workload.steps")
+    if plan.idle_us is not None:
+        # A server mostly waiting for requests is "device-bound" on its few steps: said, as the load that sets its pace.
+        span_us = float(plan.release_us[-1] + plan.step_us[-1] - plan.release_us[warmup_steps])
+        waited = float(plan.idle_us[warmup_steps + 1:].sum()) / span_us if span_us > 0 else 0.0
+        if waited >= LIGHT_LOAD_IDLE:
+            notes.append(f"light load: the server waited for requests {waited:.0%} of the window; the request stream, not the server, sets its pace")
     if done.sum() < MIN_REQUESTS_FOR_PERCENTILES:
         notes.append(
             f"latency figures rest on {int(done.sum())} completed request(s) (TTFT on {int(started.sum())} first tokens),"
