@@ -246,10 +246,11 @@ def test_graph_count_follows_the_stream_budget(streams, padded, modes):
     assert plan.mode.tolist() == modes
     graphs = modes.count(B)
     assert plan.info["graph_captures"] == graphs and plan.info["graph_buckets"] == (3 if streams == 131 else 4)
-    # The run says what trimming did (and says nothing when every size is kept).
+    # The run says what trimming did (nothing when every size is kept), and that the batch of 9 ran eagerly.
     trimmed = ("3 of 4 capture sizes kept (1, 4, 8), trimmed evenly as vllm-ascend does: 131 streams (hardware.graph.max_graphs)"
-               " hold 3 graphs of 32 layers + 1 = 33 streams")
-    assert plan.info.get("graph_note", "") == (trimmed if streams == 131 else "")
+               " hold 3 graphs of 32 layers + 1 = 33 streams; ")
+    eager = "1 of 6 steps run eagerly: batch 9 is above the largest graph size (8) (strategy.graph.buckets)"
+    assert plan.info.get("graph_note", "") == (trimmed if streams == 131 else "") + eager
     assert workload.memory.graphs_gb == pytest.approx(graphs * A2_GRAPH_MIB * MIB / 1e9)
 
 
