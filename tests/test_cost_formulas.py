@@ -442,13 +442,14 @@ def test_dispatch_strategies_on_a_tiling_bound_step(dispatch, last_kernel_end_us
     ],
 )
 def test_a_host_twice_as_fast_halves_every_host_task_and_nothing_else(overrides):
-    """hardware.host.speed divides the duration of every task on a host thread, whatever its kind, and
-    leaves device and copy tasks as they were (same graph, task for task)."""
-    from harness.sim.lowering import POOL_HOST
+    """hardware.host.speed divides the duration of every task on a host thread or an engine's own process,
+    whatever its kind, and leaves device and copy tasks as they were (same graph, task for task)."""
+    from harness.sim.task_graph import LANE_HOST
 
-    base = simulate_run(compose_run(*overrides, "workload.steps=3")).result.graph.tasks
+    graph = simulate_run(compose_run(*overrides, "workload.steps=3")).result.graph
+    base = graph.tasks
     fast = simulate_run(compose_run(*overrides, "workload.steps=3", "hardware.host.speed=2")).result.graph.tasks
-    on_host = base["pool"] == POOL_HOST
+    on_host = np.asarray(graph.lane_kinds)[base["lane"]] == LANE_HOST
     assert on_host.sum() > 100 and (~on_host).sum() > 100
     assert np.array_equal(fast["lane"], base["lane"]) and np.array_equal(fast["category"], base["category"])
     assert np.allclose(fast["duration_us"][on_host], base["duration_us"][on_host] / 2, rtol=1e-12, atol=0)

@@ -398,8 +398,9 @@ def test_a_serving_graph_runs_records_in_template_order():
     stage): an engine scheduling ahead, with its outputs on a thread and its API server in a process of their
     own, under a whole-graph capture of a, b (dynamic), c. Tasks of no op (the engine's, the token copies'
     issue and sync, the replay's trigger, the capture) have op -1; a task on a host thread holds a host core
-    (pool 0), a kernel an AI core (pool 1), a copy or the step's opening marker nothing (-1); `stage` is the
-    host stage + 1 (the trigger is the replay's launch, 5), 0 for the rest."""
+    (pool 0), a kernel an AI core (pool 1), a copy, the step's opening marker and the API server's process
+    (a core of its own, not one of hardware.host.threads) nothing (-1); `stage` is the host stage + 1 (the
+    trigger is the replay's launch, 5), 0 for the rest."""
     run = graph_run("capture", ops=DYNAMIC_B, steps=2)
     run = dataclasses.replace(run, engine=EngineConfig(schedule=EngineStageConfig(per_step_us=1.0), async_scheduling=True,
                                                        async_output=True, api_process=True))
@@ -411,7 +412,7 @@ def test_a_serving_graph_runs_records_in_template_order():
         return [(graph.lane_names[r["lane"]], r["op"], r["pool"], r["stage"]) for r in mine]
 
     main, out, api, h2d, d2h, stream = "host.main", "engine.output", "engine.api", "copy.h2d", "copy.d2h", "device.stream0"
-    opening = [(main, -1, -1, 0), (main, -1, 0, 0), (out, -1, 0, 0), (api, -1, 0, 0),  # marker, schedule, side work
+    opening = [(main, -1, -1, 0), (main, -1, 0, 0), (out, -1, 0, 0), (api, -1, -1, 0),  # marker, schedule, side work
                (main, -1, 0, 0), (h2d, -1, -1, 0)]  # the token copy's issue, the copy
     closing = [(main, -1, 0, 0), (d2h, -1, -1, 0), (main, -1, 0, 0),  # schedule ahead, the token's D2H, the sync
                (main, -1, 0, 0), (main, -1, 0, 0), (main, -1, 0, 0)]  # sample, outputs and API inline (nothing to do)

@@ -117,7 +117,9 @@ class StepTemplate:
     op: list[int] = field(default_factory=list)
     source: list[int] = field(default_factory=list)
     value: list[float] = field(default_factory=list)  # duration (fixed), op index (device / tiling)
-    host: list[bool] = field(default_factory=list)  # holds a host core (and gets host jitter)
+    host: list[bool] = field(default_factory=list)  # host work: gets host jitter and the host's speed
+    # holds one of the dispatching process's cores (hardware.host.threads): host work but an engine process's own
+    pooled: list[bool] = field(default_factory=list)
     src: list[int] = field(default_factory=list)
     dst: list[int] = field(default_factory=list)
     # (producer lane, consumer lane) → (producer's first task, consumer's first task) per op
@@ -125,8 +127,10 @@ class StepTemplate:
 
     stage: list[int] = field(default_factory=list)
 
-    def add(self, lane: int, category: str, op: int, source: int, value: float, host: bool = False, stage: int = 0) -> int:
+    def add(self, lane: int, category: str, op: int, source: int, value: float, host: bool = False, stage: int = 0,
+            own_process: bool = False) -> int:
         self.stage.append(stage)
+        self.pooled.append(host and not own_process)
         self.lane.append(lane)
         self.category.append(CATEGORY[category])
         self.op.append(op)
@@ -329,7 +333,9 @@ def build_template(
             if lane >= 0:  # the previous step's outputs, on their own thread or process, while this step runs:
                 # a process of its own from the step's start, the engine's own output thread once the step is scheduled
                 own_process = slot == "api_side" or engine.output_process
-                tpl.edge(step_begins if own_process else first, tpl.add(lane, "engine", -1, _ENGINE, ENGINE_SLOT[slot], host=True))
+                # A process of its own runs on a core of its own, not one of the dispatching process's threads
+                tpl.edge(step_begins if own_process else first,
+                         tpl.add(lane, "engine", -1, _ENGINE, ENGINE_SLOT[slot], host=True, own_process=own_process))
     if workload.step_io:
         launch_us = host_stage_costs(workload, hardware, strategy)["launch"]
         issue_h2d = tpl.add(0, "launch", -1, _FIXED, float(np.median(launch_us)) if launch_us.size else host.launch_us, host=True)
@@ -614,7 +620,7 @@ def _read_back(tpl, device_tasks: list[int], d2h_lane: int, op: int, source: int
 
 @njit(cache=True, nogil=True)
 def _fill_records(
-    out, steps, lane, category, op, stage, source, value, host_slot,
+    out, steps, lane, category, op, stage, source, value, host_slot, pooled,
     device_us, device_cores, eager_gap_us, graph_dispatch_us, graph_exit_us, tiling_us, stage_us, not_before_us, engine_us, h2d_us, d2h_us, cpu_flops_per_us, flops,
     cpu_copy_latency_us, cpu_copy_bytes_per_us, op_bytes, jitter,
 ):
@@ -678,8 +684,9 @@ def _fill_records(
                 duration = value[j]
             if host_slot[j] >= 0:
                 duration *= jitter[c, host_slot[j]]
-                pool = POOL_HOST
-                units = 1
+                if pooled[j]:
+                    pool = POOL_HOST
+                    units = 1
             rec["duration_us"] = duration
             rec["lead_us"] = lead
             rec["pool"] = pool
@@ -749,6 +756,7 @@ class Lowering:
             np.array(tpl.source, dtype=np.int8),
             np.array(tpl.value, dtype=np.float64),
             host_slot,
+            np.array(tpl.pooled, dtype=np.bool_),
             self.device_us,
             self.device_cores,
             float(hardware.device.kernel_gap_us),
