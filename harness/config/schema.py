@@ -473,6 +473,7 @@ class EngineConfig:
 
     _key: ClassVar[str] = "engine"
     name: str = "none"
+    platform: Platform = Platform.any  # an engine of one stack (vllm-ascend: Ascend NPUs)
     layer_overhead_us: float = 0.0
     schedule: EngineStageConfig = field(default_factory=EngineStageConfig)
     prepare: EngineStageConfig = field(default_factory=EngineStageConfig)
@@ -673,6 +674,9 @@ class RunConfig:
                 f"strategy={self.strategy.name}: runs on {needs.value} hardware, hardware={self.hardware.name} is"
                 f" {has.value} (graph capture/replay there: strategy={nearest})"
             )
+        needs = self.engine.platform
+        if Platform.any not in (needs, has) and needs != has:
+            raise ConfigError(f"engine={self.engine.name}: serves on {needs.value} hardware, hardware={self.hardware.name} is {has.value}")
 
     @property
     def names(self) -> dict[str, str]:
