@@ -296,6 +296,8 @@ def test_an_advice_whose_store_fails_keeps_its_files_and_says_so(tmp_path):
         (["advise.space={workload.batch_size:[1,-2]}"], "hostbound: error: advise.space: workload.batch_size=-2: must be in 1..1048576 sequences\n"),
         (["advise.space={workload.bach_size:[1,2]}"], "hostbound: error: advise.space: workload.bach_size=1: no such key (did you mean workload.batch_size?)\n"),
         (["advise.space.strategy.graph.buckets=[[1,2],[1,x]]"], "hostbound: error: advise.space: strategy.graph.buckets[1]=x: must be an integer"),
+        # a list no graph run takes (it was every candidate's rejection, advice.md and candidates.csv written, exit 2)
+        (["advise.space.strategy.graph.buckets=[[]]"], "hostbound: error: advise.space: strategy.graph.buckets=[]: must be a list of 1..10000 sizes"),
         # An advise key is named as written, with the advise key meant (it was `tpot_max=...: no such key; the config groups are ...`)
         (["advise.tpot_max=30"], "hostbound: error: advise.tpot_max=30: no such key (did you mean advise.tpot_ms_max?)\n"),
         (["advise.tpot_ms_max=abc"], "hostbound: error: advise.tpot_ms_max=abc: must be a number\n"),

@@ -24,7 +24,7 @@ from harness.config.compose import compose_config, compose_run, to_run_config
 from harness.config.limits import LIMITS, check_number
 from harness.config.messages import group_options, not_a_switch, one_line
 from harness.config.paths import CONF_DIR, launch_folder_conf
-from harness.config.schema import GraphMode, RunConfig
+from harness.config.schema import MAX_GRAPH_SIZES, GraphMode, RunConfig
 from harness.model.workload import build_workload, run_build_options
 from harness.sim.policies import MIB, asked_sizes, graph_budget, kept_sizes, layer_count, trim_note
 from harness.sim.simulate import last_step
@@ -226,6 +226,8 @@ def _refused_by_any_run(override: str) -> bool:
         value = OmegaConf.to_object(OmegaConf.merge(_value_fields(owner)[name], OmegaConf.from_dotlist([f"value={text}"]))).value
     except Exception:  # of the wrong type (or not one of an enum's values)
         return True
+    if key == "strategy.graph.buckets" and not 0 < len(value) <= MAX_GRAPH_SIZES:
+        return True  # a graph run lists 1 to MAX_GRAPH_SIZES sizes, whatever else it sets
     limit = LIMITS.get(key)
     if limit is None:
         return False

@@ -89,6 +89,10 @@ class OpKind(enum.Enum):
     copy = "copy"
 
 
+# The most capture sizes (strategy.graph.buckets) a run may list; it lists one at least.
+MAX_GRAPH_SIZES = 10_000
+
+
 class Platform(enum.Enum):
     """The software stack a hardware preset runs, or a strategy needs."""
 
@@ -408,7 +412,7 @@ class GraphStrategyConfig:
 
     def __post_init__(self) -> None:
         check_limits(self)
-        check_field(self, 0 < len(self.buckets) <= 10_000, "buckets", "must be a list of 1..10000 sizes")
+        check_field(self, 0 < len(self.buckets) <= MAX_GRAPH_SIZES, "buckets", f"must be a list of 1..{MAX_GRAPH_SIZES} sizes")
         check_field(self, len(self.splitting_ops) <= 64, "splitting_ops", "must name at most 64 op types")
         check_field(
             self, not self.splitting_ops or self.mode == GraphMode.capture, "splitting_ops",
