@@ -428,3 +428,13 @@ def test_a_serving_runs_speed_up_says_it_is_served_throughput_at_one_arrival_rat
     assert SERVING_SPEEDUP not in table.loc["eager", "notes"]
     steps = runs_of([("eager", 10, "strategy=eager"), ("cuda_graph", 30, "strategy=cuda_graph")], median_tpot_ms=[np.nan, np.nan])
     assert not comparison(steps)["notes"].str.contains(SERVING_SPEEDUP, regex=False).any()
+
+
+def test_a_serving_run_with_no_finished_request_yet_is_still_a_serving_run():
+    """A serving run short enough that no request finished has first tokens (median_ttft_ms) but no TPOT: its
+    speed-up is still served throughput at one arrival rate (advise's 60-step rungs are such runs)."""
+    from harness.results.comparison import SERVING_SPEEDUP
+
+    short = runs_of([("eager", 600.0, "strategy=eager"), ("cuda_graph", 790.0, "strategy=cuda_graph")],
+                    median_tpot_ms=[np.nan, np.nan], median_ttft_ms=[24.0, 16.0], requests_completed=[0, 0])
+    assert SERVING_SPEEDUP in comparison(short).set_index("strategy").loc["cuda_graph", "notes"]

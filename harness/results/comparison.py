@@ -76,7 +76,11 @@ def comparison(runs: pd.DataFrame) -> pd.DataFrame:
     table["speedup_vs_eager"] = table["throughput_tok_s"].to_numpy() / np.asarray(baseline, dtype=float)
     # A serving run's throughput is what its arrival rate offers until it saturates: a graph that cuts the
     # TPOT by 6 % showed a speed-up of 1.01 with nothing saying why.
-    serving = table["median_tpot_ms"].notna() if "median_tpot_ms" in table.columns else pd.Series(False, index=table.index)
+    # A serving run: request latencies, or first tokens only (a short run where no request finished has no TPOT).
+    serving = pd.Series(False, index=table.index)
+    for column in SERVING_COLUMNS:
+        if column in table.columns:
+            serving |= table[column].notna()
     compared = serving & table["speedup_vs_eager"].notna() & table["strategy"].ne("eager")
     table.loc[compared, "notes"] = [_joined(str(n) if isinstance(n, str) else "", SERVING_SPEEDUP) for n in table.loc[compared, "notes"]]
     # Eager runs of one setting with other strategy switches (an experiment's task fusion) are other runs,
@@ -94,6 +98,7 @@ def comparison(runs: pd.DataFrame) -> pd.DataFrame:
 
 
 # Said on a serving run's speed-up (a run with request latencies at an arrival rate).
+SERVING_COLUMNS = ("median_tpot_ms", "median_ttft_ms", "requests_completed")
 SERVING_SPEEDUP = ("speed-up of served throughput at one arrival rate: below saturation both serve what arrives;"
                    " TPOT and TTFT show what the strategy changes")
 
