@@ -45,9 +45,10 @@ TASKS_PER_OP_GUESS = 8  # sizes the first chunk (host stages + device task); lat
 # ~0.6–0.8 GB of libraries and chunks in flight (a long run lowers one chunk ahead and measures one behind:
 # deepseek_v3 at 1000 and 3000 steps peaked at 0.86 and 1.12 GB; 0.90 and 1.16 GB since a task record
 # carries its front-end lead, 48 bytes instead of 40); end to end a run goes at 5.6–6.6 M tasks/s
-# on one core, faster on two (benchmarks/bench_scaling.py). The estimate takes the high or low end,
-# whichever refuses sooner.
-BYTES_PER_OP_STEP = 80
+# on one core, faster on two (benchmarks/bench_scaling.py). Measured again on 2026-12-05 (after MoE ops
+# carried their experts hit per step): deepseek_v3 at 1000 and 5000 steps 0.98 and 1.66 GB, 99 bytes per op
+# and step; qwen3_30b_decode 0.77 and 1.18 GB, 144. The estimate takes the high end, which refuses sooner.
+BYTES_PER_OP_STEP = 150
 BASE_MEMORY_BYTES = 0.8e9
 TASKS_PER_S = 5e6
 # Lowering builds one step's tasks op by op in Python before replicating them over the steps: ~40 µs an
