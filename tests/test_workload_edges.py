@@ -375,6 +375,9 @@ def test_a_card_is_refused_naming_the_field_at_fault(card, overrides, message):
      "workload.card_overrides.num_experts_per_tok=8: a token picks that many distinct experts, more than n_routed_experts=4"),
     ({"num_experts_per_tok": 200},
      "workload.card_overrides.num_experts_per_tok=200: a token picks that many distinct experts, more than n_routed_experts=128"),
+    # no experts at all for a token's 8 picks: refused here, not a "division by zero" when the layer is built
+    ({"n_routed_experts": 0},
+     "workload.card_overrides.n_routed_experts=0: fewer experts than a token picks (num_experts_per_tok=8)"),
 ])
 def test_too_many_experts_a_token_picks_names_the_key_that_set_them(overrides, message):
     from harness.base.errors import ConfigError
@@ -814,3 +817,53 @@ def test_one_module_call_of_one_microsecond_is_still_a_host_op():
     run = compose_run("workload=llama31_8b_decode", "workload.kernels=unfused", "workload.steps=1", "+workload.card_overrides.unfused_post_modules=1")
     wl = build_workload(run.workload, module_us=1.0)
     assert wl.host_us[op(wl, "post_modules")] == 1.0
+
+
+def test_mla_decode_attention_is_dynamic_its_shapes_following_the_latent_cache_it_reads():
+    """DeepSeek-V3 decode, 8 sequences at context 2048, two steps: MLA attention reads 8 x 2049 latent tokens
+    in the first step and 8 x 2050 in the second, so its shapes (and its graph capture) change every step,
+    as GQA attention's do: flagged dynamic (1), a new shape key each step. Its prefill form attends over
+    the fresh prompt only: fixed shapes."""
+    from harness.model.ops import FLAG_DYNAMIC
+
+    _, wl = built("workload=deepseek_v3", "workload.steps=2")
+    j = op(wl, "layers.0.mla_attention")
+    assert wl.cache_bytes[:, j].tolist() == [8 * 2049 * 576 * 2, 8 * 2050 * 576 * 2]
+    assert wl.flags[j] & FLAG_DYNAMIC
+    assert wl.shape_key[0, j] != wl.shape_key[1, j]
+    _, wl = built("workload=deepseek_v3", "workload.phase=prefill", "workload.context_len=16", "workload.steps=1")
+    assert not wl.flags[op(wl, "layers.0.mla_attention")] & FLAG_DYNAMIC
+
+
+def test_a_tied_head_stays_in_the_model_dtype_under_w8a8():
+    """Qwen2.5-1.5B W8A8 at TP 4, one sequence: the tied head multiplies by the embedding's rows, which W8A8
+    leaves in bf16 (only the linears of the layers are int8): it reads the rank's 151936 / 4 = 37,984 rows x
+    1536 at 2 B = 116,686,848 B, the token's 1536 inputs at 2 B (not int8) and writes its 37,984 logits at
+    2 B: 116,686,848 + (1536 + 37984) x 2 = 116,765,888 B; not an INT8 matmul. The layers' qkv_proj, for
+    contrast, holds (1536 x 640 + 640) int8 weights."""
+    from harness.model.ops import FLAG_INT8
+
+    _, wl = built("workload=qwen25_1_5b_decode", "workload.quant=w8a8", "workload.tp=4", "workload.batch_size=1", "workload.steps=1")
+    j = op(wl, "lm_head")
+    assert wl.weight_bytes[j] == 116_686_848
+    assert wl.bytes[0, j] == 116_765_888
+    assert wl.flops[0, j] == 2 * 1536 * 37_984
+    assert not wl.flags[j] & FLAG_INT8
+    assert wl.weight_bytes[op(wl, "layers.0.qkv_proj")] == 1536 * 640 + 640
+
+
+def test_the_first_op_of_each_layer_and_of_the_head_waits_for_the_last_op_before_it():
+    """Llama-2-7B at TP 2: ops 0 and 1 are the embedding and its all-reduce; each of the 32 layers issues its
+    17 ops (input_norm ... the MLP's all-reduce and residual_add), so layer L's input_norm is op 2 + 17 L and
+    waits for op 1 + 17 L, the op just before it (the residual_add ending the layer before, or the
+    embedding's all-reduce); the head's final_norm, op 2 + 17 x 32 = 546, waits for op 545, the last layer's
+    residual_add."""
+    _, wl = built("workload=llama2_7b_decode", "workload.tp=2", "workload.steps=1")
+    names = wl.op_names
+    assert names[:3] == ["embedding", "tp_all_reduce", "layers.0.input_norm"] and wl.after[2] == [1]
+    for layer in range(1, 32):
+        first = 2 + 17 * layer
+        assert (names[first - 1], names[first]) == (f"layers.{layer - 1}.residual_add", f"layers.{layer}.input_norm")
+        assert wl.after[first] == [first - 1]
+    assert (names[545], names[546]) == ("layers.31.residual_add", "final_norm")
+    assert wl.after[546] == [545]

@@ -704,7 +704,7 @@ def _load_card(path_text: str, modified_ns: int, name: str, overrides_json: str)
     if "layer_ops" in card:
         card["layer_groups"] = [{"count": card["num_hidden_layers"], "ops": card.pop("layer_ops")}]
     k, experts = card.get("num_experts_per_tok"), card.get("n_routed_experts")
-    if k and experts and k > experts:  # a token picks k distinct experts
+    if k and experts is not None and k > experts:  # a token picks k distinct experts (of at least one)
         overridden = {o for o, _ in overrides}
         if "n_routed_experts" in overridden and "num_experts_per_tok" not in overridden:
             raise ConfigError(f"workload.card_overrides.n_routed_experts={experts}: fewer experts than a token picks (num_experts_per_tok={k})")
