@@ -133,6 +133,8 @@ def test_task_larger_than_its_pool_is_rejected():
         ("duration_us", np.inf, "durations must be finite"),
         ("release_us", -2.0, "release times must be finite"),
         ("release_us", np.nan, "release times must be finite"),
+        ("release_us", np.inf, "release times must be finite"),
+        ("release_us", -0.5, "release times must be finite"),  # just below 0: a bound of -1 would let it through
     ],
 )
 def test_invalid_task_field_is_rejected(field, value, message):
