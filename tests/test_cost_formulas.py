@@ -318,11 +318,12 @@ def test_requests_that_arrived_and_got_no_first_token_say_the_server_is_saturate
         requests=Requests(arrival_us=np.array([0.0, 5_000.0, 15_000.0, 25_000.0]), prompt_len=np.full(4, 100), output_len=np.array([3, 2, 2, 2])),
         admitted_us=np.array([0.0, nan, nan, nan]), finished_us=np.array([30_000.0, nan, nan, nan]),
         first_token_us=np.array([10_000.0, nan, nan, nan]), itl_us=np.array([10_000.0, 10_000.0]),
+        unplaced=np.array([0, 1, 2]),  # left waiting for the one slot after each step's admission: r1, then r1 and r2
     )
     summary = serving_summary(plan)
     assert summary["mean_ttft_ms"] == pytest.approx(10.0)
     assert summary["serving_note"].startswith("saturated: 2 of 3 requests that arrived before the last step got no first token")
-    served = dataclasses.replace(plan, first_token_us=np.array([10_000.0, 20_000.0, 30_000.0, nan]))
+    served = dataclasses.replace(plan, first_token_us=np.array([10_000.0, 20_000.0, 30_000.0, nan]), unplaced=np.zeros(3, dtype=np.int64))
     assert "saturated" not in serving_summary(served).get("serving_note", "")
 
 

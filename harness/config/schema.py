@@ -100,6 +100,10 @@ class Platform(enum.Enum):
     ascend = "ascend"  # CANN / torch_npu / MindSpore
     cuda = "cuda"  # CUDA / PyTorch
 
+    def runs_on(self, hardware: "Platform") -> bool:
+        """Whether what needs this stack (a strategy, an engine) runs on hardware of that one."""
+        return Platform.any in (self, hardware) or self == hardware
+
 
 class ScaleupTopology(enum.Enum):
     """How a node's devices are wired (hardware.link.scaleup_topology)."""
@@ -672,14 +676,14 @@ class RunConfig:
     def __post_init__(self) -> None:
         check_number("seed", self.seed, LIMITS["seed"], integer=True)
         needs, has = self.strategy.platform, self.hardware.platform
-        if Platform.any not in (needs, has) and needs != has:
+        if not needs.runs_on(has):
             nearest = GRAPH_STRATEGY_OF[has]
             raise ConfigError(
                 f"strategy={self.strategy.name}: runs on {needs.value} hardware, hardware={self.hardware.name} is"
                 f" {has.value} (graph capture/replay there: strategy={nearest})"
             )
         needs = self.engine.platform
-        if Platform.any not in (needs, has) and needs != has:
+        if not needs.runs_on(has):
             raise ConfigError(f"engine={self.engine.name}: serves on {needs.value} hardware, hardware={self.hardware.name} is {has.value}")
 
     @property

@@ -75,14 +75,14 @@ def comparison(runs: pd.DataFrame) -> pd.DataFrame:
     baseline = _eager_baselines(table, same)
     table["speedup_vs_eager"] = table["throughput_tok_s"].to_numpy() / np.asarray(baseline, dtype=float)
     # A serving run's throughput is what its arrival rate offers until it saturates: a graph that cuts the
-    # TPOT by 6 % showed a speed-up of 1.01 with nothing saying why.
-    # A serving run: request latencies, or first tokens only (a short run where no request finished has no TPOT).
+    # TPOT by 6 % showed a speed-up of 1.01 with nothing saying why. A serving run has request latencies, or
+    # first tokens only (a short run where no request finished has no TPOT).
     serving = pd.Series(False, index=table.index)
     for column in SERVING_COLUMNS:
         if column in table.columns:
             serving |= table[column].notna()
     compared = serving & table["speedup_vs_eager"].notna() & table["strategy"].ne("eager")
-    table.loc[compared, "notes"] = [_joined(str(n) if isinstance(n, str) else "", SERVING_SPEEDUP) for n in table.loc[compared, "notes"]]
+    table.loc[compared, "notes"] = [_joined(n, SERVING_SPEEDUP) for n in table.loc[compared, "notes"]]
     # Eager runs of one setting with other strategy switches (an experiment's task fusion) are other runs,
     # not repeats of one: a summary from before strategy_changes leaves it NaN, grouped as one.
     strategy_keys = ["strategy", "strategy_changes"] if "strategy_changes" in table.columns else ["strategy"]
@@ -130,7 +130,7 @@ def _eager_baselines(table: pd.DataFrame, same: list[str]) -> pd.Series:
             else:
                 candidates = candidates[:0]
                 note = f"no speed-up: this setting's {NO_ONE_EAGER} ({' / '.join(str(k) for k in fewest)})"
-            table.loc[index, "notes"] = [_joined(str(n) if isinstance(n, str) else "", note) for n in table.loc[index, "notes"]]
+            table.loc[index, "notes"] = [_joined(n, note) for n in table.loc[index, "notes"]]
         if len(candidates):
             baseline.loc[index] = table.loc[candidates, "throughput_tok_s"].mean()
     return baseline
@@ -171,8 +171,9 @@ def _one_row_a_setting(table: pd.DataFrame, setting: list[str], numbers: list[st
     return table.assign(notes=notes)[keep]
 
 
-def _joined(notes: str, note: str) -> str:
-    return f"{notes}; {note}" if notes else note
+def _joined(notes: object, note: str) -> str:
+    """`note` after a row's notes (an MLflow run without a notes tag has NaN)."""
+    return f"{notes}; {note}" if isinstance(notes, str) and notes else note
 
 
 def _run_name(row: pd.Series) -> str:

@@ -240,16 +240,13 @@ def serving_summary(plan: ServingBatches, warmup_steps: int = 0) -> dict:
     if warmup_steps > 0:
         notes.append(f"latency figures and the batch over the measured window: the tokens after the {warmup_steps} warm-up"
                      " step(s) (workload.warmup_steps)")
-    # Requests that arrived before the last step began and never got a first token found no place in any
-    # batch: the server falls behind its arrival rate, and the figures above are the served ones only (a
-    # median TTFT of 26.7 ms beside a queue that grows with the run).
-    # Not every request without a first token: under async scheduling the last step's batch was fixed before it
-    # began, and a multi-step block the run cuts off delivers no token; neither is a server out of slots.
+    # Requests left waiting for a slot (every max_batch one taken) after the last step's admission: the server
+    # falls behind its arrival rate, and the figures above are the served ones only (a median TTFT of 26.7 ms
+    # beside a queue that grows with the run). Not every request without a first token: under async
+    # scheduling the last step's batch was fixed before it began, and a multi-step block the run cuts off
+    # delivers no token; neither is a server out of slots.
     arrived = req.arrival_us <= plan.release_us[-1]
-    if plan.unplaced is not None:
-        unserved = int(plan.unplaced[-1])
-    else:  # a plan without the record: every arrived request without a first token
-        unserved = int(np.count_nonzero(arrived & np.isnan(plan.first_token_us)))
+    unserved = int(plan.unplaced[-1]) if plan.unplaced is not None else 0
     if unserved:
         notes.append(f"saturated: {unserved} of {int(arrived.sum())} requests that arrived before the last step got no first token;"
                      " TTFT, queueing and latencies leave them out and grow with workload.steps")
